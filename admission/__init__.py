@@ -1,0 +1,1 @@
+"""gpuoperator's admission webhooks; they stand on ``gpuoperator`` only."""

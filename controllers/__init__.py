@@ -1,0 +1,1 @@
+"""gpuoperator's controllers, one module each; they stand on ``gpuoperator`` only."""

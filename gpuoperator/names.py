@@ -1,0 +1,70 @@
+"""Every name gpuoperator shares with the cluster, in one place (DESIGN.md §4).
+
+Controllers, webhooks, manifests' tests and the CLI import these constants; nothing else
+spells them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "cozystack.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+#: The domain of the operator's labels, annotations, gates and finalizers.
+DOMAIN: Final = "gpu.cozystack.io"
+
+# Kinds and their plural resource names.
+GPU_CLASS: Final = "GPUClass"
+GPU_CLASSES: Final = "gpuclasses"
+GPU_CLAIM: Final = "GPUClaim"
+GPU_CLAIMS: Final = "gpuclaims"
+GPU_NODE: Final = "GPUNode"
+GPU_NODES: Final = "gpunodes"
+WORKLOAD: Final = "Workload"
+WORKLOADS: Final = "workloads"
+
+#: VMI and launcher-pod label: this object carries claim references.
+CLAIMS_LABEL: Final = f"{DOMAIN}/claims"
+#: VMI annotation holding the references as a JSON list
+#: (``[{"claim": "hold-a"}, {"claimTemplate": {"className": "a10", "count": 2}}]``).
+CLAIMS_ANNOTATION: Final = f"{DOMAIN}/claims"
+#: Label marking a GPUClaim the operator made from a VM's claim template.
+TEMPLATE_CLAIM_LABEL: Final = f"{DOMAIN}/template-claim"
+#: Scheduling gate held on launcher pods until their claims' node is pinned.
+PLACEMENT_GATE: Final = f"{DOMAIN}/placement"
+CLAIM_PROTECTION_FINALIZER: Final = f"{DOMAIN}/claim-protection"
+CLASS_PROTECTION_FINALIZER: Final = f"{DOMAIN}/class-protection"
+#: Namespace label that allows ordering vGPU classes.
+VGPU_ENTITLED_LABEL: Final = f"{DOMAIN}/vgpu-entitled"
+#: Label on license copies, naming the class they serve.
+LICENSE_OF_LABEL: Final = f"{DOMAIN}/license-of"
+LICENSE_SECRET_PREFIX: Final = "gpu-license-"  # noqa: S105 - a name, not a secret
+
+TRUE: Final = "true"
+
+#: Budget keys in ResourceQuota spec.hard.
+QUOTA_DOMAIN: Final = f"gpuclass.{GROUP}"
+QUOTA_TOTAL_KEY: Final = f"{QUOTA_DOMAIN}/devices"
+
+SETTINGS_CONFIGMAP: Final = "gpu-operator-settings"
+LEADER_LEASE: Final = "gpu-operator"
+
+#: Usage records are named after their claim.
+WORKLOAD_PREFIX: Final = "gpuclaim-"
+
+
+def quota_key(class_name: str) -> str:
+    """The per-class budget key: ``<class>.gpuclass.cozystack.io/devices``."""
+    return f"{class_name}.{QUOTA_TOTAL_KEY}"
+
+
+def license_secret_name(class_name: str) -> str:
+    """The name of a class's license copy in a tenant namespace."""
+    return f"{LICENSE_SECRET_PREFIX}{class_name}"
+
+
+def workload_name(claim_name: str) -> str:
+    """The name of a bound claim's usage record."""
+    return f"{WORKLOAD_PREFIX}{claim_name}"

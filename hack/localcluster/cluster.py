@@ -1,0 +1,415 @@
+"""The local control plane: build (once), start, wait for health, seed, stop.
+
+State lives in ``<cache>/clusters/<name>/`` (PKI, etcd data, logs, pid files, kubeconfig),
+outside the repository. Every port is chosen free on 127.0.0.1 at start, so a developer's
+cluster and the e2e suite's can run side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcluster import pki as pkimod
+from localcluster import profile as profilemod
+from localcluster.processes import ClusterError, Process, wait_until
+
+HACK = Path(__file__).resolve().parent.parent
+REPO = HACK.parent
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+SERVICE_CIDR = "10.96.0.0/12"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("GPUOP_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "gpuoperator"
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in (HACK / "versions.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def build_binaries() -> Path:
+    """Run ``hack/build-binaries.sh`` (progress on stderr) and return the bin directory."""
+    if shutil.which("go") is None and not (cache_root() / "bin").exists():
+        raise ClusterError("Go is not installed: it is needed once to build the control plane")
+    proc = subprocess.run(
+        ["bash", str(HACK / "build-binaries.sh")], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise ClusterError("building the control plane failed (see the build output above)")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Ports:
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class LocalCluster:
+    """One named local cluster. ``up`` starts it, ``down`` stops exactly what ``up`` started."""
+
+    def __init__(self, name: str = "dev", root: Path | None = None) -> None:
+        self.name = name
+        self.dir = (root or cache_root()) / "clusters" / name
+        self.kubeconfig = self.dir / "kubeconfig"
+        self.pki = pkimod.Pki(self.dir / "pki")
+        self.procs = {c: Process(c, self.dir) for c in COMPONENTS}
+        self.v = versions()
+
+    # ---- introspection -------------------------------------------------------------
+    def running(self) -> dict[str, bool]:
+        return {c: p.running() for c, p in self.procs.items()}
+
+    def ports(self) -> Ports:
+        return Ports(**json.loads((self.dir / "ports.json").read_text()))
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return ctx
+
+    def _get(self, url: str, ctx: ssl.SSLContext | None = None, timeout: float = 2.0) -> str:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:  # noqa: S310
+            body: bytes = resp.read()
+            return body.decode()
+
+    def healthy(self) -> bool:
+        try:
+            port = self.ports().apiserver
+            return self._get(f"https://127.0.0.1:{port}/readyz", self._ssl()) == "ok"
+        except (OSError, ValueError, ssl.SSLError):
+            return False
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def up(
+        self,
+        profile: Path,
+        crds: Iterable[Path] = (),
+        manifests: Iterable[Path] = (),
+        bindir: Path | None = None,
+        log: Any = print,
+    ) -> float:
+        """Start the cluster (or reuse it when already running); return seconds taken."""
+        t0 = time.monotonic()
+        if all(self.running().values()) and self.healthy():
+            log(f"cluster {self.name!r} is already running")
+            self.apply(crds, manifests, log)
+            return time.monotonic() - t0
+        self.down(quiet=True)
+        bindir = bindir or build_binaries()
+        prof = profilemod.load(profile)
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        pkimod.ensure_pki(self.pki.dir)
+        ports = Ports(*free_ports(6))
+        (self.dir / "ports.json").write_text(json.dumps(asdict(ports)))
+        self._write_kubeconfig(ports.apiserver)
+        log(f"starting cluster {self.name!r} (state in {self.dir})")
+        try:
+            self._start_etcd(bindir, ports, log)
+            self._start_apiserver(bindir, ports, log)
+            self._start_controller_manager(bindir, ports, log)
+            self._start_scheduler(bindir, ports, log)
+            self._seed_nodes(prof, log)
+            self._start_kwok(bindir, ports, log)
+            self.apply(crds, manifests, log)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        return time.monotonic() - t0
+
+    def down(self, quiet: bool = False) -> list[str]:
+        stopped = [c for c in reversed(COMPONENTS) if self.procs[c].stop()]
+        if stopped and not quiet:
+            print(f"stopped {', '.join(stopped)} of cluster {self.name!r}")
+        return stopped
+
+    # ---- components ----------------------------------------------------------------
+    def _bin(self, bindir: Path, name: str) -> str:
+        version = {
+            "etcd": self.v["ETCD_VERSION"],
+            "kwok": self.v["KWOK_VERSION"],
+        }.get(name, self.v["KUBE_VERSION"])
+        path = bindir / f"{name}-{version}"
+        if not path.exists():
+            raise ClusterError(f"{path} is missing: run hack/build-binaries.sh")
+        return str(path)
+
+    def _launch(self, name: str, argv: list[str], log: Any) -> Process:
+        proc = self.procs[name]
+        proc.start(argv)
+        log(f"  {name}: started (log {proc.log})")
+        return proc
+
+    def _start_etcd(self, bindir: Path, ports: Ports, log: Any) -> None:
+        client = f"http://127.0.0.1:{ports.etcd}"
+        peer = f"http://127.0.0.1:{ports.etcd_peer}"
+        proc = self._launch(
+            "etcd",
+            [
+                self._bin(bindir, "etcd"),
+                "--name=local",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=local={peer}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+            log,
+        )
+        took = wait_until(
+            "etcd health", lambda: '"true"' in self._get(f"{client}/health"), 30, proc
+        )
+        log(f"  etcd: healthy after {took:.1f}s")
+
+    def _start_apiserver(self, bindir: Path, ports: Ports, log: Any) -> None:
+        p = self.pki
+        proc = self._launch(
+            "kube-apiserver",
+            [
+                self._bin(bindir, "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ports.etcd}",
+                f"--secure-port={ports.apiserver}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--tls-cert-file={p.server_cert}",
+                f"--tls-private-key-file={p.server_key}",
+                f"--client-ca-file={p.ca_cert}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={p.sa_pub}",
+                f"--service-account-signing-key-file={p.sa_key}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+            ],
+            log,
+        )
+        took = wait_until("kube-apiserver /readyz", self.healthy, 90, proc)
+        log(f"  kube-apiserver: ready after {took:.1f}s on https://127.0.0.1:{ports.apiserver}")
+
+    def _start_controller_manager(self, bindir: Path, ports: Ports, log: Any) -> None:
+        p = self.pki
+        proc = self._launch(
+            "kube-controller-manager",
+            [
+                self._bin(bindir, "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--service-account-private-key-file={p.sa_key}",
+                f"--root-ca-file={p.ca_cert}",
+                f"--secure-port={ports.controller_manager}",
+                "--bind-address=127.0.0.1",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--node-monitor-grace-period=20s",
+                "--profiling=false",
+            ],
+            log,
+        )
+        url = f"https://127.0.0.1:{ports.controller_manager}/healthz"
+        took = wait_until(
+            "kube-controller-manager /healthz",
+            lambda: self._get(url, self._insecure()) == "ok",
+            60,
+            proc,
+        )
+        log(f"  kube-controller-manager: healthy after {took:.1f}s")
+
+    def _start_scheduler(self, bindir: Path, ports: Ports, log: Any) -> None:
+        proc = self._launch(
+            "kube-scheduler",
+            [
+                self._bin(bindir, "kube-scheduler"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--secure-port={ports.scheduler}",
+                "--bind-address=127.0.0.1",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+            log,
+        )
+        url = f"https://127.0.0.1:{ports.scheduler}/healthz"
+        took = wait_until(
+            "kube-scheduler /healthz", lambda: self._get(url, self._insecure()) == "ok", 60, proc
+        )
+        log(f"  kube-scheduler: healthy after {took:.1f}s")
+
+    def _start_kwok(self, bindir: Path, ports: Ports, log: Any) -> None:
+        proc = self._launch(
+            "kwok",
+            [
+                self._bin(bindir, "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-nodes-with-annotation-selector="
+                f"{profilemod.KWOK_ANNOTATION}={profilemod.KWOK_ANNOTATION_VALUE}",
+                f"--server-address=127.0.0.1:{ports.kwok}",
+                "--node-lease-duration-seconds=40",
+                f"--config={HACK / 'kwok' / 'stages.yaml'}",
+            ],
+            log,
+        )
+        took = wait_until("the simulated nodes to turn Ready", self._nodes_ready, 60, proc)
+        log(f"  kwok: simulated nodes Ready after {took:.1f}s")
+
+    @staticmethod
+    def _insecure() -> ssl.SSLContext:
+        # Health probes of components that serve a self-signed certificate on loopback.
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    # ---- seeding -------------------------------------------------------------------
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        return kubectl(self.kubeconfig, *args, stdin=stdin)
+
+    def _seed_nodes(self, prof: profilemod.Profile, log: Any) -> None:
+        docs = profilemod.manifests(prof)
+        self.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all(docs))
+        log(f"  nodes: created {len(docs)} simulated nodes")
+
+    def _nodes_ready(self) -> bool:
+        out = json.loads(
+            self.kubectl("get", "nodes", "-l", f"{profilemod.SIMULATED_LABEL}=true", "-o", "json")
+        )
+        for node in out["items"]:
+            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            if conds.get("Ready") != "True":
+                return False
+        return True
+
+    def apply(self, crds: Iterable[Path], manifests: Iterable[Path], log: Any = print) -> None:
+        """Apply CRDs, wait until they are Established, then apply the other manifests."""
+        for path in crds:
+            self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
+            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+            log(f"  applied {_show(path)} (established)")
+        for path in manifests:
+            self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
+            log(f"  applied {_show(path)}")
+
+    def _write_kubeconfig(self, port: int) -> None:
+        p = self.pki
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": self.name,
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{port}",
+                        "certificate-authority": str(p.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": f"{self.name}-admin",
+                    "user": {
+                        "client-certificate": str(p.admin_cert),
+                        "client-key": str(p.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": self.name, "context": {"cluster": self.name, "user": f"{self.name}-admin"}}
+            ],
+            "current-context": self.name,
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+
+
+def _source(path: Path) -> tuple[str, str]:
+    """kubectl's flag for a manifest path: -k for a kustomization directory, else -f."""
+    return ("-k", str(path)) if (path / "kustomization.yaml").exists() else ("-f", str(path))
+
+
+def _show(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def kubectl_binary() -> str:
+    """The kubectl built with the control plane, else the one on PATH."""
+    built = cache_root() / "bin" / f"kubectl-{versions()['KUBE_VERSION']}"
+    if built.exists():
+        return str(built)
+    found = shutil.which("kubectl")
+    if found is None:
+        raise ClusterError("kubectl not found: run hack/build-binaries.sh")
+    return found
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(
+        [kubectl_binary(), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout

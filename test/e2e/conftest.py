@@ -1,0 +1,74 @@
+"""E2E fixtures: a real control plane for the session, a fresh namespace per test.
+
+Nothing here mocks the API server. Without ``E2E_KUBECONFIG`` the session starts the local
+control plane (``hack/localcluster``: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok with the default simulated GPU nodes) and stops it at the end; with
+it, the suite runs against that cluster (kind included) after applying the CRDs.
+``E2E_CLUSTER_NAME`` (default ``e2e``) names the local cluster, so two runs can coexist.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pykube
+import pytest
+from harness import kube
+from localcluster.cluster import REPO, LocalCluster, kubectl
+
+CRDS = REPO / "config" / "crd"
+TEST_CRDS = REPO / "test" / "harness" / "crds"
+PROFILE = REPO / "hack" / "profiles" / "default.yaml"
+
+_timings: dict[str, float] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[Path]:
+    external = os.environ.get("E2E_KUBECONFIG")
+    if external:
+        path = Path(external)
+        for crds in (CRDS, TEST_CRDS):
+            kubectl(path, "apply", "--server-side", "--force-conflicts", "-k", str(crds))
+            kubectl(path, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        yield path
+        return
+    cluster = LocalCluster(os.environ.get("E2E_CLUSTER_NAME", "e2e"))
+    took = cluster.up(PROFILE, crds=[CRDS, TEST_CRDS], log=lambda _msg: None)
+    _timings["cluster start"] = took
+    try:
+        yield cluster.kubeconfig
+    finally:
+        cluster.down(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig: Path) -> pykube.HTTPClient:
+    return kube.client(kubeconfig)
+
+
+@pytest.fixture
+def namespace(api: pykube.HTTPClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test; deleted (without waiting) afterwards."""
+    slug = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    name = f"t-{slug}-{uuid.uuid4().hex[:5]}"
+    ns = pykube.Namespace(
+        api, {"metadata": {"name": name, "labels": {"gpuoperator.test/e2e": "true"}}}
+    )
+    ns.create()
+    yield name
+    ns.delete()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for what, seconds in _timings.items():
+        terminalreporter.write_line(f"e2e: {what} took {seconds:.1f}s")
