@@ -106,6 +106,7 @@ build_etcd() {
 build_kwok() {
   local target="$bindir/kwok-$KWOK_VERSION"
   [ -x "$target" ] && { say "kwok $KWOK_VERSION: cached"; return; }
+  reuse kwok "$KWOK_VERSION" "$target" && return
   say "kwok $KWOK_VERSION: building"
   local s=$SECONDS gobin="$workdir/kwok-$KWOK_VERSION"
   mkdir -p "$gobin"
