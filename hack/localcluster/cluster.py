@@ -344,6 +344,7 @@ class LocalCluster:
         for path in crds:
             self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+            wait_servable(self.kubeconfig)
             log(f"  applied {_show(path)} (established)")
         for path in manifests:
             self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
@@ -379,6 +380,19 @@ class LocalCluster:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.kubeconfig.chmod(0o600)
+
+
+def wait_servable(kubeconfig: Path, timeout: float = 60) -> None:
+    """Wait until every CRD's resource can be listed: for a moment after Established, lists
+    of a new CRD's resource get 429 while its watch cache fills."""
+    crds = json.loads(kubectl(kubeconfig, "get", "crd", "-o", "json"))["items"]
+    for crd in crds:
+        resource = f"{crd['spec']['names']['plural']}.{crd['spec']['group']}"
+        wait_until(
+            f"{resource} to be listable",
+            lambda r=resource: kubectl(kubeconfig, "get", r, "-A", "-o", "name") is not None,
+            timeout,
+        )
 
 
 def _source(path: Path) -> tuple[str, str]:

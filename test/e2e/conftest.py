@@ -17,7 +17,7 @@ from pathlib import Path
 import pykube
 import pytest
 from harness import kube
-from localcluster.cluster import REPO, LocalCluster, kubectl
+from localcluster.cluster import REPO, LocalCluster, kubectl, wait_servable
 
 CRDS = REPO / "config" / "crd"
 TEST_CRDS = REPO / "test" / "harness" / "crds"
@@ -40,6 +40,7 @@ def kubeconfig() -> Iterator[Path]:
         for crds in (CRDS, TEST_CRDS):
             kubectl(path, "apply", "--server-side", "--force-conflicts", "-k", str(crds))
             kubectl(path, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        wait_servable(path)
         yield path
         return
     cluster = LocalCluster(os.environ.get("E2E_CLUSTER_NAME", "e2e"))
@@ -72,3 +73,20 @@ def namespace(api: pykube.HTTPClient, request: pytest.FixtureRequest) -> Iterato
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for what, seconds in _timings.items():
         terminalreporter.write_line(f"e2e: {what} took {seconds:.1f}s")
+
+
+@pytest.fixture(scope="session")
+def kubevirt(api: pykube.HTTPClient) -> Iterator[object]:
+    """The KubeVirt stand-in (``harness.kubevirt.KubeVirtSimulator``), running for the session.
+
+    It acts on every VMI in the cluster, so a test that creates VMIs asks for this fixture;
+    it yields the simulator (typed ``object`` here: import the class in the test to use it).
+    """
+    from harness.kubevirt import KubeVirtSimulator
+
+    simulator = KubeVirtSimulator(api)
+    simulator.start()
+    try:
+        yield simulator
+    finally:
+        simulator.stop()

@@ -1,0 +1,302 @@
+"""The KubeVirt stand-in on the real control plane: the launcher pod it creates is placed by
+the real kube-scheduler on a simulated GPU node, kwok runs it, and the VMI mirrors it; a
+deleted pod fails its VMI; a GPU the KubeVirt CR does not permit gets no pod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykube
+import pytest
+from harness.kubevirt import KubeVirtSimulator
+from harness.waiting import wait_for
+
+from gpuoperator.runtime.kinds import KubeVirt, VirtualMachineInstance
+
+Obj = dict[str, Any]
+
+A10 = "nvidia.com/GA102GL_A10"
+L40S = "nvidia.com/L40S-24Q"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def ready_for_pods(api: pykube.HTTPClient, namespace: str) -> None:
+    """Pods need the namespace's ``default`` ServiceAccount, which kube-controller-manager
+    makes a moment after the namespace."""
+    wait_for(
+        f"the default ServiceAccount in {namespace}",
+        lambda: pykube.ServiceAccount.objects(api, namespace=namespace).get_or_none(name="default"),
+    )
+
+
+def create_vmi(
+    api: pykube.HTTPClient,
+    namespace: str,
+    name: str,
+    gpus: list[str],
+    **spec: Any,
+) -> Obj:
+    metadata: Obj = {"name": name, "namespace": namespace}
+    for key in ("labels", "annotations"):
+        if key in spec:
+            metadata[key] = spec.pop(key)
+    obj = VirtualMachineInstance(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": metadata,
+            "spec": {
+                "domain": {
+                    "devices": {
+                        "gpus": [
+                            {"name": f"gpu{i}", "deviceName": device}
+                            for i, device in enumerate(gpus)
+                        ]
+                    },
+                    "resources": {"requests": {"memory": "1Gi"}},
+                },
+                **spec,
+            },
+        },
+    )
+    obj.create()
+    return dict(obj.obj)
+
+
+def vmi_status(api: pykube.HTTPClient, namespace: str, name: str) -> Obj:
+    obj = VirtualMachineInstance.objects(api, namespace=namespace).get(name=name)
+    return dict(obj.obj.get("status") or {})
+
+
+def launcher_pods(api: pykube.HTTPClient, namespace: str, vmi: str | None = None) -> list[Obj]:
+    selector = {"kubevirt.io": "virt-launcher"}
+    if vmi is not None:
+        selector["vm.kubevirt.io/name"] = vmi
+    query = pykube.Pod.objects(api, namespace=namespace).filter(selector=selector)
+    return [dict(p.obj) for p in query.iterator()]
+
+
+def one_launcher_pod(api: pykube.HTTPClient, namespace: str, vmi: str) -> Obj:
+    pods = wait_for(
+        f"the launcher pod of {vmi}",
+        lambda: launcher_pods(api, namespace, vmi),
+        until=lambda pods: len(pods) > 0,
+    )
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def pod_phase(api: pykube.HTTPClient, namespace: str, name: str) -> Obj:
+    return dict(pykube.Pod.objects(api, namespace=namespace).get(name=name).obj)
+
+
+def phase_is(phase: str) -> Any:
+    return lambda status: status.get("phase") == phase
+
+
+def two_more_passes(simulator: KubeVirtSimulator) -> None:
+    """Wait until the simulator has looked at the whole cluster afresh, twice."""
+    start = simulator.passes
+    wait_for("two more simulator passes", lambda: simulator.passes, lambda n: n >= start + 2)
+
+
+def test_a_gpu_vmi_gets_a_launcher_pod_that_runs_on_an_a10_node(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    vmi = create_vmi(
+        api,
+        namespace,
+        "vm-a10",
+        [A10, A10],
+        tolerations=[GPU_TOLERATION],
+        labels={"app": "web"},
+        annotations={"note": "kept", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+    )
+    uid = vmi["metadata"]["uid"]
+
+    pod = one_launcher_pod(api, namespace, "vm-a10")
+    meta = pod["metadata"]
+    assert meta["name"].startswith("virt-launcher-vm-a10-")
+    assert meta["labels"] == {
+        "app": "web",
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": uid,
+        "vm.kubevirt.io/name": "vm-a10",
+    }
+    assert meta["annotations"] == {"note": "kept", "kubevirt.io/domain": "vm-a10"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "name": "vm-a10",
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    compute = pod["spec"]["containers"][0]
+    assert compute["name"] == "compute"
+    assert compute["resources"]["requests"] == {A10: "2", "memory": "1Gi"}
+    assert compute["resources"]["limits"] == {A10: "2"}
+    assert GPU_TOLERATION in pod["spec"]["tolerations"]
+
+    running = wait_for(
+        "the launcher pod to run",
+        lambda: pod_phase(api, namespace, meta["name"]),
+        until=lambda p: p.get("status", {}).get("phase") == "Running",
+    )
+    node = running["spec"]["nodeName"]
+    assert node.startswith("a10-"), node
+
+    status = wait_for(
+        "the VMI to be Scheduled",
+        lambda: vmi_status(api, namespace, "vm-a10"),
+        phase_is("Scheduled"),
+    )
+    assert status["nodeName"] == node
+    two_more_passes(kubevirt)
+    assert [p["metadata"]["name"] for p in launcher_pods(api, namespace)] == [meta["name"]]
+
+
+def test_deleting_a_pod_that_never_ran_fails_the_vmi_for_good(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    create_vmi(
+        api,
+        namespace,
+        "vm-stuck",
+        [A10],
+        tolerations=[GPU_TOLERATION],
+        nodeSelector={"gpuoperator.test/no-such-node": "true"},
+    )
+    pod = one_launcher_pod(api, namespace, "vm-stuck")
+    wait_for(
+        "the VMI to be Scheduling",
+        lambda: vmi_status(api, namespace, "vm-stuck"),
+        phase_is("Scheduling"),
+    )
+    assert pod_phase(api, namespace, pod["metadata"]["name"])["status"]["phase"] == "Pending"
+
+    pykube.Pod(api, pod).delete()
+    status = wait_for(
+        "the VMI to fail",
+        lambda: vmi_status(api, namespace, "vm-stuck"),
+        phase_is("Failed"),
+    )
+    assert "nodeName" not in status
+    two_more_passes(kubevirt)
+    assert launcher_pods(api, namespace) == [], "a Failed VMI must get no new pod"
+    assert vmi_status(api, namespace, "vm-stuck")["phase"] == "Failed"
+
+
+def test_deleting_a_running_pod_fails_the_vmi(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    create_vmi(api, namespace, "vm-ran", [A10], tolerations=[GPU_TOLERATION])
+    pod = one_launcher_pod(api, namespace, "vm-ran")
+    scheduled = wait_for(
+        "the VMI to be Scheduled",
+        lambda: vmi_status(api, namespace, "vm-ran"),
+        phase_is("Scheduled"),
+    )
+
+    pykube.Pod(api, pod).delete()
+    status = wait_for(
+        "the VMI to fail",
+        lambda: vmi_status(api, namespace, "vm-ran"),
+        phase_is("Failed"),
+    )
+    assert status["nodeName"] == scheduled["nodeName"]
+    two_more_passes(kubevirt)
+    assert launcher_pods(api, namespace) == [], "a Failed VMI must get no new pod"
+
+
+def test_a_gpu_the_kubevirt_cr_does_not_permit_gets_no_pod(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    # Cluster-wide in effect although namespaced: deleted at the end whatever happens.
+    config = KubeVirt(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": namespace},
+            "spec": {
+                "configuration": {
+                    "permittedHostDevices": {
+                        "pciHostDevices": [{"pciVendorSelector": "10DE:2236", "resourceName": A10}]
+                    }
+                }
+            },
+        },
+    )
+    config.create()
+    try:
+        two_more_passes(kubevirt)  # the simulator has read the table
+        create_vmi(api, namespace, "vm-l40s", [L40S], tolerations=[GPU_TOLERATION])
+        create_vmi(api, namespace, "vm-a10", [A10], tolerations=[GPU_TOLERATION])
+
+        status = wait_for(
+            "the refusal on vm-l40s",
+            lambda: vmi_status(api, namespace, "vm-l40s"),
+            lambda s: any(c["type"] == "Synchronized" for c in s.get("conditions", [])),
+        )
+        assert status["phase"] == "Pending"
+        [condition] = status["conditions"]
+        assert condition["status"] == "False"
+        assert condition["reason"] == "FailedCreate"
+        assert condition["message"] == (
+            f"GPU {L40S} is not permitted in permittedHostDevices configuration"
+        )
+        one_launcher_pod(api, namespace, "vm-a10")  # a permitted GPU is served meanwhile
+        two_more_passes(kubevirt)
+        assert launcher_pods(api, namespace, "vm-l40s") == []
+    finally:
+        config.delete()
+
+    # The table is gone, so everything is permitted: the refused VMI now gets its pod.
+    pod = one_launcher_pod(api, namespace, "vm-l40s")
+    status = wait_for(
+        "vm-l40s to be Scheduled",
+        lambda: vmi_status(api, namespace, "vm-l40s"),
+        phase_is("Scheduled"),
+    )
+    assert status["nodeName"].startswith("l40s-"), status
+    assert not status.get("conditions"), status
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {L40S: "1"}
+
+
+@pytest.mark.parametrize("table", [{}, {"mediatedDevices": []}])
+def test_an_empty_permitted_table_permits_no_gpu(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator, table: Obj
+) -> None:
+    ready_for_pods(api, namespace)
+    config = KubeVirt(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": namespace},
+            "spec": {"configuration": {"permittedHostDevices": table}},
+        },
+    )
+    config.create()
+    try:
+        two_more_passes(kubevirt)
+        create_vmi(api, namespace, "vm-a10", [A10], tolerations=[GPU_TOLERATION])
+        status = wait_for(
+            "the refusal on vm-a10",
+            lambda: vmi_status(api, namespace, "vm-a10"),
+            lambda s: bool(s.get("conditions")),
+        )
+        assert status["conditions"][0]["message"] == (
+            f"GPU {A10} is not permitted in permittedHostDevices configuration"
+        )
+        assert launcher_pods(api, namespace) == []
+    finally:
+        config.delete()
