@@ -53,3 +53,15 @@ class ValidatingAdmissionPolicy(APIObject):  # type: ignore[misc]
     version = "admissionregistration.k8s.io/v1"
     endpoint = "validatingadmissionpolicies"
     kind = "ValidatingAdmissionPolicy"
+
+
+class TokenReview(APIObject):  # type: ignore[misc]
+    version = "authentication.k8s.io/v1"
+    endpoint = "tokenreviews"
+    kind = "TokenReview"
+
+
+class SubjectAccessReview(APIObject):  # type: ignore[misc]
+    version = "authorization.k8s.io/v1"
+    endpoint = "subjectaccessreviews"
+    kind = "SubjectAccessReview"

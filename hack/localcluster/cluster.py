@@ -167,6 +167,20 @@ class LocalCluster:
             raise
         return time.monotonic() - t0
 
+    def restart(self, component: str, log: Any = print) -> float:
+        """Stop one component and start it again with the same command line (the API
+        server's watch cache starts afresh: watches from older versions get 410 Gone)."""
+        proc = self.procs[component]
+        argv = proc.argv()
+        proc.stop()
+        proc.start(argv)
+        if component == "kube-apiserver":
+            took = wait_until("kube-apiserver /readyz after restart", self.healthy, 90, proc)
+        else:
+            took = wait_until(f"{component} running", proc.running, 10, proc)
+        log(f"  {component}: restarted in {took:.1f}s")
+        return took
+
     def down(self, quiet: bool = False) -> list[str]:
         stopped = [c for c in reversed(COMPONENTS) if self.procs[c].stop()]
         if stopped and not quiet:
@@ -388,11 +402,11 @@ def wait_servable(kubeconfig: Path, timeout: float = 60) -> None:
     crds = json.loads(kubectl(kubeconfig, "get", "crd", "-o", "json"))["items"]
     for crd in crds:
         resource = f"{crd['spec']['names']['plural']}.{crd['spec']['group']}"
-        wait_until(
-            f"{resource} to be listable",
-            lambda r=resource: kubectl(kubeconfig, "get", r, "-A", "-o", "name") is not None,
-            timeout,
-        )
+
+        def listable(r: str = resource) -> bool:
+            return kubectl(kubeconfig, "get", r, "-A", "-o", "name") is not None
+
+        wait_until(f"{resource} to be listable", listable, timeout)
 
 
 def _source(path: Path) -> tuple[str, str]:

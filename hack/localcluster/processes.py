@@ -8,6 +8,7 @@ process that merely reused the pid of one we started.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -53,6 +54,15 @@ class Process:
     def pidfile(self) -> Path:
         return self.state_dir / "pids" / self.name
 
+    @property
+    def argvfile(self) -> Path:
+        return self.state_dir / "pids" / f"{self.name}.argv.json"
+
+    def argv(self) -> list[str]:
+        """The command line of the last start (so a component can be restarted as it was)."""
+        argv: list[str] = json.loads(self.argvfile.read_text())
+        return argv
+
     def pid(self) -> int | None:
         """The pid if the recorded process is still the one we started, else None."""
         try:
@@ -84,6 +94,7 @@ class Process:
         _children[proc.pid] = proc
         started = _start_time(proc.pid)
         self.pidfile.write_text(f"{proc.pid} {started}\n")
+        self.argvfile.write_text(json.dumps(list(argv)))
         return proc.pid
 
     def tail(self, lines: int = 15) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pykube
 import pytest
+
 from harness import kube
 from localcluster.cluster import REPO, LocalCluster, kubectl, wait_servable
 
@@ -33,23 +34,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[Path]:
-    external = os.environ.get("E2E_KUBECONFIG")
-    if external:
-        path = Path(external)
-        for crds in (CRDS, TEST_CRDS):
-            kubectl(path, "apply", "--server-side", "--force-conflicts", "-k", str(crds))
-            kubectl(path, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        wait_servable(path)
-        yield path
+def local_cluster() -> Iterator[LocalCluster | None]:
+    """The control plane this session started, or None under ``E2E_KUBECONFIG``."""
+    if os.environ.get("E2E_KUBECONFIG"):
+        yield None
         return
     cluster = LocalCluster(os.environ.get("E2E_CLUSTER_NAME", "e2e"))
     took = cluster.up(PROFILE, crds=[CRDS, TEST_CRDS], log=lambda _msg: None)
     _timings["cluster start"] = took
     try:
-        yield cluster.kubeconfig
+        yield cluster
     finally:
         cluster.down(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(local_cluster: LocalCluster | None) -> Path:
+    if local_cluster is not None:
+        return local_cluster.kubeconfig
+    path = Path(os.environ["E2E_KUBECONFIG"])
+    for crds in (CRDS, TEST_CRDS):
+        kubectl(path, "apply", "--server-side", "--force-conflicts", "-k", str(crds))
+        kubectl(path, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    wait_servable(path)
+    return path
 
 
 @pytest.fixture(scope="session")

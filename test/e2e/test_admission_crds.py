@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pykube
 import pytest
-from harness.kube import load_yaml, refused, replace
-from localcluster.cluster import REPO, kubectl
 
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUNode, Workload
+from harness.kube import load_yaml, refused, replace
+from localcluster.cluster import REPO, kubectl
 
 CRD_FILES = sorted((REPO / "config" / "crd").glob("cozystack.io_*.yaml"))
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pykube
 import pytest
-from harness.kube import Obj, refused, replace
-from localcluster.cluster import kubectl
 
 from gpuoperator.runtime.kinds import GPUClaim
+from harness.kube import Obj, refused, replace
+from localcluster.cluster import kubectl
 
 MakeClaim = Callable[..., GPUClaim]
 

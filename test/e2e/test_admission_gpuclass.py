@@ -13,10 +13,10 @@ from typing import Any
 
 import pykube
 import pytest
-from harness.kube import Obj, refused, replace
-from localcluster.cluster import kubectl
 
 from gpuoperator.runtime.kinds import GPUClass
+from harness.kube import Obj, refused, replace
+from localcluster.cluster import kubectl
 
 Make = Callable[..., GPUClass]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pykube
 import pytest
-from harness.kubevirt import KubeVirtSimulator
-from harness.waiting import wait_for
 
 from gpuoperator.runtime.kinds import KubeVirt, VirtualMachineInstance
+from harness.kubevirt import KubeVirtSimulator
+from harness.waiting import wait_for
 
 Obj = dict[str, Any]
 

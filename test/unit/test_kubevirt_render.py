@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from harness import kubevirt as kv
 
 A10 = "nvidia.com/GA102GL_A10"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from localcluster import pki, profile
 from localcluster.cluster import REPO, free_ports, port_free
 from localcluster.processes import ClusterError, Process, wait_until

@@ -1,0 +1,57 @@
+"""The operator's shared caches: one informer per kind, with the indexes its readers use.
+
+Controllers and webhooks read these, never the API server, on their hot paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pykube
+
+from gpuoperator.model import slimming
+from gpuoperator.runtime import informing
+from gpuoperator.runtime.informing import Informer, InformerOptions
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from gpuoperator.runtime.managing import Manager
+
+#: Index names.
+BY_NAMESPACE = "namespace"
+BY_NODE = "node"
+BY_CLASS = "class"
+
+
+@dataclass(frozen=True)
+class Caches:
+    nodes: Informer
+    pods: Informer
+    classes: Informer
+    claims: Informer
+
+
+def register(manager: Manager) -> Caches:
+    """Create (once) the shared informers on ``manager``."""
+    return Caches(
+        nodes=manager.informer(pykube.Node, InformerOptions(transform=slimming.slim_node)),
+        pods=manager.informer(
+            pykube.Pod,
+            InformerOptions(
+                transform=slimming.slim_pod,
+                indexers={
+                    BY_NAMESPACE: informing.by_namespace,
+                    BY_NODE: informing.by_field("spec", "nodeName"),
+                },
+            ),
+        ),
+        classes=manager.informer(GPUClass),
+        claims=manager.informer(
+            GPUClaim,
+            InformerOptions(
+                indexers={
+                    BY_NAMESPACE: informing.by_namespace,
+                    BY_NODE: informing.by_field("status", "nodeName"),
+                    BY_CLASS: informing.by_field("spec", "className"),
+                }
+            ),
+        ),
+    )

@@ -1,0 +1,507 @@
+"""The Kubernetes client layer over pykube-ng.
+
+What pykube-ng leaves to its callers, done once here:
+
+* one ``HTTPClient`` per thread (a ``requests.Session`` is not thread-safe), and a separate
+  one for watches, whose read timeout outlasts the server-side ``timeoutSeconds`` (pykube's
+  default 10 s timeout would cut an idle watch);
+* client-side QPS/burst limiting shared by every thread;
+* retries with tenacity on 429, on 5xx for reads, and on connection errors, honouring
+  ``Retry-After``;
+* typed errors (``errors.ConflictError``, ``NotFoundError``, ``GoneError``...);
+* writes by PUT with the object's resourceVersion (a stale write is a 409, never a silent
+  overwrite), status writes through the status subresource, merge and JSON patches;
+* credentials: in a pod the service-account token is re-read when the server answers 401
+  (bound tokens expire); inline ``client-key-data`` is written to a file only we can read;
+* fencing: ``Client.fenced(guard)`` returns a view whose writes raise ``NotLeaderError``
+  once ``guard()`` is false, so a replica that lost its Lease stops writing at once.
+
+Objects are plain dicts (``Obj``); kinds are the pykube classes of ``kinds.py`` or pykube's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import enum
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pykube
+import requests
+import structlog
+import tenacity
+import yaml
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.ratelimiting import BucketRateLimiter
+
+Obj = dict[str, Any]
+Kind = type[pykube.objects.APIObject]
+
+log = structlog.get_logger(__name__)
+
+#: Server-side watch length; the client's read timeout adds a margin to it.
+WATCH_TIMEOUT_SECONDS = 300
+_RETRY_READ_CODES = frozenset({500, 502, 503, 504})
+_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class PatchType(enum.Enum):
+    """Patch media types; custom resources accept MERGE and JSON, not strategic merge."""
+
+    MERGE = "application/merge-patch+json"
+    JSON = "application/json-patch+json"
+    STRATEGIC = "application/strategic-merge-patch+json"
+
+
+def load_config(kubeconfig: str | None = None) -> pykube.KubeConfig:
+    """A kubeconfig file (``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``), or
+    the pod's service account when none exists and we run in a cluster."""
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if not Path(path).exists():
+        if kubeconfig:
+            raise FileNotFoundError(f"kubeconfig {kubeconfig} does not exist")
+        if (_SA_DIR / "token").exists():
+            return pykube.KubeConfig.from_service_account()
+        raise FileNotFoundError(f"no kubeconfig at {path} and not running in a pod")
+    doc = yaml.safe_load(Path(path).read_text())
+    _move_inline_keys(doc)
+    config = pykube.KubeConfig(doc)
+    config.filepath = Path(path)  # relative certificate paths resolve against it
+    return config
+
+
+_private_dir: Path | None = None
+
+
+def _move_inline_keys(doc: Obj) -> None:
+    """Write inline ``client-key-data`` to a 0600 file in a private directory (pykube would
+    put it under the shared temp dir with default permissions)."""
+    global _private_dir  # noqa: PLW0603 - one private directory per process
+    for user in doc.get("users") or []:
+        u = user.get("user") or {}
+        data = u.pop("client-key-data", None)
+        if data is None:
+            continue
+        if _private_dir is None:
+            _private_dir = Path(tempfile.mkdtemp(prefix="gpuoperator-"))
+            atexit.register(shutil.rmtree, _private_dir, True)
+        key = _private_dir / f"{user.get('name', 'user')}.key"
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(base64.b64decode(data))
+        u["client-key"] = str(key)
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+        self.requests = Counter(
+            "gpuoperator_rest_client_requests_total",
+            "API requests by method and HTTP code",
+            ["method", "code"],
+            **kw,
+        )
+        self.latency = Histogram(
+            "gpuoperator_rest_client_request_duration_seconds",
+            "API request latency (to response headers)",
+            ["method"],
+            **kw,
+        )
+        self.fenced = Counter(
+            "gpuoperator_fenced_writes_total",
+            "Writes refused because this replica no longer leads",
+            **kw,
+        )
+
+
+_metrics_by_registry: dict[int, _Metrics] = {}
+_metrics_lock = threading.Lock()
+
+
+def _metrics(registry: CollectorRegistry | None) -> _Metrics:
+    with _metrics_lock:
+        key = id(registry)
+        if key not in _metrics_by_registry:
+            _metrics_by_registry[key] = _Metrics(registry)
+        return _metrics_by_registry[key]
+
+
+class _RetryableError(Exception):
+    """Internal: a response worth retrying, with the server's Retry-After if any."""
+
+    def __init__(self, error: errors.ApiError, retry_after: float | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+def _wait_strategy(state: tenacity.RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome else None
+    if isinstance(exc, _RetryableError) and exc.retry_after is not None:
+        return min(exc.retry_after, 30.0)
+    fallback: float = tenacity.wait_exponential_jitter(initial=0.2, max=5.0)(state)
+    return fallback
+
+
+class Client:
+    """Thread-safe access to the API server. Create one per process; share it."""
+
+    def __init__(
+        self,
+        config_factory: Callable[[], pykube.KubeConfig],
+        *,
+        qps: float = 50.0,
+        burst: int = 100,
+        timeout: float = 30.0,
+        retries: int = 5,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._config_factory = config_factory
+        self._config = config_factory()
+        self._config_lock = threading.Lock()
+        self._local = threading.local()
+        self._throttle = BucketRateLimiter(qps=qps, burst=burst, clock=clock)
+        self._clock = clock
+        self._timeout = timeout
+        self._retries = retries
+        self._fence: Callable[[], bool] | None = None
+        self._metrics = _metrics(registry)
+
+    # ---- views ----------------------------------------------------------------------
+    def fenced(self, guard: Callable[[], bool]) -> Client:
+        """A view of this client whose writes are refused (``NotLeaderError``) whenever
+        ``guard()`` is false. Reads are never fenced."""
+        view = object.__new__(Client)
+        view.__dict__.update(self.__dict__)
+        view._fence = guard
+        return view
+
+    def dedicated_http(self, timeout: float) -> pykube.HTTPClient:
+        """A new pykube client for one thread that manages its own requests (the leader
+        elector's Lease calls must not wait behind this client's throttle or retries)."""
+        return pykube.HTTPClient(self._config, timeout=timeout)
+
+    @property
+    def server(self) -> str:
+        return str(self._config.cluster["server"])
+
+    @property
+    def namespace(self) -> str:
+        """The namespace of the kubeconfig context (in a pod: the pod's namespace)."""
+        return str(self._config.namespace or "default")
+
+    # ---- plumbing -------------------------------------------------------------------
+    def _http(self, watch: bool = False) -> pykube.HTTPClient:
+        attr = "watch_http" if watch else "http"
+        http: pykube.HTTPClient | None = getattr(self._local, attr, None)
+        gen = getattr(self._local, "generation", None)
+        if http is None or gen is not self._config:
+            http = pykube.HTTPClient(self._config, timeout=self._timeout)
+            setattr(self._local, attr, http)
+            self._local.generation = self._config
+        return http
+
+    def _reload_credentials(self, stale: pykube.KubeConfig) -> None:
+        """Rebuild the config (re-reading a rotated service-account token) after a 401."""
+        with self._config_lock:
+            if self._config is stale:
+                self._config = self._config_factory()
+
+    @staticmethod
+    def path(
+        kind: Kind,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> str:
+        version: str = kind.version
+        parts = ["/api/v1" if version == "v1" else f"/apis/{version}"]
+        if namespace:
+            parts += ["namespaces", namespace]
+        parts.append(kind.endpoint)
+        if name:
+            parts.append(name)
+        if subresource:
+            parts.append(subresource)
+        return "/".join(parts)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        write: bool | None = None,
+    ) -> Any:
+        """One API call with throttling, retries and typed errors; returns the JSON body."""
+        is_write = method != "GET" if write is None else write
+        if is_write and self._fence is not None and not self._fence():
+            self._metrics.fenced.inc()
+            raise errors.NotLeaderError(f"refused {method} {path}: this replica no longer leads")
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self._retries),
+            wait=_wait_strategy,
+            retry=tenacity.retry_if_exception_type((_RetryableError, requests.ConnectionError)),
+            reraise=True,
+            sleep=self._clock.sleep,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self._once(method, path, params, body, content_type)
+        except _RetryableError as exc:
+            raise exc.error from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(
+        self, method: str, path: str, params: dict[str, Any] | None, body: Any, content_type: str
+    ) -> Any:
+        config = self._config
+        http = self._http()
+        delay = self._throttle.when(None)
+        if delay > 0:
+            self._clock.sleep(delay)
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        start = time.monotonic()
+        resp = http.session.request(
+            method,
+            http.url + path,
+            params=params,
+            data=data,
+            headers=headers,
+            timeout=self._timeout,
+        )
+        self._metrics.latency.labels(method).observe(time.monotonic() - start)
+        self._metrics.requests.labels(method, str(resp.status_code)).inc()
+        if resp.ok:
+            return resp.json() if resp.content else None
+        error = errors.from_status(resp.status_code, _status_body(resp))
+        if resp.status_code == 401 and (_SA_DIR / "token").exists():
+            self._reload_credentials(config)
+            raise _RetryableError(error, 0.0)
+        retry_after = _retry_after(resp)
+        if resp.status_code == 429 or (
+            resp.status_code in _RETRY_READ_CODES and (method == "GET" or retry_after is not None)
+        ):
+            raise _RetryableError(error, retry_after)
+        raise error
+
+    # ---- verbs ----------------------------------------------------------------------
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+        obj: Obj = self.request("GET", self.path(kind, namespace, name))
+        return obj
+
+    def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return self.get(kind, name, namespace)
+        except errors.NotFoundError:
+            return None
+
+    def list(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> tuple[list[Obj], str]:
+        """All objects, page by page, and the list's resourceVersion.
+
+        An expired continue token (410 while paging) restarts the list from the top, as
+        client-go's pager falls back to a full list.
+        """
+        while True:
+            items: list[Obj] = []
+            params: dict[str, Any] = {"limit": page_size}
+            if label_selector:
+                params["labelSelector"] = label_selector
+            if field_selector:
+                params["fieldSelector"] = field_selector
+            try:
+                while True:
+                    page: Obj = self.request("GET", self.path(kind, namespace), params=params)
+                    items.extend(page.get("items") or [])
+                    token = (page.get("metadata") or {}).get("continue")
+                    if not token:
+                        return items, str(page["metadata"].get("resourceVersion", ""))
+                    params["continue"] = token
+            except errors.GoneError:
+                if "continue" not in params:
+                    raise
+                log.info("list continue token expired; listing again", kind=kind.kind)
+
+    def create(self, kind: Kind, obj: Obj, *, dry_run: bool = False) -> Obj:
+        ns = (obj.get("metadata") or {}).get("namespace")
+        params = {"dryRun": "All"} if dry_run else None
+        out: Obj = self.request("POST", self.path(kind, ns), params=params, body=obj)
+        return out
+
+    def replace(self, kind: Kind, obj: Obj, *, subresource: str | None = None) -> Obj:
+        """PUT the whole object; its ``metadata.resourceVersion`` is the precondition."""
+        meta = obj["metadata"]
+        if not meta.get("resourceVersion"):
+            raise ValueError(f"replace of {kind.kind} {meta.get('name')} needs a resourceVersion")
+        out: Obj = self.request(
+            "PUT", self.path(kind, meta.get("namespace"), meta["name"], subresource), body=obj
+        )
+        return out
+
+    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
+        """Write ``status`` through the status subresource (spec changes are ignored there)."""
+        return self.replace(kind, obj, subresource="status")
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: PatchType = PatchType.MERGE,
+        subresource: str | None = None,
+    ) -> Obj:
+        out: Obj = self.request(
+            "PATCH",
+            self.path(kind, namespace, name, subresource),
+            body=patch,
+            content_type=patch_type.value,
+        )
+        return out
+
+    def delete(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        propagation: str | None = None,
+    ) -> None:
+        """Delete, optionally only if the object is still the one we saw (uid / rv)."""
+        opts: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if pre:
+            opts["preconditions"] = pre
+        if propagation:
+            opts["propagationPolicy"] = propagation
+        self.request("DELETE", self.path(kind, namespace, name), body=opts)
+
+    def create_subresource(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None,
+        subresource: str,
+        body: Obj,
+        *,
+        write: bool = True,
+    ) -> Obj:
+        """POST to a subresource (e.g. ``serviceaccounts/<n>/token``, ``pods/<n>/eviction``)."""
+        out: Obj = self.request(
+            "POST", self.path(kind, namespace, name, subresource), body=body, write=write
+        )
+        return out
+
+    def review(self, kind: Kind, body: Obj) -> Obj:
+        """POST a review (TokenReview, SubjectAccessReview): a question, not a write."""
+        out: Obj = self.request("POST", self.path(kind), body=body, write=False)
+        return out
+
+    # ---- watch ----------------------------------------------------------------------
+    def watch(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        bookmarks: bool = True,
+        stop: threading.Event | None = None,
+        opened: Callable[[requests.Response], None] | None = None,
+    ) -> Iterator[tuple[str, Obj]]:
+        """Stream ``(type, object)`` events from ``resource_version`` until the server ends
+        the watch (after ``timeout_seconds``) or ``stop`` is set.
+
+        Raises ``GoneError`` when the server says the resourceVersion is too old, whether as
+        an HTTP 410 or as an in-stream ERROR event (which pykube would yield as an object).
+        ``opened`` receives the streaming response, so another thread can close it to end a
+        watch that is blocked waiting for the next event.
+        """
+        params: dict[str, Any] = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+            "allowWatchBookmarks": "true" if bookmarks else "false",
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        http = self._http(watch=True)
+        delay = self._throttle.when(None)
+        if delay > 0:
+            self._clock.sleep(delay)
+        resp = http.session.get(
+            http.url + self.path(kind, namespace),
+            params=params,
+            stream=True,
+            timeout=(10.0, timeout_seconds + 30.0),
+        )
+        self._metrics.requests.labels("WATCH", str(resp.status_code)).inc()
+        if opened is not None:
+            opened(resp)
+        try:
+            if not resp.ok:
+                if resp.status_code == 401 and (_SA_DIR / "token").exists():
+                    self._reload_credentials(self._config)
+                raise errors.from_status(resp.status_code, _status_body(resp))
+            for line in resp.iter_lines():
+                if stop is not None and stop.is_set():
+                    return
+                if not line:
+                    continue
+                event = json.loads(line)
+                etype, obj = event.get("type"), event.get("object") or {}
+                if etype == "ERROR":
+                    raise errors.from_status(int(obj.get("code") or 500), obj)
+                yield etype, obj
+        finally:
+            resp.close()
+
+
+def _status_body(resp: requests.Response) -> dict[str, object] | None:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {"message": resp.text[:500]}
+    return body if isinstance(body, dict) else None
+
+
+def _retry_after(resp: requests.Response) -> float | None:
+    value = resp.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

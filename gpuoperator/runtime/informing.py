@@ -1,0 +1,474 @@
+"""Informers: a per-kind cache kept current by list + watch, with indexes and handlers.
+
+This reproduces client-go's reflector + indexer + shared informer, in the small:
+
+* **List, then watch.** A paginated list fills the cache and gives a resourceVersion; a
+  watch from it (with bookmarks and a server-side timeout) keeps the cache current. A
+  watch that ends normally is re-opened from the last resourceVersion seen; a watch that
+  fails on the connection is re-opened after a backoff, from the same resourceVersion.
+* **410 Gone means relist.** Whether the server says it as an HTTP status or as an ERROR
+  event inside the stream, the informer lists again (backoff 0.8 s doubling to 30 s, with
+  jitter), and every object that vanished across the relist is delivered as a delete:
+  nothing is lost while the watch was down.
+* **Bookmarks** only advance the resourceVersion; they never touch the cache.
+* **Transform.** Each object passes through an optional ``transform`` before it is stored
+  or handed to handlers, so a cache keeps only the fields its readers use (every pod of a
+  large cluster is watched to count GPU use; whole pod objects would not fit in memory).
+* **Handlers** run in the informer's thread, in event order, and must be quick: they map
+  the event to keys and enqueue them (level-triggered controllers read the cache again).
+* **Indexes** map an index value to the keys of the objects that have it, kept in step with
+  every change: by namespace, by label, by ``status.nodeName``, by ``spec.className``...
+
+Keys are ``(namespace, name)`` with ``""`` for cluster-scoped objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import requests
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import WATCH_TIMEOUT_SECONDS, Kind, Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+
+log = structlog.get_logger(__name__)
+
+Key = tuple[str, str]
+IndexFunc = Callable[[Obj], Iterable[str]]
+Transform = Callable[[Obj], Obj]
+
+
+def key_of(obj: Obj) -> Key:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+# ---- index functions ----------------------------------------------------------------------
+def by_namespace(obj: Obj) -> Iterable[str]:
+    ns = (obj.get("metadata") or {}).get("namespace")
+    return [ns] if ns else []
+
+
+def by_label(label: str) -> IndexFunc:
+    def index(obj: Obj) -> Iterable[str]:
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+        return [value] if value is not None else []
+
+    return index
+
+
+def by_field(*path: str) -> IndexFunc:
+    """Index by a nested string field, e.g. ``by_field("status", "nodeName")``."""
+
+    def index(obj: Obj) -> Iterable[str]:
+        node: Any = obj
+        for part in path:
+            if not isinstance(node, dict):
+                return []
+            node = node.get(part)
+        return [node] if isinstance(node, str) and node else []
+
+    return index
+
+
+class Store:
+    """A thread-safe map of key → object with secondary indexes.
+
+    Invariant: for every index, ``value → keys`` holds exactly the keys of the stored
+    objects whose index function returns ``value`` (updated under one lock with the map).
+    Readers get the stored objects themselves: treat them as read-only.
+    """
+
+    def __init__(self, indexers: dict[str, IndexFunc] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._items: dict[Key, Obj] = {}
+        self._indexers = dict(indexers or {})
+        self._indexes: dict[str, dict[str, set[Key]]] = {n: {} for n in self._indexers}
+
+    def get(self, key: Key) -> Obj | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def values(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._items)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def by_index(self, index: str, value: str) -> list[Obj]:
+        with self._lock:
+            return [self._items[k] for k in self._indexes[index].get(value, ())]
+
+    def index_keys(self, index: str, value: str) -> list[Key]:
+        with self._lock:
+            return list(self._indexes[index].get(value, ()))
+
+    def index_values(self, index: str) -> list[str]:
+        with self._lock:
+            return [v for v, keys in self._indexes[index].items() if keys]
+
+    def put(self, obj: Obj) -> Obj | None:
+        """Store ``obj``; return the object it replaced, if any."""
+        key = key_of(obj)
+        with self._lock:
+            old = self._items.get(key)
+            if old is not None:
+                self._unindex(key, old)
+            self._items[key] = obj
+            self._index(key, obj)
+            return old
+
+    def remove(self, key: Key) -> Obj | None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._unindex(key, old)
+            return old
+
+    def _index(self, key: Key, obj: Obj) -> None:
+        for name, fn in self._indexers.items():
+            for value in fn(obj):
+                self._indexes[name].setdefault(value, set()).add(key)
+
+    def _unindex(self, key: Key, obj: Obj) -> None:
+        for name, fn in self._indexers.items():
+            index = self._indexes[name]
+            for value in fn(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+
+
+@dataclass
+class Handlers:
+    """Callbacks for one consumer. ``on_update`` gets (old, new); ``on_delete`` the last
+    known state (after a relist, the state before the watch went down)."""
+
+    on_add: Callable[[Obj], None] | None = None
+    on_update: Callable[[Obj, Obj], None] | None = None
+    on_delete: Callable[[Obj], None] | None = None
+
+
+class Backoff:
+    """Exponential backoff with jitter: ``initial`` doubling up to ``cap``; ``reset`` after
+    a success."""
+
+    def __init__(
+        self,
+        initial: float = 0.8,
+        cap: float = 30.0,
+        jitter: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.initial, self.cap, self.jitter = initial, cap, jitter
+        self._next = initial
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.cap, self._next * 2)
+        return min(self.cap, delay * (1 + self._rng.random() * self.jitter))
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+        self.events = Counter(
+            "gpuoperator_informer_events_total",
+            "Watch events applied to a cache",
+            ["informer", "type"],
+            **kw,
+        )
+        self.lists = Counter(
+            "gpuoperator_informer_lists_total",
+            "Full lists (initial and relists)",
+            ["informer", "reason"],
+            **kw,
+        )
+        self.objects = Gauge(
+            "gpuoperator_informer_objects", "Objects in a cache", ["informer"], **kw
+        )
+        self.synced = Gauge(
+            "gpuoperator_informer_synced", "1 once the first list is in", ["informer"], **kw
+        )
+
+
+_metrics_lock = threading.Lock()
+_metrics_by_registry: dict[int, _Metrics] = {}
+
+
+def _metrics(registry: CollectorRegistry | None) -> _Metrics:
+    with _metrics_lock:
+        if id(registry) not in _metrics_by_registry:
+            _metrics_by_registry[id(registry)] = _Metrics(registry)
+        return _metrics_by_registry[id(registry)]
+
+
+@dataclass
+class InformerOptions:
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+    transform: Transform | None = None
+    indexers: dict[str, IndexFunc] = field(default_factory=dict)
+    resync: float | None = None
+    watch_timeout: int = WATCH_TIMEOUT_SECONDS
+    page_size: int = 500
+    #: Backoff between failed lists/watches: (initial, cap) seconds, jittered.
+    backoff: tuple[float, float] = (0.8, 30.0)
+
+
+def abort(response: requests.Response) -> None:
+    """End a streaming response that another thread is blocked reading: shut the socket
+    down (a plain close from another thread would leave the reader blocked)."""
+    conn = getattr(response.raw, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        response.close()
+
+
+class ListWatcher(Protocol):
+    """What an informer needs of a client (``Client`` is one)."""
+
+    def list(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = ...,
+        field_selector: str | None = ...,
+        page_size: int = ...,
+    ) -> tuple[list[Obj], str]: ...
+
+    def watch(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        timeout_seconds: int = ...,
+        label_selector: str | None = ...,
+        field_selector: str | None = ...,
+        bookmarks: bool = ...,
+        stop: threading.Event | None = ...,
+    ) -> Iterator[tuple[str, Obj]]: ...
+
+
+class Informer:
+    """Keeps a ``Store`` of one kind current and tells handlers about every change."""
+
+    def __init__(
+        self,
+        client: ListWatcher,
+        kind: Kind,
+        options: InformerOptions | None = None,
+        *,
+        name: str | None = None,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.client = client
+        self.kind = kind
+        self.options = options or InformerOptions()
+        self.name = name or kind.endpoint
+        self.store = Store(self.options.indexers)
+        self.resource_version = ""
+        self._clock = clock
+        self._handlers: list[Handlers] = []
+        self._handlers_lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._response: requests.Response | None = None
+        self._metrics = _metrics(registry)
+        self._log = log.bind(informer=self.name)
+
+    # ---- consumers ----------------------------------------------------------------
+    def add_handlers(self, handlers: Handlers) -> None:
+        """Register a consumer; it is told about every object already in the cache first
+        (as adds), so a late consumer misses nothing."""
+        with self._handlers_lock, self.store._lock:
+            self._handlers.append(handlers)
+            if handlers.on_add is not None:
+                for obj in self.store.values():
+                    handlers.on_add(obj)
+
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    # ---- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop listing and watching, and wait up to ``timeout`` for the thread to end.
+
+        A watch that has delivered its response headers is aborted at once; one still
+        waiting for them (the API server sends headers with the first event or bookmark)
+        ends when it returns. The thread is a daemon: it never holds up process exit.
+        Returns whether the thread has ended.
+        """
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            abort(response)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _opened(self, response: requests.Response) -> None:
+        self._response = response
+        if self._stop.is_set():
+            abort(response)
+
+    def run(self) -> None:
+        """List and watch until ``stop``; survives every error by backing off."""
+        backoff = Backoff(*self.options.backoff)
+        relist, reason = True, "initial"
+        while not self._stop.is_set():
+            try:
+                if relist:
+                    self._list(reason)
+                    relist = False
+                self._watch()
+                backoff.reset()
+            except errors.GoneError as exc:
+                relist, reason = True, "gone"
+                self._log.info("watch expired; relisting", reason="Gone", error=str(exc))
+                self._stop.wait(backoff.next())
+            except (errors.ApiError, requests.RequestException, ValueError) as exc:
+                delay = backoff.next()
+                self._log.warning(
+                    "list/watch failed; retrying",
+                    reason=type(exc).__name__,
+                    error=str(exc),
+                    retry_in=round(delay, 2),
+                    relist=relist,
+                )
+                self._stop.wait(delay)
+            except Exception as exc:  # a handler bug must not kill the cache
+                delay = backoff.next()
+                self._log.exception(
+                    "informer error; retrying", reason=type(exc).__name__, retry_in=round(delay, 2)
+                )
+                self._stop.wait(delay)
+
+    # ---- list ---------------------------------------------------------------------
+    def _list(self, reason: str) -> None:
+        o = self.options
+        items, rv = self.client.list(
+            self.kind,
+            o.namespace,
+            label_selector=o.label_selector,
+            field_selector=o.field_selector,
+            page_size=o.page_size,
+        )
+        self._metrics.lists.labels(self.name, reason).inc()
+        fresh = {key_of(obj): self._transform(obj) for obj in items}
+        with self._handlers_lock:
+            for key in set(self.store.keys()) - set(fresh):
+                old = self.store.remove(key)
+                if old is not None:
+                    self._notify("DELETED", old, None)
+            for obj in fresh.values():
+                old = self.store.put(obj)
+                self._notify("ADDED" if old is None else "MODIFIED", obj, old)
+        self.resource_version = rv
+        self._metrics.objects.labels(self.name).set(len(self.store))
+        if not self._synced.is_set():
+            self._synced.set()
+            self._metrics.synced.labels(self.name).set(1)
+            self._log.info("cache synced", objects=len(self.store), resource_version=rv)
+
+    # ---- watch --------------------------------------------------------------------
+    def _watch(self) -> None:
+        o = self.options
+        # Spread re-watches of many informers: a timeout between 1x and 2x the base.
+        timeout = int(o.watch_timeout * (1 + random.random()))  # noqa: S311
+        next_resync = self._clock.monotonic() + o.resync if o.resync else None
+        events = self.client.watch(
+            self.kind,
+            o.namespace,
+            resource_version=self.resource_version,
+            timeout_seconds=timeout,
+            label_selector=o.label_selector,
+            field_selector=o.field_selector,
+            stop=self._stop,
+        )
+        for etype, obj in events:
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if etype == "BOOKMARK":
+                if rv:
+                    self.resource_version = rv
+                continue
+            self._apply(etype, obj)
+            if rv:
+                self.resource_version = rv
+            if next_resync is not None and self._clock.monotonic() >= next_resync:
+                self._resync()
+                next_resync = self._clock.monotonic() + (o.resync or 0)
+
+    def _apply(self, etype: str, raw: Obj) -> None:
+        obj = self._transform(raw)
+        self._metrics.events.labels(self.name, etype).inc()
+        with self._handlers_lock:
+            if etype == "DELETED":
+                old = self.store.remove(key_of(obj))
+                self._notify("DELETED", old or obj, None)
+            elif etype in ("ADDED", "MODIFIED"):
+                old = self.store.put(obj)
+                self._notify("ADDED" if old is None else "MODIFIED", obj, old)
+        self._metrics.objects.labels(self.name).set(len(self.store))
+
+    def _resync(self) -> None:
+        with self._handlers_lock:
+            for obj in self.store.values():
+                self._notify("MODIFIED", obj, obj)
+
+    def _transform(self, obj: Obj) -> Obj:
+        return self.options.transform(obj) if self.options.transform else obj
+
+    def _notify(self, etype: str, obj: Obj, old: Obj | None) -> None:
+        for h in self._handlers:
+            try:
+                if etype == "ADDED" and h.on_add:
+                    h.on_add(obj)
+                elif etype == "MODIFIED" and h.on_update:
+                    h.on_update(old if old is not None else obj, obj)
+                elif etype == "DELETED" and h.on_delete:
+                    h.on_delete(obj)
+            except Exception:
+                self._log.exception(
+                    "event handler failed",
+                    reason="HandlerError",
+                    key="/".join(key_of(obj)),
+                    event_type=etype,
+                )

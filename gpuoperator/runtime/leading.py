@@ -1,0 +1,719 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go's
+``tools/leaderelection`` does it.
+
+What this does NOT guarantee (read this first):
+
+* **No fencing by the lease itself.** Holding the Lease does not stop anybody else from
+  writing: a replica that is paused (GC, a stalled node, a slow request) can still believe it
+  leads after another one took over. The runtime fences every controller write with
+  ``LeaderElector.is_leader()``, which turns False as soon as a renew is overdue
+  (``renew_deadline`` after the last successful one), i.e. before any other candidate may
+  take over (``lease_duration`` after it last saw the record change). Writes already in
+  flight when leadership is lost are not recalled.
+* **Tolerant to clock skew between replicas, not to clock skew rate.** A candidate judges
+  validity only on its own monotonic clock, from the moment it observed the record change;
+  ``renewTime`` and ``acquireTime`` in the record are informative and never compared with
+  the local clock. The gap ``lease_duration - renew_deadline`` is the margin for clocks
+  ticking at different rates and for the time a write takes to land.
+* **Identities must be unique per process** (``unique_identity()``): two live processes with
+  one identity both "renew" the same Lease and both lead.
+
+How one attempt (``try_acquire_or_renew``) works: get the Lease; create it with us as holder
+when absent; when the record differs from the last one observed, remember it and the local
+monotonic time; fail while another identity holds it and ``observed_time +
+leaseDurationSeconds`` lies ahead; otherwise write us as holder (acquireTime and
+leaseTransitions kept when we already held it, else acquireTime=now and transitions+1) with
+the resourceVersion as precondition, so of two racing candidates exactly one wins (409 for
+the other). ``holderIdentity == ""`` (a released Lease) is free.
+
+``run()`` loops: acquire (every ``retry_period`` with jitter 1.2), ``on_started_leading()``,
+renew every ``retry_period``; leadership is lost when no renew succeeded within
+``renew_deadline``, or (stricter than client-go) at once when an attempt sees another valid
+holder. Every ``on_started_leading()`` is followed by exactly one ``on_stopped_leading()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import json
+import math
+import random
+import socket
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol
+
+import pykube
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from gpuoperator import names
+from gpuoperator.runtime import clock as clocks
+from gpuoperator.runtime import errors, kinds
+
+#: As client-go's ``JitterFactor``: acquire retries wait ``retry_period * (1 + rand * 1.2)``.
+JITTER_FACTOR: Final = 1.2
+
+_LEASE_API_VERSION: Final = "coordination.k8s.io/v1"
+_SPEC_FIELDS: Final = (
+    "holderIdentity",
+    "leaseDurationSeconds",
+    "acquireTime",
+    "renewTime",
+    "leaseTransitions",
+)
+_JSON_HEADERS: Final = {"Content-Type": "application/json"}
+
+# Reasons, as logged with ``lost leadership`` and ``became leader``.
+REASON_RENEW_DEADLINE: Final = "RenewDeadlineExceeded"
+REASON_OTHER_HOLDER: Final = "AnotherHolderObserved"
+REASON_STOPPED: Final = "Stopped"
+REASON_ERROR: Final = "Error"
+
+
+# --- MicroTime -------------------------------------------------------------------------------
+
+
+def format_micro_time(t: datetime.datetime) -> str:
+    """Kubernetes ``MicroTime``: RFC 3339 in UTC with exactly six fractional digits and ``Z``
+    (``2026-01-01T00:00:00.000000Z``). A naive datetime is taken as UTC."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.UTC)
+    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_micro_time(text: str) -> datetime.datetime:
+    """Parse an RFC 3339 timestamp (any number of fractional digits, ``Z`` or an offset)
+    into an aware UTC datetime; digits beyond microseconds are dropped."""
+    t = datetime.datetime.fromisoformat(text)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.UTC)
+    return t.astimezone(datetime.UTC)
+
+
+# --- The record ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderElectionRecord:
+    """The Lease spec fields leader election reads and writes.
+
+    Compared field by field to tell whether the record changed since it was last observed;
+    its timestamps are never compared with the local clock.
+    """
+
+    holder_identity: str
+    lease_duration_seconds: int
+    acquire_time: datetime.datetime | None
+    renew_time: datetime.datetime | None
+    lease_transitions: int
+
+    def to_spec(self) -> dict[str, Any]:
+        """The Lease ``spec`` (camelCase, MicroTime strings; absent times are omitted)."""
+        spec: dict[str, Any] = {
+            "holderIdentity": self.holder_identity,
+            "leaseDurationSeconds": self.lease_duration_seconds,
+            "leaseTransitions": self.lease_transitions,
+        }
+        if self.acquire_time is not None:
+            spec["acquireTime"] = format_micro_time(self.acquire_time)
+        if self.renew_time is not None:
+            spec["renewTime"] = format_micro_time(self.renew_time)
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> LeaderElectionRecord:
+        """Read a Lease ``spec``; missing fields read as client-go reads them ("" and 0)."""
+        acquire = spec.get("acquireTime")
+        renew = spec.get("renewTime")
+        return cls(
+            holder_identity=str(spec.get("holderIdentity") or ""),
+            lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=parse_micro_time(acquire) if acquire else None,
+            renew_time=parse_micro_time(renew) if renew else None,
+            lease_transitions=int(spec.get("leaseTransitions") or 0),
+        )
+
+
+# --- Configuration ---------------------------------------------------------------------------
+
+
+def unique_identity(base: str | None = None) -> str:
+    """An identity unique to this process: ``<base or hostname>_<random hex>``.
+
+    A restarted pod keeps its name, so the name alone would let the new process "renew" the
+    Lease its predecessor held; the suffix makes it a new candidate like any other.
+    """
+    return f"{base or socket.gethostname()}_{uuid.uuid4().hex}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderElectionConfig:
+    """Where the Lease lives, who we are, and the timing (seconds).
+
+    Validated at construction as client-go's ``NewLeaderElector`` does:
+    ``lease_duration > renew_deadline > 1.2 * retry_period > 0`` and a non-empty identity.
+    ``lease_duration`` must also be whole seconds, because the record carries
+    ``leaseDurationSeconds`` as an integer and the fence relies on other candidates waiting
+    at least ``lease_duration``. A bad value raises ``ValueError`` naming the field.
+
+    ``release_on_cancel``: on stop, write an empty holder so another replica takes over at
+    its next attempt instead of after ``lease_duration``.
+    """
+
+    namespace: str
+    _: dataclasses.KW_ONLY
+    name: str = names.LEADER_LEASE
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    release_on_cancel: bool = True
+
+    def __post_init__(self) -> None:
+        for field in ("namespace", "name", "identity"):
+            if not getattr(self, field):
+                raise ValueError(f"{field} must not be empty")
+        for field in ("lease_duration", "renew_deadline", "retry_period"):
+            value = getattr(self, field)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{field} must be a finite number greater than zero, not {value}")
+        if self.lease_duration != int(self.lease_duration):
+            raise ValueError(
+                f"lease_duration must be whole seconds (leaseDurationSeconds is an integer), "
+                f"not {self.lease_duration}"
+            )
+        if not self.lease_duration > self.renew_deadline:
+            raise ValueError(
+                f"lease_duration ({self.lease_duration}) must be greater than renew_deadline "
+                f"({self.renew_deadline})"
+            )
+        if not self.renew_deadline > JITTER_FACTOR * self.retry_period:
+            raise ValueError(
+                f"renew_deadline ({self.renew_deadline}) must be greater than "
+                f"{JITTER_FACTOR} * retry_period ({self.retry_period})"
+            )
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` of the Lease, as logged and used as the metrics label."""
+        return f"{self.namespace}/{self.name}"
+
+
+# --- Storage ---------------------------------------------------------------------------------
+
+
+class LeaseStore(Protocol):
+    """Where the record lives. Writes are conditional on the resourceVersion last read."""
+
+    def get(self, namespace: str, name: str) -> tuple[LeaderElectionRecord, str] | None:
+        """The record and its resourceVersion, or None when the Lease does not exist."""
+
+    def create(self, namespace: str, name: str, record: LeaderElectionRecord) -> str:
+        """Create the Lease; returns its resourceVersion. ``AlreadyExistsError`` if taken."""
+
+    def update(
+        self, namespace: str, name: str, record: LeaderElectionRecord, resource_version: str
+    ) -> str:
+        """Replace the record if the Lease is still at ``resource_version``; returns the new
+        one. ``ConflictError`` when it moved on, ``NotFoundError`` when it is gone."""
+
+
+class InMemoryLeaseStore:
+    """A ``LeaseStore`` in a dict, for tests: thread-safe, with the API server's
+    resourceVersion preconditions (one counter for all Leases, as etcd's revision)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[tuple[str, str], tuple[LeaderElectionRecord, str]] = {}
+        self._revision = 0
+
+    def _next_version(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    def get(self, namespace: str, name: str) -> tuple[LeaderElectionRecord, str] | None:
+        with self._lock:
+            return self._leases.get((namespace, name))
+
+    def create(self, namespace: str, name: str, record: LeaderElectionRecord) -> str:
+        with self._lock:
+            if (namespace, name) in self._leases:
+                raise errors.AlreadyExistsError(
+                    409, "AlreadyExists", f'leases "{name}" already exists'
+                )
+            version = self._next_version()
+            self._leases[(namespace, name)] = (record, version)
+            return version
+
+    def update(
+        self, namespace: str, name: str, record: LeaderElectionRecord, resource_version: str
+    ) -> str:
+        with self._lock:
+            current = self._leases.get((namespace, name))
+            if current is None:
+                raise errors.NotFoundError(404, "NotFound", f'leases "{name}" not found')
+            if current[1] != resource_version:
+                raise errors.ConflictError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on leases "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                )
+            version = self._next_version()
+            self._leases[(namespace, name)] = (record, version)
+            return version
+
+
+class KubeLeaseStore:
+    """A ``LeaseStore`` on the API server's Lease objects (``kinds.Lease``).
+
+    Writes are PUTs of the whole Lease with ``metadata.resourceVersion`` (not pykube's
+    ``update()``, a merge patch): a stale write is a 409 ``ConflictError``. The last object
+    read or written is kept so a PUT carries its labels, annotations and any spec fields
+    this module does not manage. Not thread-safe, like the ``HTTPClient`` it owns: use it
+    from the elector's thread only.
+    """
+
+    def __init__(self, api: pykube.HTTPClient) -> None:
+        self._api = api
+        self._last: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def _lease(self, namespace: str, name: str) -> Any:
+        return kinds.Lease(
+            self._api,
+            {
+                "apiVersion": _LEASE_API_VERSION,
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+            },
+        )
+
+    def _remember(self, namespace: str, name: str, obj: dict[str, Any]) -> str:
+        self._last[(namespace, name)] = obj
+        return str(obj["metadata"]["resourceVersion"])
+
+    def get(self, namespace: str, name: str) -> tuple[LeaderElectionRecord, str] | None:
+        resp = self._api.get(**self._lease(namespace, name).api_kwargs())
+        if resp.status_code == 404:
+            self._last.pop((namespace, name), None)
+            return None
+        obj = _json_or_raise(resp)
+        version = self._remember(namespace, name, obj)
+        return LeaderElectionRecord.from_spec(obj.get("spec") or {}), version
+
+    def create(self, namespace: str, name: str, record: LeaderElectionRecord) -> str:
+        lease = self._lease(namespace, name)
+        obj = copy.deepcopy(lease.obj)
+        obj["spec"] = record.to_spec()
+        resp = self._api.post(
+            **lease.api_kwargs(obj_list=True, data=json.dumps(obj), headers=dict(_JSON_HEADERS))
+        )
+        return self._remember(namespace, name, _json_or_raise(resp))
+
+    def update(
+        self, namespace: str, name: str, record: LeaderElectionRecord, resource_version: str
+    ) -> str:
+        lease = self._lease(namespace, name)
+        last = self._last.get((namespace, name))
+        if last is not None and last["metadata"].get("resourceVersion") == resource_version:
+            obj = copy.deepcopy(last)
+        else:
+            obj = copy.deepcopy(lease.obj)
+        obj["metadata"]["resourceVersion"] = resource_version
+        spec = {k: v for k, v in (obj.get("spec") or {}).items() if k not in _SPEC_FIELDS}
+        spec.update(record.to_spec())
+        obj["spec"] = spec
+        resp = self._api.put(**lease.api_kwargs(data=json.dumps(obj), headers=dict(_JSON_HEADERS)))
+        return self._remember(namespace, name, _json_or_raise(resp))
+
+
+def _json_or_raise(resp: Any) -> dict[str, Any]:
+    """The response's object, or the typed ``errors.ApiError`` for a non-2xx status."""
+    if 200 <= resp.status_code < 300:
+        body: dict[str, Any] = resp.json()
+        return body
+    try:
+        status = resp.json()
+    except ValueError:
+        status = None
+    raise errors.from_status(resp.status_code, status if isinstance(status, dict) else None)
+
+
+# --- Metrics ---------------------------------------------------------------------------------
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.is_leader = Gauge(
+            "gpuoperator_leader_is_leader",
+            "1 while this replica leads (holds the Lease and renews it in time), else 0",
+            ["lease"],
+            registry=registry,
+        )
+        self.transitions = Counter(
+            "gpuoperator_leader_transitions",
+            "Times this replica became leader or stopped leading",
+            ["lease"],
+            registry=registry,
+        )
+
+
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, _Metrics] = weakref.WeakKeyDictionary()
+_METRICS_LOCK = threading.Lock()
+
+
+def _metrics(registry: CollectorRegistry) -> _Metrics:
+    """One set of collectors per registry, however many electors are built on it."""
+    with _METRICS_LOCK:
+        found = _METRICS.get(registry)
+        if found is None:
+            found = _METRICS[registry] = _Metrics(registry)
+        return found
+
+
+# --- The elector -----------------------------------------------------------------------------
+
+
+class LeaderElector:
+    """One candidate for one Lease.
+
+    ``run(stop)`` is the loop; ``try_acquire_or_renew()`` one attempt of it. Both belong to a
+    single thread (the one that owns the store's client). ``is_leader()`` and ``leader()``
+    may be called from any thread.
+
+    Callbacks run on the elector's thread and must return promptly (start or stop the
+    controllers' threads and return): renews do not happen while they run.
+    ``on_started_leading`` and ``on_stopped_leading`` strictly alternate, starting with
+    ``on_started_leading``. ``on_new_leader(identity)`` is told every change of the observed
+    holder, including us and ``""`` (released); its exceptions are logged and dropped.
+
+    ``wait(seconds) -> bool`` pauses between attempts and returns True when the elector should
+    stop; it defaults to ``stop.wait``. Tests on a ``FakeClock`` pass one that advances the
+    clock instead. ``jitter()`` returns a number in [0, 1) (default ``random.random``).
+    """
+
+    def __init__(
+        self,
+        config: LeaderElectionConfig,
+        store: LeaseStore,
+        *,
+        on_started_leading: Callable[[], None],
+        on_stopped_leading: Callable[[], None],
+        on_new_leader: Callable[[str], None] | None = None,
+        clock: clocks.Clock = clocks.SYSTEM,
+        registry: CollectorRegistry | None = None,
+        wait: Callable[[float], bool] | None = None,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._on_started_leading = on_started_leading
+        self._on_stopped_leading = on_stopped_leading
+        self._on_new_leader = on_new_leader
+        self._clock = clock
+        self._wait = wait
+        self._jitter = jitter
+        self._log = structlog.get_logger(__name__).bind(lease=config.key, identity=config.identity)
+        metrics = _metrics(registry if registry is not None else REGISTRY)
+        self._gauge = metrics.is_leader.labels(lease=config.key)
+        self._transitions = metrics.transitions.labels(lease=config.key)
+        self._gauge.set(0)
+
+        # Guarded by _lock (read by is_leader() from other threads).
+        self._lock = threading.Lock()
+        self._observed: LeaderElectionRecord | None = None
+        self._observed_time = 0.0  # local monotonic time the observed record last changed
+        self._resource_version: str | None = None
+        self._renewed_at: float | None = None  # monotonic start of the last successful write
+        # Only the elector's thread touches these.
+        self._reported_leader: str | None = None
+        self._acquired_because = ""
+
+    @property
+    def config(self) -> LeaderElectionConfig:
+        return self._config
+
+    # -- queries (any thread) --
+
+    def is_leader(self) -> bool:
+        """True only while we hold the Lease and our last successful renew started less than
+        ``renew_deadline`` ago (local monotonic time). The fence every controller write
+        checks: it turns False the moment leadership is in doubt, before the renew loop
+        notices and well before another candidate may take over."""
+        with self._lock:
+            if self._renewed_at is None or self._observed is None:
+                return False
+            if self._observed.holder_identity != self._config.identity:
+                return False
+            return self._clock.monotonic() - self._renewed_at < self._config.renew_deadline
+
+    def leader(self) -> str:
+        """The holder we last observed ("" when released or not yet observed)."""
+        with self._lock:
+            return self._observed.holder_identity if self._observed else ""
+
+    # -- one attempt --
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt to acquire or renew the Lease; True when we hold it afterwards.
+
+        API and connection errors fail the attempt (logged), they do not raise.
+        """
+        started = self._clock.monotonic()
+        now = self._clock.now()
+        cfg = self._config
+        ours = LeaderElectionRecord(
+            holder_identity=cfg.identity,
+            lease_duration_seconds=int(cfg.lease_duration),
+            acquire_time=now,
+            renew_time=now,
+            lease_transitions=0,
+        )
+        try:
+            got = self._store.get(cfg.namespace, cfg.name)
+            if got is None:
+                version = self._store.create(cfg.namespace, cfg.name, ours)
+                self._acquired_because = "LeaseCreated"
+                self._wrote(ours, version, started)
+                return True
+        except (errors.ApiError, OSError) as exc:
+            self._attempt_failed(exc)
+            return False
+
+        current, version = got
+        self._observe(current, version)
+        holder = current.holder_identity
+        if holder and holder != cfg.identity and self._observed_valid():
+            return False
+        if holder == cfg.identity:
+            ours = dataclasses.replace(
+                ours,
+                acquire_time=current.acquire_time or now,
+                lease_transitions=current.lease_transitions,
+            )
+            because = "AlreadyHolder"
+        else:
+            ours = dataclasses.replace(ours, lease_transitions=current.lease_transitions + 1)
+            because = "LeaseExpired" if holder else "LeaseReleased"
+        try:
+            new_version = self._store.update(cfg.namespace, cfg.name, ours, version)
+        except (errors.ApiError, OSError) as exc:
+            self._attempt_failed(exc)
+            return False
+        self._acquired_because = because
+        self._wrote(ours, new_version, started)
+        return True
+
+    def release(self) -> bool:
+        """Give the Lease up if we hold it, as client-go's ``release()``: holder "",
+        leaseDurationSeconds 1, acquireTime = renewTime = now, transitions kept; conditional
+        on the resourceVersion we last saw, so it never clobbers a new holder. Fences first.
+        True when released (or there was nothing to release)."""
+        with self._lock:
+            self._renewed_at = None
+            observed, version = self._observed, self._resource_version
+        if observed is None or version is None or observed.holder_identity != self._config.identity:
+            return True
+        now = self._clock.now()
+        released = LeaderElectionRecord(
+            holder_identity="",
+            lease_duration_seconds=1,
+            acquire_time=now,
+            renew_time=now,
+            lease_transitions=observed.lease_transitions,
+        )
+        try:
+            new_version = self._store.update(
+                self._config.namespace, self._config.name, released, version
+            )
+        except (errors.ApiError, OSError) as exc:
+            self._log.warning(
+                "lease release failed",
+                holder=observed.holder_identity,
+                reason=_reason(exc),
+                error=str(exc),
+            )
+            return False
+        self._wrote(released, new_version, None)
+        self._log.info("released lease", holder="", reason=REASON_STOPPED)
+        return True
+
+    # -- the loop --
+
+    def run(self, stop: threading.Event) -> None:
+        """Acquire, lead, and on loss go back to acquiring, until ``stop`` is set.
+
+        When ``stop`` is set while leading: fence, release (if ``release_on_cancel``), call
+        ``on_stopped_leading`` and return. An unexpected exception (a bug, not an API error)
+        fences, calls ``on_stopped_leading`` if we were leading, and propagates.
+        """
+        wait = self._wait if self._wait is not None else stop.wait
+
+        def pause(seconds: float) -> bool:
+            return bool(wait(max(0.0, seconds))) or stop.is_set()
+
+        while not stop.is_set():
+            if not self._acquire(pause):
+                return
+            self._lead(pause)
+
+    def _acquire(self, pause: Callable[[float], bool]) -> bool:
+        """Attempt until we hold the Lease (True) or we are told to stop (False).
+
+        While another holder's lease runs, the next attempt comes after exactly
+        ``retry_period``, or at the lease's expiry if that is sooner: a renew is seen at most
+        one period late and an expired lease is taken at once, so a dead leader is replaced
+        within ``lease_duration + retry_period``. Otherwise (a free lease lost to a faster
+        candidate, an API error) the wait is jittered as client-go's, to spread contenders.
+        """
+        period = self._config.retry_period
+        while True:
+            if self.try_acquire_or_renew():
+                return True
+            expiry = self._until_observed_expiry()
+            if expiry is not None:
+                delay = min(period, expiry)
+            else:
+                delay = period * (1.0 + self._jitter() * JITTER_FACTOR)
+            if pause(delay):
+                return False
+
+    def _until_observed_expiry(self) -> float | None:
+        """Seconds until another holder's observed lease expires (None if none runs)."""
+        if not self._other_holder_valid():
+            return None
+        with self._lock:
+            if self._observed is None:
+                return None
+            expires = self._observed_time + self._observed.lease_duration_seconds
+        return max(0.0, expires - self._clock.monotonic())
+
+    def _lead(self, pause: Callable[[float], bool]) -> None:
+        """From ``on_started_leading`` to ``on_stopped_leading``: renew until lost or stop."""
+        reason: str | None = REASON_ERROR
+        try:
+            self._started_leading()
+            while True:
+                if pause(self._until_next_renew()):
+                    reason = REASON_STOPPED
+                    break
+                reason = self._renew()
+                if reason is not None:
+                    break
+        finally:
+            self._stopped_leading(reason or REASON_ERROR)
+
+    def _until_next_renew(self) -> float:
+        """``retry_period``, shortened so the loop wakes up at the renew deadline."""
+        with self._lock:
+            renewed_at = self._renewed_at
+        if renewed_at is None:
+            return 0.0
+        remaining = renewed_at + self._config.renew_deadline - self._clock.monotonic()
+        return max(0.0, min(self._config.retry_period, remaining))
+
+    def _renew(self) -> str | None:
+        """One renew step while leading: None if we still lead, else why we do not."""
+        if self._renew_overdue():
+            return REASON_RENEW_DEADLINE
+        if self.try_acquire_or_renew():
+            return None
+        if self._other_holder_valid():
+            return REASON_OTHER_HOLDER
+        if self._renew_overdue():
+            return REASON_RENEW_DEADLINE
+        return None
+
+    def _renew_overdue(self) -> bool:
+        with self._lock:
+            renewed_at = self._renewed_at
+        return (
+            renewed_at is None
+            or self._clock.monotonic() - renewed_at >= self._config.renew_deadline
+        )
+
+    def _other_holder_valid(self) -> bool:
+        with self._lock:
+            observed = self._observed
+        if observed is None:
+            return False
+        holder = observed.holder_identity
+        return bool(holder) and holder != self._config.identity and self._observed_valid()
+
+    # -- state changes --
+
+    def _observed_valid(self) -> bool:
+        """Whether the observed record's lease runs on, by our own monotonic clock."""
+        with self._lock:
+            if self._observed is None:
+                return False
+            expires = self._observed_time + self._observed.lease_duration_seconds
+        return expires > self._clock.monotonic()
+
+    def _observe(self, record: LeaderElectionRecord, version: str) -> None:
+        """Remember the record read; restart its validity clock only if it changed."""
+        with self._lock:
+            if record != self._observed:
+                self._observed = record
+                self._observed_time = self._clock.monotonic()
+            self._resource_version = version
+        self._report_leader(record.holder_identity)
+
+    def _wrote(self, record: LeaderElectionRecord, version: str, started: float | None) -> None:
+        """Remember a record we wrote; ``started`` (when we hold it) marks a renew."""
+        with self._lock:
+            self._observed = record
+            self._observed_time = self._clock.monotonic()
+            self._resource_version = version
+            self._renewed_at = started
+        self._report_leader(record.holder_identity)
+
+    def _report_leader(self, holder: str) -> None:
+        if holder == self._reported_leader:
+            return
+        self._reported_leader = holder
+        self._log.info("new leader observed", holder=holder, reason="HolderChanged")
+        if self._on_new_leader is None:
+            return
+        try:
+            self._on_new_leader(holder)
+        except Exception as exc:  # a reporting hook must not break the election
+            self._log.exception("on_new_leader failed", holder=holder, error=str(exc))
+
+    def _attempt_failed(self, exc: Exception) -> None:
+        if isinstance(exc, errors.ConflictError | errors.AlreadyExistsError):
+            # Another candidate wrote first: the next attempt reads what it wrote.
+            self._log.debug("lease attempt lost a race", reason=_reason(exc), error=str(exc))
+        else:
+            self._log.warning("lease attempt failed", reason=_reason(exc), error=str(exc))
+
+    def _started_leading(self) -> None:
+        self._log.info("became leader", holder=self._config.identity, reason=self._acquired_because)
+        self._gauge.set(1)
+        self._transitions.inc()
+        self._on_started_leading()
+
+    def _stopped_leading(self, reason: str) -> None:
+        with self._lock:
+            self._renewed_at = None  # fence before anything else
+        holder = self.leader()
+        self._gauge.set(0)
+        self._transitions.inc()
+        try:
+            if reason == REASON_STOPPED:
+                self._log.info("lost leadership", holder=holder, reason=reason)
+                if self._config.release_on_cancel:
+                    self.release()
+            else:
+                self._log.warning("lost leadership", holder=holder, reason=reason)
+        finally:
+            self._on_stopped_leading()
+
+
+def _reason(exc: Exception) -> str:
+    return exc.reason if isinstance(exc, errors.ApiError) else type(exc).__name__

@@ -1,0 +1,254 @@
+"""The manager: caches, leader election, controllers and servers of one replica.
+
+Lifecycle of ``Manager.run``:
+
+1. serve ``/healthz`` (alive) and ``/readyz`` (ready only once every cache has synced), the
+   metrics endpoint (HTTPS, each scrape authorised through TokenReview and
+   SubjectAccessReview) and any extra servers (webhooks run on every replica);
+2. start every informer and wait for the first lists (progress is logged);
+3. campaign for the Lease; while this replica leads, its controllers run; when it stops
+   leading they stop (in-flight reconciles finish, writes are fenced from that moment);
+4. on ``stop`` (SIGTERM): stop the controllers, release the Lease so another replica takes
+   over at once, stop the caches and servers — all within ``shutdown_timeout``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpuoperator.runtime import serving
+from gpuoperator.runtime.authorizing import Authorizer
+from gpuoperator.runtime.client import Client, Kind, Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.controlling import Controller
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, Key
+from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, LeaderElector
+
+log = structlog.get_logger(__name__)
+
+Mapper = Callable[[Obj], Iterable[Key]]
+
+
+@dataclass
+class ManagerOptions:
+    namespace: str
+    identity: str
+    leader_election: bool = True
+    lease_name: str = "gpu-operator"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    health_address: str | None = ":8081"
+    metrics_address: str | None = ":8443"
+    metrics_tls: tuple[Path, Path] | None = None
+    metrics_insecure: bool = False
+    sync_timeout: float = 300.0
+    shutdown_timeout: float = 8.0
+    extra_servers: list[serving.Server] = field(default_factory=list)
+
+
+class Manager:
+    def __init__(
+        self,
+        client: Client,
+        options: ManagerOptions,
+        *,
+        registry: CollectorRegistry = REGISTRY,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.client = client
+        self.options = options
+        self.registry = registry
+        self.clock = clock
+        self._informers: dict[str, Informer] = {}
+        self._controllers: list[Controller[Any]] = []
+        self._leading = threading.Event()
+        self._elector: LeaderElector | None = None
+        self._servers: list[serving.Server] = []
+        self._log = log.bind(identity=options.identity)
+        #: Writes on behalf of controllers go through this view: refused once we stop leading.
+        self.writer = client.fenced(self.is_leader)
+
+    # ---- wiring -------------------------------------------------------------------
+    def informer(
+        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
+    ) -> Informer:
+        """The shared informer ``name`` (default: the kind's endpoint), created once."""
+        name = name or kind.endpoint
+        if name not in self._informers:
+            self._informers[name] = Informer(
+                self.client, kind, options, name=name, clock=self.clock, registry=self.registry
+            )
+        return self._informers[name]
+
+    def add_controller(
+        self, controller: Controller[Key], watches: Iterable[tuple[Informer, Mapper]]
+    ) -> None:
+        """Run ``controller`` while leading; each informer event is mapped to keys."""
+
+        def enqueue(mapper: Mapper) -> Handlers:
+            def on_obj(obj: Obj) -> None:
+                for key in mapper(obj):
+                    controller.enqueue(key)
+
+            def on_update(old: Obj, new: Obj) -> None:
+                keys = set(mapper(old)) | set(mapper(new))
+                for key in keys:
+                    controller.enqueue(key)
+
+            return Handlers(on_add=on_obj, on_update=on_update, on_delete=on_obj)
+
+        for informer, mapper in watches:
+            informer.add_handlers(enqueue(mapper))
+        self._controllers.append(controller)
+
+    # ---- state --------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        if not self.options.leader_election:
+            return self._leading.is_set()
+        return self._elector is not None and self._elector.is_leader()
+
+    def ready(self) -> tuple[bool, list[str]]:
+        waiting = [n for n, i in self._informers.items() if not i.has_synced()]
+        return not waiting, waiting
+
+    # ---- run ----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        o = self.options
+        try:
+            if o.health_address:
+                self._serve(serving.Server("health", o.health_address, self._health_app()))
+            if o.metrics_address:
+                self._serve(self._metrics_server())
+            for server in o.extra_servers:
+                self._serve(server)
+            self._start_caches(stop)
+            if stop.is_set():
+                return
+            if o.leader_election:
+                self._campaign(stop)
+            else:
+                self._start_leading()
+                stop.wait()
+        finally:
+            self._shutdown()
+
+    def _serve(self, server: serving.Server) -> None:
+        server.start()
+        self._servers.append(server)
+
+    def _start_caches(self, stop: threading.Event) -> None:
+        start = time.monotonic()
+        for informer in self._informers.values():
+            informer.start()
+        deadline = start + self.options.sync_timeout
+        next_report = start + 5.0
+        while not stop.is_set():
+            ok, waiting = self.ready()
+            now = time.monotonic()
+            if ok:
+                self._log.info(
+                    "caches synced", seconds=round(now - start, 2), informers=len(self._informers)
+                )
+                return
+            if now > deadline:
+                raise TimeoutError(
+                    f"caches not synced after {self.options.sync_timeout:.0f}s: "
+                    + ", ".join(waiting)
+                )
+            if now >= next_report:
+                self._log.info("waiting for caches", waiting=waiting, seconds=round(now - start))
+                next_report = now + 5.0
+            stop.wait(0.05)
+
+    def _campaign(self, stop: threading.Event) -> None:
+        o = self.options
+        config = LeaderElectionConfig(
+            namespace=o.namespace,
+            name=o.lease_name,
+            identity=o.identity,
+            lease_duration=o.lease_duration,
+            renew_deadline=o.renew_deadline,
+            retry_period=o.retry_period,
+        )
+        # The elector owns its own HTTP client (a pykube session is not thread-safe).
+        api = self.client.dedicated_http(timeout=o.renew_deadline / 2)
+        self._elector = LeaderElector(
+            config,
+            KubeLeaseStore(api),
+            clock=self.clock,
+            on_started_leading=self._start_leading,
+            on_stopped_leading=self._stop_leading,
+            registry=self.registry,
+        )
+        self._elector.run(stop)
+
+    def _start_leading(self) -> None:
+        self._leading.set()
+        self._log.info("starting controllers", controllers=[c.name for c in self._controllers])
+        for c in self._controllers:
+            c.start()
+
+    def _stop_leading(self) -> None:
+        self._leading.clear()
+        per = self.options.shutdown_timeout / 2 / max(1, len(self._controllers))
+        for c in self._controllers:
+            c.stop(per)
+
+    def _shutdown(self) -> None:
+        start = time.monotonic()
+        if self._leading.is_set():
+            self._stop_leading()
+        for informer in self._informers.values():
+            informer.stop(timeout=0)
+        deadline = time.monotonic() + 1.0
+        for informer in self._informers.values():
+            informer.stop(timeout=max(0.0, deadline - time.monotonic()))
+        for server in reversed(self._servers):
+            server.stop()
+        self._log.info("stopped", seconds=round(time.monotonic() - start, 2))
+
+    # ---- endpoints ----------------------------------------------------------------
+    def _health_app(self) -> serving.WSGIApp:
+        def healthz(_env: serving.Environ) -> serving.Response:
+            return serving.text(200, "ok")
+
+        def readyz(_env: serving.Environ) -> serving.Response:
+            ok, waiting = self.ready()
+            if ok:
+                return serving.text(200, "ok")
+            return serving.text(503, "caches not synced: " + ", ".join(waiting))
+
+        return serving.app({"/healthz": healthz, "/readyz": readyz})
+
+    def _metrics_server(self) -> serving.Server:
+        o = self.options
+        authorizer = None if o.metrics_insecure else Authorizer(self.client, clock=self.clock)
+
+        def metrics(env: serving.Environ) -> serving.Response:
+            if authorizer is not None:
+                decision = authorizer.authorize(env.get("HTTP_AUTHORIZATION"), "/metrics")
+                if decision.status != 200:
+                    headers = (
+                        (("WWW-Authenticate", 'Bearer realm="gpuoperator"'),)
+                        if decision.status == 401
+                        else ()
+                    )
+                    return serving.Response(
+                        decision.status, (decision.reason + "\n").encode(), headers=headers
+                    )
+            return serving.Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+        tls = None if o.metrics_insecure else (o.metrics_tls or serving.self_signed())
+        return serving.Server(
+            "metrics", o.metrics_address or ":8443", serving.app({"/metrics": metrics}), tls=tls
+        )

@@ -1,0 +1,110 @@
+"""Operator settings (DESIGN.md §4): the ``gpu-operator-settings`` ConfigMap in the
+operator's namespace, overridden by environment variables, overridden by flags.
+
+Every value is validated by pydantic; a bad one is a single clear startup error that names
+the setting, the value, where it came from and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpuoperator import names
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
+
+#: setting (ConfigMap key) → (environment variable, command-line flag) that override it.
+OVERRIDES = {
+    "licenseNamespace": ("GPUOP_LICENSE_NAMESPACE", "license-namespace"),
+    "placementPolicy": ("GPUOP_PLACEMENT_POLICY", "placement-policy"),
+    "refusalTTL": ("GPUOP_REFUSAL_TTL", "refusal-ttl"),
+    "operatorServiceAccount": ("GPUOP_OPERATOR_SERVICE_ACCOUNT", "operator-service-account"),
+    "gpuForVMs": ("GPUOP_GPU_FOR_VMS", "gpu-for-vms"),
+}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a Go-style duration (``10m``, ``1h30m``, ``45s``) or a number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        m = _DURATION.match(text)
+        if not text or m is None or not any(m.groups()):
+            raise ValueError(f"{value!r} is not a duration such as 10m, 90s or 1h30m")
+        h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+        seconds = h * 3600 + mi * 60 + s
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be a positive duration")
+    return seconds
+
+
+class Settings(BaseModel):
+    """What the operator's behaviour depends on (the settings ConfigMap's keys)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    license_namespace: str = Field(
+        "",
+        alias="licenseNamespace",
+        description="namespace of the vGPU license Secrets (default: the operator's own)",
+        max_length=63,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+    )
+    placement_policy: Literal["binpack", "spread"] = Field("binpack", alias="placementPolicy")
+    refusal_ttl: float = Field(
+        600.0, alias="refusalTTL", description="seconds a node that refused a pinned pod is skipped"
+    )
+    operator_service_account: str = Field(
+        "",
+        alias="operatorServiceAccount",
+        description="the operator's service account (system:serviceaccount:<ns>:<name>)",
+    )
+    gpu_for_vms: bool = Field(True, alias="gpuForVMs")
+
+    @field_validator("refusal_ttl", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+
+class SettingsError(ValueError):
+    """One line: which setting, which value, from where, and what is allowed."""
+
+
+def load(
+    configmap: Mapping[str, str] | None,
+    env: Mapping[str, str],
+    flags: Mapping[str, Any],
+    *,
+    configmap_ref: str = f"ConfigMap {names.SETTINGS_CONFIGMAP}",
+) -> Settings:
+    """Merge the sources (flags > environment > ConfigMap > defaults) and validate."""
+    merged: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for key, value in (configmap or {}).items():
+        merged[key], source[key] = value, configmap_ref
+    for key, (var, _) in OVERRIDES.items():
+        if var in env:
+            merged[key], source[key] = env[var], f"environment variable {var}"
+    for key, value in flags.items():
+        if value is not None:
+            merged[key], source[key] = value, f"flag --{OVERRIDES[key][1]}"
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            where = source.get(key, "default")
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(OVERRIDES)
+                problems.append(f"unknown setting {key!r} in {where} (known: {allowed})")
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{key}={err.get('input')!r} from {where}: {msg}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
