@@ -28,9 +28,12 @@ OVERRIDES = {
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from a Go-style duration (``10m``, ``1h30m``, ``45s``) or a number."""
+    """Seconds from a Go-style duration (``10m``, ``1h30m``, ``45s``) or a number of
+    seconds (``45``, as a ConfigMap value is always a string)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
+    elif re.fullmatch(r"\d+(\.\d+)?", str(value).strip()):
+        seconds = float(str(value).strip())
     else:
         text = str(value).strip()
         m = _DURATION.match(text)

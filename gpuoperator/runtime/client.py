@@ -26,6 +26,7 @@ import base64
 import enum
 import json
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -150,8 +151,9 @@ def _wait_strategy(state: tenacity.RetryCallState) -> float:
     exc = state.outcome.exception() if state.outcome else None
     if isinstance(exc, _RetryableError) and exc.retry_after is not None:
         return min(exc.retry_after, 30.0)
-    fallback: float = tenacity.wait_exponential_jitter(initial=0.2, max=5.0)(state)
-    return fallback
+    # Exponential from 0.2 s, capped at 5 s, with up to 0.2 s of jitter.
+    backoff: float = min(5.0, 0.2 * 2.0 ** max(0, state.attempt_number - 1))
+    return backoff + random.uniform(0, 0.2)  # noqa: S311 - jitter, not cryptography
 
 
 class Client:

@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="manifests to apply after the CRDs (default: config/samples)",
     )
+    up.add_argument(
+        "--no-operator",
+        dest="operator",
+        action="store_false",
+        help="start only the control plane, not the operator",
+    )
     sub.add_parser("down", help="stop the cluster's processes (only those it started)")
     sub.add_parser("status", help="which components run")
     args = parser.parse_args(argv)
@@ -39,8 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             crds = args.crds or [REPO / "config" / "crd"]
             manifests = args.apply or [REPO / "config" / "samples"]
             took = cluster.up(args.profile, crds=crds, manifests=manifests)
+            if args.operator:
+                cluster.run_operator()
             print(
-                f"cluster {args.name!r} is up ({took:.1f}s). Point kubectl at it with:\n"
+                f"cluster {args.name!r} is up ({took:.1f}s); operator log: {cluster.operator.log}\n"
+                f"Point kubectl at it with:\n"
                 f"  export KUBECONFIG={cluster.kubeconfig}\n"
                 f"  kubectl get nodes,gpuclasses,gpunodes\n"
                 f"Stop it with: make down"
@@ -49,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             if not cluster.down():
                 print(f"cluster {args.name!r} was not running")
         else:
-            for name, running in cluster.running().items():
+            states = {**cluster.running(), "gpuoperator": cluster.operator.running()}
+            for name, running in states.items():
                 print(f"{name:26} {'running' if running else 'stopped'}")
             print(f"kubeconfig: {cluster.kubeconfig}")
     except (ClusterError, ValueError) as exc:

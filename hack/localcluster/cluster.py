@@ -13,6 +13,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ HACK = Path(__file__).resolve().parent.parent
 REPO = HACK.parent
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/12"
+OPERATOR_NAMESPACE = "gpu-operator"
 
 
 def cache_root() -> Path:
@@ -102,6 +104,9 @@ class LocalCluster:
         self.kubeconfig = self.dir / "kubeconfig"
         self.pki = pkimod.Pki(self.dir / "pki")
         self.procs = {c: Process(c, self.dir) for c in COMPONENTS}
+        #: The operator itself, run from this checkout (``up --operator``); not a control-plane
+        #: component: clusters for the e2e suite run their own replicas.
+        self.operator = Process("gpuoperator", self.dir)
         self.v = versions()
 
     # ---- introspection -------------------------------------------------------------
@@ -181,8 +186,42 @@ class LocalCluster:
         log(f"  {component}: restarted in {took:.1f}s")
         return took
 
+    def run_operator(self, namespace: str = OPERATOR_NAMESPACE, log: Any = print) -> None:
+        """(Re)start the operator from this checkout against the cluster, in ``namespace``,
+        and wait until it is ready (caches synced)."""
+        self.operator.stop()
+        manifest = yaml.safe_dump(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+        self.kubectl("apply", "-f", "-", stdin=manifest)
+        health, metrics = free_ports(2)
+        self.operator.start(
+            [
+                sys.executable,
+                "-m",
+                "gpuoperator.cli",
+                "run",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--namespace={namespace}",
+                f"--health-address=127.0.0.1:{health}",
+                f"--metrics-address=127.0.0.1:{metrics}",
+                "--log-format=json",
+            ],
+            cwd=REPO,
+        )
+        log(f"  gpuoperator: started (log {self.operator.log})")
+        url = f"http://127.0.0.1:{health}/readyz"
+        took = wait_until(
+            "gpuoperator /readyz", lambda: self._get(url) == "ok\n", 120, self.operator
+        )
+        log(
+            f"  gpuoperator: ready after {took:.1f}s (metrics on https://127.0.0.1:{metrics}"
+            "/metrics, authorised by bearer token)"
+        )
+
     def down(self, quiet: bool = False) -> list[str]:
-        stopped = [c for c in reversed(COMPONENTS) if self.procs[c].stop()]
+        stopped = ["gpuoperator"] if self.operator.stop() else []
+        stopped += [c for c in reversed(COMPONENTS) if self.procs[c].stop()]
         if stopped and not quiet:
             print(f"stopped {', '.join(stopped)} of cluster {self.name!r}")
         return stopped

@@ -75,7 +75,9 @@ class Process:
     def running(self) -> bool:
         return self.pid() is not None
 
-    def start(self, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    def start(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
@@ -90,6 +92,7 @@ class Process:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, **(env or {})},
+                cwd=cwd,
             )
         _children[proc.pid] = proc
         started = _start_time(proc.pid)

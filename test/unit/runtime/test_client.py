@@ -1,0 +1,295 @@
+"""The client layer against a scripted HTTP server on loopback: retries, Retry-After,
+typed errors, pagination, watch errors, fencing, and credentials handling."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pykube
+import pytest
+import yaml
+
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, PatchType, load_config
+from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.kinds import GPUClaim
+
+Reply = tuple[int, dict[str, str], Any]
+
+
+class Script:
+    """Replies in order; records each request (method, path, query, body, content type)."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def reply(self, code: int, body: Any = None, **headers: str) -> None:
+        self.replies.append((code, headers, body))
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+
+
+@pytest.fixture
+def script() -> Iterator[Script]:
+    s = Script()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            with s.lock:
+                path, _, query = self.path.partition("?")
+                s.requests.append(
+                    {
+                        "method": self.command,
+                        "path": path,
+                        "query": query,
+                        "body": json.loads(body) if body else None,
+                        "type": self.headers.get("Content-Type"),
+                    }
+                )
+                code, headers, reply = s.replies.pop(0) if s.replies else (500, {}, None)
+            data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            for k, v in headers.items():
+                self.send_header(k.replace("_", "-"), v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve  # noqa: N815
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    s.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
+    yield s
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def client(script: Script, clock: FakeClock) -> Client:
+    doc = {
+        "clusters": [{"name": "c", "cluster": {"server": script.url}}],  # type: ignore[attr-defined]
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}],
+        "current-context": "x",
+    }
+    return Client(lambda: pykube.KubeConfig(doc), clock=clock, qps=1000, burst=1000)
+
+
+def claim(rv: str | None = "5") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "hold", "namespace": "t"}
+    if rv:
+        meta["resourceVersion"] = rv
+    return {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "GPUClaim",
+        "metadata": meta,
+        "spec": {"className": "a10", "count": 1},
+    }
+
+
+def test_paths_for_core_and_group_kinds() -> None:
+    assert Client.path(pykube.Pod, "t", "p", "status") == "/api/v1/namespaces/t/pods/p/status"
+    assert Client.path(GPUClaim, "t") == "/apis/cozystack.io/v1alpha1/namespaces/t/gpuclaims"
+    assert Client.path(pykube.Node, None, "n") == "/api/v1/nodes/n"
+
+
+def test_a_read_is_retried_on_503_then_succeeds(script: Script, client: Client) -> None:
+    script.reply(503, status(503, "ServiceUnavailable", "etcd leader changed"))
+    script.reply(200, claim())
+    assert client.get(GPUClaim, "hold", "t")["metadata"]["name"] == "hold"
+    assert [r["method"] for r in script.requests] == ["GET", "GET"]
+
+
+def test_429_waits_for_retry_after_then_retries(
+    script: Script, client: Client, clock: FakeClock
+) -> None:
+    start = clock.monotonic()
+    script.reply(429, status(429, "TooManyRequests", "slow down"), Retry_After="3")
+    script.reply(201, claim())
+    client.create(GPUClaim, claim(None))
+    assert len(script.requests) == 2
+    assert clock.monotonic() - start >= 3.0
+
+
+def test_a_write_is_not_retried_on_500_without_retry_after(script: Script, client: Client) -> None:
+    script.reply(500, status(500, "InternalError", "boom"))
+    with pytest.raises(errors.ApiError) as err:
+        client.create(GPUClaim, claim(None))
+    assert err.value.code == 500 and "boom" in str(err.value)
+    assert len(script.requests) == 1
+
+
+def test_retries_give_up_after_the_configured_attempts(script: Script, client: Client) -> None:
+    for _ in range(5):
+        script.reply(503, status(503, "ServiceUnavailable", "down"))
+    with pytest.raises(errors.ApiError):
+        client.get(GPUClaim, "hold", "t")
+    assert len(script.requests) == 5
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "error"),
+    [
+        (404, "NotFound", errors.NotFoundError),
+        (409, "Conflict", errors.ConflictError),
+        (409, "AlreadyExists", errors.AlreadyExistsError),
+        (410, "Expired", errors.GoneError),
+        (422, "Invalid", errors.InvalidError),
+        (403, "Forbidden", errors.ForbiddenError),
+    ],
+)
+def test_errors_are_typed(
+    script: Script, client: Client, code: int, reason: str, error: type[errors.ApiError]
+) -> None:
+    script.reply(code, status(code, reason, f"spec.count: {reason}"))
+    with pytest.raises(error) as err:
+        client.replace(GPUClaim, claim())
+    assert err.value.reason == reason and err.value.message == f"spec.count: {reason}"
+
+
+def test_replace_puts_the_whole_object_with_its_resource_version(
+    script: Script, client: Client
+) -> None:
+    script.reply(200, claim("6"))
+    client.replace_status(GPUClaim, claim("5"))
+    req = script.requests[0]
+    assert (req["method"], req["path"]) == (
+        "PUT",
+        "/apis/cozystack.io/v1alpha1/namespaces/t/gpuclaims/hold/status",
+    )
+    assert req["body"]["metadata"]["resourceVersion"] == "5"
+
+
+def test_replace_without_a_resource_version_is_refused_before_sending(client: Client) -> None:
+    with pytest.raises(ValueError, match="resourceVersion"):
+        client.replace(GPUClaim, claim(None))
+
+
+def test_patches_carry_their_media_type(script: Script, client: Client) -> None:
+    script.reply(200, claim())
+    script.reply(200, claim())
+    client.patch(GPUClaim, "hold", {"metadata": {"labels": {"a": "b"}}}, "t")
+    client.patch(
+        GPUClaim,
+        "hold",
+        [{"op": "remove", "path": "/metadata/labels/a"}],
+        "t",
+        patch_type=PatchType.JSON,
+    )
+    assert [r["type"] for r in script.requests] == [
+        "application/merge-patch+json",
+        "application/json-patch+json",
+    ]
+
+
+def test_delete_sends_preconditions(script: Script, client: Client) -> None:
+    script.reply(200, status(200, "", ""))
+    client.delete(GPUClaim, "hold", "t", uid="u-1", propagation="Background")
+    assert script.requests[0]["body"]["preconditions"] == {"uid": "u-1"}
+    assert script.requests[0]["body"]["propagationPolicy"] == "Background"
+
+
+def test_list_follows_continue_tokens(script: Script, client: Client) -> None:
+    script.reply(200, {"metadata": {"continue": "tok", "resourceVersion": "9"}, "items": [claim()]})
+    script.reply(200, {"metadata": {"resourceVersion": "10"}, "items": [claim(), claim()]})
+    items, rv = client.list(GPUClaim, "t", page_size=1)
+    assert len(items) == 3 and rv == "10"
+    assert "continue=tok" in script.requests[1]["query"]
+
+
+def test_an_expired_continue_token_restarts_the_list(script: Script, client: Client) -> None:
+    script.reply(200, {"metadata": {"continue": "old"}, "items": [claim()]})
+    script.reply(410, status(410, "Expired", "continue token expired"))
+    script.reply(200, {"metadata": {"resourceVersion": "20"}, "items": [claim(), claim()]})
+    items, rv = client.list(GPUClaim, "t")
+    assert (len(items), rv) == (2, "20")
+    assert "continue" not in script.requests[2]["query"]
+
+
+def test_watch_yields_events_and_raises_gone_on_an_in_stream_410(
+    script: Script, client: Client
+) -> None:
+    lines = [
+        {"type": "ADDED", "object": claim("11")},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
+        {"type": "ERROR", "object": status(410, "Expired", "too old resource version")},
+    ]
+    script.reply(200, b"\n".join(json.dumps(x).encode() for x in lines))
+    seen = []
+    with pytest.raises(errors.GoneError):
+        for etype, obj in client.watch(GPUClaim, "t", resource_version="10"):
+            seen.append((etype, obj["metadata"]["resourceVersion"]))
+    assert seen == [("ADDED", "11"), ("BOOKMARK", "12")]
+    query = script.requests[0]["query"]
+    assert "allowWatchBookmarks=true" in query and "resourceVersion=10" in query
+
+
+def test_a_fenced_view_refuses_writes_and_sends_nothing(script: Script, client: Client) -> None:
+    leading = threading.Event()
+    writer = client.fenced(leading.is_set)
+    with pytest.raises(errors.NotLeaderError, match="no longer leads"):
+        writer.create(GPUClaim, claim(None))
+    with pytest.raises(errors.NotLeaderError):
+        writer.delete(GPUClaim, "hold", "t")
+    assert script.requests == []
+    script.reply(200, claim())
+    writer.get(GPUClaim, "hold", "t")  # reads are never fenced
+    leading.set()
+    script.reply(201, claim())
+    writer.create(GPUClaim, claim(None))
+    assert [r["method"] for r in script.requests] == ["GET", "POST"]
+
+
+def test_inline_client_keys_are_written_readable_by_the_owner_only(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [
+                    {"name": "u", "user": {"client-key-data": base64.b64encode(b"KEY").decode()}}
+                ],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    config = load_config(str(kubeconfig))
+    key = Path(config.doc["users"][0]["user"]["client-key"])
+    assert key.read_bytes() == b"KEY"
+    assert key.stat().st_mode & 0o077 == 0
+    assert key.parent.stat().st_mode & 0o077 == 0
+
+
+def test_a_missing_kubeconfig_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope"):
+        load_config(str(tmp_path / "nope"))

@@ -1,0 +1,66 @@
+"""Settings: sources in order, and one clear error for a bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuoperator import settings
+
+
+def test_defaults() -> None:
+    s = settings.load(None, {}, {})
+    assert s.placement_policy == "binpack"
+    assert s.refusal_ttl == 600.0
+    assert s.gpu_for_vms is True
+    assert s.license_namespace == ""
+
+
+def test_flags_override_environment_override_configmap() -> None:
+    cm = {"placementPolicy": "spread", "refusalTTL": "5m", "gpuForVMs": "false"}
+    env = {"GPUOP_REFUSAL_TTL": "90s", "GPUOP_PLACEMENT_POLICY": "binpack"}
+    s = settings.load(cm, env, {"placementPolicy": "spread", "refusalTTL": None})
+    assert s.placement_policy == "spread"  # flag
+    assert s.refusal_ttl == 90.0  # environment beats the ConfigMap
+    assert s.gpu_for_vms is False  # ConfigMap
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("10m", 600), ("90s", 90), ("1h30m", 5400), ("1.5h", 5400), ("45", 45), ("2m30s", 150)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert settings.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("source", "fragments"),
+    [
+        (
+            {"cm": {"placementPolicy": "pack"}},
+            ("placementPolicy='pack'", "ConfigMap", "'binpack' or 'spread'"),
+        ),
+        (
+            {"env": {"GPUOP_REFUSAL_TTL": "soon"}},
+            ("refusalTTL='soon'", "GPUOP_REFUSAL_TTL", "duration such as 10m"),
+        ),
+        ({"flags": {"refusalTTL": "0s"}}, ("refusalTTL='0s'", "flag --refusal-ttl", "positive")),
+        ({"cm": {"gpuForVMs": "maybe"}}, ("gpuForVMs='maybe'", "ConfigMap", "boolean")),
+        ({"cm": {"licenseNamespace": "Not_A_Namespace"}}, ("licenseNamespace", "pattern")),
+        ({"cm": {"placementPolcy": "spread"}}, ("unknown setting 'placementPolcy'", "known:")),
+    ],
+    ids=["policy", "ttl-env", "ttl-zero-flag", "bool", "namespace", "typo"],
+)
+def test_a_bad_value_is_one_error_naming_setting_value_source_and_allowed(
+    source: dict[str, dict[str, str]], fragments: tuple[str, ...]
+) -> None:
+    with pytest.raises(settings.SettingsError) as err:
+        settings.load(
+            source.get("cm"),
+            source.get("env", {}),
+            source.get("flags", {}),
+            configmap_ref="ConfigMap gpu-operator/gpu-operator-settings",
+        )
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
