@@ -12,7 +12,7 @@ import pykube
 from gpuoperator.model import slimming
 from gpuoperator.runtime import informing
 from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, KubeVirt
 from gpuoperator.runtime.managing import Manager
 
 #: Index names.
@@ -27,6 +27,9 @@ class Caches:
     pods: Informer
     classes: Informer
     claims: Informer
+    gpunodes: Informer
+    #: KubeVirt CRs (permittedHostDevices); optional: KubeVirt may not be installed.
+    kubevirts: Informer
 
 
 def register(manager: Manager) -> Caches:
@@ -54,4 +57,6 @@ def register(manager: Manager) -> Caches:
                 }
             ),
         ),
+        gpunodes=manager.informer(GPUNode),
+        kubevirts=manager.informer(KubeVirt, InformerOptions(optional=True)),
     )

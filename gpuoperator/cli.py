@@ -19,10 +19,13 @@ from typing import Any
 import pykube
 import structlog
 
-from gpuoperator import __version__, caches, names, settings
+from controllers import class_status, node_inventory
+from gpuoperator import __version__, caches, names, settings, status
+from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import errors, logs
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
+from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger("gpuoperator")
 
@@ -40,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuoperator", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("version", help="print the version")
+    st = sub.add_parser("status", help="print the GPU catalog and the nodes' GPU figures")
+    st.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
     run = sub.add_parser("run", help="run one replica of the operator")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, or in-cluster)")
     run.add_argument(
@@ -86,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "version":
         print(f"gpuoperator {__version__}")
+        return 0
+    if args.command == "status":
+        try:
+            client = Client(lambda: load_config(args.kubeconfig))
+            print(status.report(*status.collect(client)))
+        except (FileNotFoundError, errors.ApiError) as exc:
+            print(f"gpuoperator status: {exc}", file=sys.stderr)
+            return 1
         return 0
     try:
         logs.configure(args.log_format, args.log_level)
@@ -134,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             metrics_insecure=args.metrics_insecure,
         ),
     )
-    caches.register(manager)
+    wire(manager)
 
     stop = threading.Event()
 
@@ -146,6 +159,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     manager.run(stop)
     return 0
+
+
+def wire(manager: Manager) -> Inventory:
+    """The composition: shared caches, the inventory fed by them, and the controllers."""
+    shared = caches.register(manager)
+    inventory = Inventory()
+    inventory.connect(shared)
+    recorder = Recorder(manager.writer)
+    node_inventory.register(manager, shared, inventory, recorder)
+    class_status.register(manager, shared, inventory, recorder)
+    return inventory
 
 
 def load_settings(client: Client, namespace: str, args: argparse.Namespace) -> settings.Settings:

@@ -118,6 +118,12 @@ class Controller(Generic[K]):
         if queue is not None:
             queue.add(key)
 
+    def enqueue_many(self, keys: Iterable[K]) -> None:
+        queue = self._queue
+        if queue is not None:
+            for key in keys:
+                queue.add(key)
+
     def enqueue_after(self, key: K, delay: float) -> None:
         queue = self._queue
         if queue is not None:

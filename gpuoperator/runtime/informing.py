@@ -110,6 +110,10 @@ class Store:
         with self._lock:
             return len(self._items)
 
+    def __iter__(self) -> Iterator[Key]:
+        """The keys, as a snapshot (safe while others write)."""
+        return iter(self.keys())
+
     def by_index(self, index: str, value: str) -> list[Obj]:
         with self._lock:
             return [self._items[k] for k in self._indexes[index].get(value, ())]
@@ -236,6 +240,9 @@ class InformerOptions:
     page_size: int = 500
     #: Backoff between failed lists/watches: (initial, cap) seconds, jittered.
     backoff: tuple[float, float] = (0.8, 30.0)
+    #: The kind may not be served (its CRD not installed, e.g. KubeVirt's): then the cache
+    #: counts as synced and empty, and the list is retried until the kind appears.
+    optional: bool = False
 
 
 def abort(response: requests.Response) -> None:
@@ -360,6 +367,20 @@ class Informer:
                     relist = False
                 self._watch()
                 backoff.reset()
+            except errors.NotFoundError as exc:
+                if relist and self.options.optional:
+                    self._absent(str(exc))
+                    self._stop.wait(self.options.backoff[1])
+                else:
+                    delay = backoff.next()
+                    self._log.warning(
+                        "list/watch failed; retrying",
+                        reason="NotFound",
+                        error=str(exc),
+                        retry_in=round(delay, 2),
+                        relist=relist,
+                    )
+                    self._stop.wait(delay)
             except errors.GoneError as exc:
                 relist, reason = True, "gone"
                 self._log.info("watch expired; relisting", reason="Gone", error=str(exc))
@@ -380,6 +401,19 @@ class Informer:
                     "informer error; retrying", reason=type(exc).__name__, retry_in=round(delay, 2)
                 )
                 self._stop.wait(delay)
+
+    def _absent(self, why: str) -> None:
+        """An optional kind is not served: empty the cache (deleting what it held) and
+        count it as synced."""
+        with self._handlers_lock:
+            for key in self.store:
+                old = self.store.remove(key)
+                if old is not None:
+                    self._notify("DELETED", old, None)
+        if not self._synced.is_set():
+            self._log.info("kind not served; cache empty until it is", reason="NotFound", error=why)
+            self._synced.set()
+            self._metrics.synced.labels(self.name).set(1)
 
     # ---- list ---------------------------------------------------------------------
     def _list(self, reason: str) -> None:

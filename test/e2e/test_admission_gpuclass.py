@@ -181,6 +181,8 @@ REFUSED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("name-dotted", {"name": "a10.big"}, ("metadata.name", "DNS label")),
     ("name-64", {"name": "a" * 64}, ("metadata.name", "63")),
     ("name-total", {"name": "total"}, ("metadata.name", "total")),
+    ("name-requests", {"name": "requests"}, ("metadata.name", "'requests'", "quota key")),
+    ("name-limits", {"name": "limits"}, ("metadata.name", "'limits'", "KubeVirt")),
     # vendor
     ("vendor-missing", {"vendor": None}, ("spec.vendor", "Required")),
     ("vendor-not-a-label", {"vendor": "NVIDIA Corp"}, ("spec.vendor", "DNS label")),

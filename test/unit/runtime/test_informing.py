@@ -278,3 +278,19 @@ def test_backoff_doubles_to_its_cap_and_resets() -> None:
     assert [b.next() for _ in range(7)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0]
     b.reset()
     assert b.next() == 0.8
+
+
+def test_an_optional_kind_that_is_not_served_counts_as_synced_and_empty(
+    source: ScriptedSource,
+) -> None:
+    inf = Informer(source, pykube.Pod, InformerOptions(optional=True, backoff=(0.0, 0.0)))
+    rec = Recorder()
+    inf.add_handlers(rec.handlers())
+    source.lists.put(errors.NotFoundError(404, "NotFound", "the server could not find it"))
+    source.lists.put(([pod("kv", "1")], "5"))  # the CRD gets installed later
+    inf.start()
+    try:
+        assert inf.wait_synced(10)
+        assert rec.next() == [("add", "kv")]
+    finally:
+        inf.stop()

@@ -1,0 +1,194 @@
+"""Class status: ``free``, ``maxFreePerNode``, ``nodes``, the ``Available`` condition and
+``observedGeneration`` of every GPUClass, and its protection finalizer.
+
+The figures come from the inventory's catalog, which keeps them incrementally: a pod,
+claim or node event re-derives one node's contribution, and this controller only copies
+the result of the classes that changed. The finalizer
+``gpu.cozystack.io/class-protection`` holds a class while any claim names it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+
+from gpuoperator import caches as cachesmod
+from gpuoperator import names
+from gpuoperator.caches import Caches
+from gpuoperator.inventory import Inventory
+from gpuoperator.model import conditions
+from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.kinds import GPUClass
+from gpuoperator.runtime.recording import Recorder
+
+log = structlog.get_logger(__name__)
+
+NAME = "class-status"
+AVAILABLE = "Available"
+FINALIZER = names.CLASS_PROTECTION_FINALIZER
+
+_gauges: dict[int, Gauge] = {}
+
+
+def _gauge(registry: CollectorRegistry) -> Gauge:
+    if id(registry) not in _gauges:
+        _gauges[id(registry)] = Gauge(
+            "gpuoperator_class_gpu_units",
+            "GPU units per class on its eligible nodes: allocatable, allocated and free",
+            ["gpuclass", "kind"],
+            registry=registry,
+        )
+    return _gauges[id(registry)]
+
+
+class ClassStatus:
+    def __init__(
+        self,
+        caches: Caches,
+        inventory: Inventory,
+        writer: Client,
+        recorder: Recorder,
+        *,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        self.caches = caches
+        self.inventory = inventory
+        self.writer = writer
+        self.recorder = recorder
+        self.clock = clock
+        self.gauge = _gauge(registry)
+
+    def reconcile(self, key: Key) -> Result | None:
+        name = key[1]
+        cls = self.caches.classes.store.get(("", name))
+        if cls is None:
+            for kind in ("allocatable", "allocated", "free"):
+                self.gauge.remove(name, kind)
+            return None
+        meta = cls["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if meta.get("deletionTimestamp"):
+            return self._release(cls, finalizers)
+        if FINALIZER not in finalizers:
+            cls = self.writer.replace(
+                GPUClass, {**cls, "metadata": {**meta, "finalizers": [*finalizers, FINALIZER]}}
+            )
+        figures = self.inventory.class_figures(name)
+        allocatable = self.inventory.class_allocatable(name)
+        self.gauge.labels(name, "allocatable").set(allocatable)
+        self.gauge.labels(name, "allocated").set(allocatable - figures.free)
+        self.gauge.labels(name, "free").set(figures.free)
+        status = dict(cls.get("status") or {})
+        generation = meta.get("generation")
+        if figures.available:
+            available = (
+                True,
+                "EligibleNodes",
+                f"{figures.nodes} eligible node(s) serve "
+                f"{_resource(cls)}; {figures.free} unit(s) free",
+            )
+        else:
+            available = (
+                False,
+                "NoEligibleNode",
+                f"no Ready, uncordoned node whose taints the class tolerates has "
+                f"allocatable {_resource(cls)}",
+            )
+        desired = {
+            **status,
+            "free": figures.free,
+            "maxFreePerNode": figures.max_free_per_node,
+            "nodes": figures.nodes,
+            "observedGeneration": generation,
+            "conditions": conditions.set_condition(
+                status.get("conditions"),
+                AVAILABLE,
+                *available,
+                now=self.clock.now(),
+                observed_generation=generation,
+            ),
+        }
+        if desired != status:
+            was = conditions.is_true(status.get("conditions"), AVAILABLE)
+            self.writer.replace_status(GPUClass, {**cls, "status": desired})
+            if was != figures.available or "conditions" not in status:
+                log.info(
+                    "class availability",
+                    reason=available[1],
+                    gpuclass=name,
+                    free=figures.free,
+                    nodes=figures.nodes,
+                )
+        return None
+
+    def _release(self, cls: Obj, finalizers: list[str]) -> Result | None:
+        name = cls["metadata"]["name"]
+        claims = self.caches.claims.store.index_keys(cachesmod.BY_CLASS, name)
+        if FINALIZER not in finalizers:
+            return None
+        if claims:
+            shown = ", ".join("/".join(k) for k in sorted(claims)[:5])
+            more = f" and {len(claims) - 5} more" if len(claims) > 5 else ""
+            message = (
+                f"deletion waits: {len(claims)} claim(s) still name this class ({shown}{more})"
+            )
+            log.info(
+                "class deletion held", reason="ClaimsRemain", gpuclass=name, claims=len(claims)
+            )
+            self.recorder.event(_with_kind(cls), "Normal", "DeletionHeld", message)
+            return None  # a claim's deletion enqueues the class again
+        meta = cls["metadata"]
+        self.writer.replace(
+            GPUClass,
+            {**cls, "metadata": {**meta, "finalizers": [f for f in finalizers if f != FINALIZER]}},
+        )
+        log.info("class released", reason="NoClaims", gpuclass=name)
+        return None
+
+
+def _resource(cls: Obj) -> str:
+    return str(
+        ((cls.get("spec") or {}).get("source") or {})
+        .get("devicePlugin", {})
+        .get("resourceName", "?")
+    )
+
+
+def _with_kind(obj: Obj) -> Obj:
+    return {"apiVersion": names.API_VERSION, "kind": names.GPU_CLASS, **obj}
+
+
+def register(
+    manager: Any, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
+) -> Controller[Key]:
+    reconciler = ClassStatus(
+        caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
+    )
+    controller: Controller[Key] = Controller(
+        NAME,
+        reconciler,
+        workers=workers,
+        clock=manager.clock,
+        registry=manager.registry,
+        seed=lambda: [("", k[1]) for k in caches.classes.store],
+    )
+    inventory.on_change(lambda _nodes, classes: controller.enqueue_many(("", c) for c in classes))
+
+    def by_claim(claim: Obj) -> list[Key]:
+        class_name = (claim.get("spec") or {}).get("className")
+        return [("", class_name)] if class_name else []
+
+    manager.add_controller(
+        controller,
+        [
+            (caches.classes, lambda obj: [("", obj["metadata"]["name"])]),
+            (caches.claims, by_claim),
+        ],
+    )
+    return controller

@@ -1,0 +1,212 @@
+"""Node inventory: one GPUNode per Kubernetes node that has GPU resources.
+
+A GPUNode has the Node's name and a controller ownerReference to it (garbage collection
+removes it with the node); it is deleted when the node no longer has any GPU resource (one
+named by a class or permitted in the KubeVirt CR). Its status carries, per resource, what
+kubelet counts and what the ledger holds (``devices``), the eligible classes with their free
+units (``classes``), ``Schedulable`` (Ready and not cordoned) and ``Overcommitted`` (pods
+without claims overrun the holds: the pods are named, and a Warning Event says so once per
+episode).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+
+from gpuoperator import names
+from gpuoperator.caches import Caches
+from gpuoperator.inventory import Inventory, NodeView
+from gpuoperator.model import conditions, scheduling
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.kinds import GPUNode
+from gpuoperator.runtime.recording import Recorder
+
+log = structlog.get_logger(__name__)
+
+NAME = "node-inventory"
+SCHEDULABLE = "Schedulable"
+OVERCOMMITTED = "Overcommitted"
+
+_gauges: dict[int, Gauge] = {}
+
+
+def _gauge(registry: CollectorRegistry) -> Gauge:
+    if id(registry) not in _gauges:
+        _gauges[id(registry)] = Gauge(
+            "gpuoperator_node_gpu_units",
+            "GPU units per node and resource: allocatable (kubelet), allocated (held by "
+            "claims plus used by other pods) and free",
+            ["node", "resource", "kind"],
+            registry=registry,
+        )
+    return _gauges[id(registry)]
+
+
+class NodeInventory:
+    def __init__(
+        self,
+        caches: Caches,
+        inventory: Inventory,
+        writer: Client,
+        recorder: Recorder,
+        *,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        self.caches = caches
+        self.inventory = inventory
+        self.writer = writer
+        self.recorder = recorder
+        self.clock = clock
+        self.gauge = _gauge(registry)
+        self._exported: dict[str, set[str]] = {}
+
+    def reconcile(self, key: Key) -> Result | None:
+        name = key[1]
+        view = self.inventory.node(name)
+        current = self.caches.gpunodes.store.get(("", name))
+        if view is None:
+            self._unexport(name)
+            if current is not None:
+                self._delete(current, "the node is gone or has no GPU resource")
+            return None
+        self._export(name, view)
+        if current is None:
+            current = self._create(view.node)
+            if current is None:
+                return Result(requeue_after=1.0)
+        status = self._status(view, current)
+        if status != current.get("status"):
+            was_over = conditions.is_true(
+                (current.get("status") or {}).get("conditions"), OVERCOMMITTED
+            )
+            self.writer.replace_status(GPUNode, {**current, "status": status})
+            now_over = conditions.is_true(status["conditions"], OVERCOMMITTED)
+            if now_over and not was_over:
+                message = conditions.find(status["conditions"], OVERCOMMITTED)["message"]  # type: ignore[index]
+                log.warning("node overcommitted", reason=OVERCOMMITTED, node=name, detail=message)
+                self.recorder.event(_with_kind(current), "Warning", OVERCOMMITTED, message)
+        return None
+
+    # ---- pieces ---------------------------------------------------------------------
+    def _status(self, view: NodeView, current: Obj) -> Obj:
+        now = self.clock.now()
+        old = (current.get("status") or {}).get("conditions")
+        node = view.node
+        if not scheduling.node_ready(node):
+            sched = (False, "NotReady", "the node is not Ready")
+        elif scheduling.node_cordoned(node):
+            sched = (False, "Cordoned", "the node is cordoned (spec.unschedulable)")
+        else:
+            sched = (True, "Ready", "the node is Ready and not cordoned")
+        conds = conditions.set_condition(old, SCHEDULABLE, *sched, now=now)
+        if view.overcommitted:
+            parts = [
+                f"{resource}: pods {', '.join('/'.join(k) for k in pods)} use units held by claims"
+                for resource, pods in sorted(view.overcommitted.items())
+            ]
+            conds = conditions.set_condition(
+                conds, OVERCOMMITTED, True, "PodsOverrunHolds", "; ".join(parts), now=now
+            )
+        else:
+            conds = conditions.set_condition(
+                conds,
+                OVERCOMMITTED,
+                False,
+                "WithinCapacity",
+                "holds and pods fit the allocatable units",
+                now=now,
+            )
+        return {
+            "devices": [dict(d) for d in view.devices],
+            "classes": [dict(c) for c in view.classes],
+            "conditions": conds,
+            "observedGeneration": current["metadata"].get("generation", 0),
+        }
+
+    def _create(self, node: Obj) -> Obj | None:
+        meta = node["metadata"]
+        body = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_NODE,
+            "metadata": {
+                "name": meta["name"],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": meta["name"],
+                        "uid": meta.get("uid", ""),
+                        "controller": True,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+        }
+        try:
+            created = self.writer.create(GPUNode, body)
+        except errors.AlreadyExistsError:
+            return None  # the cache will show it; look again shortly
+        log.info("gpunode created", reason="GPUResources", node=meta["name"])
+        return created
+
+    def _delete(self, current: Obj, why: str) -> None:
+        meta = current["metadata"]
+        try:
+            self.writer.delete(GPUNode, meta["name"], uid=meta.get("uid"))
+        except errors.NotFoundError:
+            return
+        log.info("gpunode deleted", reason="NoGPUResources", node=meta["name"], detail=why)
+
+    def _export(self, name: str, view: NodeView) -> None:
+        exported = set()
+        for d in view.devices:
+            for kind in ("allocatable", "allocated", "free"):
+                self.gauge.labels(name, d["resourceName"], kind).set(d[kind])
+            exported.add(d["resourceName"])
+        for resource in self._exported.get(name, set()) - exported:
+            for kind in ("allocatable", "allocated", "free"):
+                self.gauge.remove(name, resource, kind)
+        self._exported[name] = exported
+
+    def _unexport(self, name: str) -> None:
+        for resource in self._exported.pop(name, set()):
+            for kind in ("allocatable", "allocated", "free"):
+                self.gauge.remove(name, resource, kind)
+
+
+def _with_kind(obj: Obj) -> Obj:
+    return {"apiVersion": names.API_VERSION, "kind": names.GPU_NODE, **obj}
+
+
+def _node_key(obj: Obj) -> list[Key]:
+    return [("", obj["metadata"]["name"])]
+
+
+def register(
+    manager: Any, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
+) -> Controller[Key]:
+    """Wire the controller: node and GPUNode events, and inventory changes, enqueue nodes."""
+    reconciler = NodeInventory(
+        caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
+    )
+    controller: Controller[Key] = Controller(
+        NAME,
+        reconciler,
+        workers=workers,
+        clock=manager.clock,
+        registry=manager.registry,
+        seed=lambda: (
+            [("", n) for n in inventory.node_names()] + [("", k[1]) for k in caches.gpunodes.store]
+        ),
+    )
+    inventory.on_change(lambda nodes, _classes: controller.enqueue_many(("", n) for n in nodes))
+    manager.add_controller(controller, [(caches.nodes, _node_key), (caches.gpunodes, _node_key)])
+    return controller

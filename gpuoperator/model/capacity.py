@@ -1,0 +1,392 @@
+"""Free GPU units per node and per class (DESIGN.md §5 "Capacity", "Holds live in the
+operator's ledger").
+
+For node N and resource R::
+
+    free(N, R) = allocatable(N, R) - Σ count of bound claims on N whose class uses R
+                                   - Σ usage of R by the pods on N that no claim accounts for
+
+clamped at 0. kube-scheduler does not see holds, so pods can reach units the ledger has
+promised to claims; the amount below zero is the node's *overrun* and the pods using R there
+are reported as over-committing, instead of showing a negative free.
+
+The :class:`Ledger` keeps these figures incrementally: each update touches only the node(s)
+involved (the pod's node, or its old and new node when it moved; a rebound claim's old and
+new node), never the whole cluster, and returns the names of the nodes whose figures changed
+so callers recompute only those. Choices where DESIGN.md is silent:
+
+* A claim holds units while ``status.phase == "Bound"`` with a ``status.nodeName``, **even
+  while it is being deleted**: budgets stop charging a claim once it is being deleted
+  (§3), but the claim protection finalizer keeps such a claim while its VM still runs on the
+  units, so capacity releases them only when the claim is gone (or stops being Bound).
+* A pod counts on its ``spec.nodeName`` while it is not terminated (scheduled-but-pending
+  pods included: the scheduler has already given them the units), with
+  :func:`gpuoperator.model.pods.pod_usage`; pods without GPU use are not stored at all.
+* Pods and claims are kept per node name even when the node itself is unknown or removed
+  (a node's object can go before the pods on it): free on an unknown node is 0, and the
+  figures come back consistent if a node of that name reappears.
+
+Keys of pods and claims are ``(namespace, name)`` tuples. A Ledger is not thread-safe: the
+caller serialises updates and reads (one lock, or a single owning thread).
+
+Functions here are pure and idempotent; the Ledger is a plain in-memory structure whose
+setters can be replayed (setting the same object twice changes nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
+from gpuoperator.model import classes as gpuclasses
+from gpuoperator.model import pods, scheduling, slimming
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+
+BOUND = "Bound"
+
+
+class Device(TypedDict):
+    """One entry of ``GPUNode.status.devices``."""
+
+    resourceName: str
+    capacity: int
+    allocatable: int
+    allocated: int
+    free: int
+
+
+class ClassFree(TypedDict):
+    """One entry of ``GPUNode.status.classes``."""
+
+    name: str
+    free: int
+
+
+def object_key(obj: Obj) -> Key:
+    """The ``(namespace, name)`` key of a namespaced object."""
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _counts(resources: Any) -> dict[str, int]:
+    if not isinstance(resources, dict):
+        return {}
+    return {
+        resource: pods.parse_count(quantity)
+        for resource, quantity in resources.items()
+        if slimming.is_extended(resource)
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hold:
+    """Where a claim holds units: ``count`` of ``resource`` on ``node``."""
+
+    node: str
+    resource: str
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Use:
+    """Where a pod takes units: ``usage`` (resource → units, none at 0) on ``node``."""
+
+    node: str
+    usage: tuple[tuple[str, int], ...]
+
+
+@dataclasses.dataclass
+class _NodeFigures:
+    """The figures of one node name.
+
+    Invariants: ``claimed[R]`` is the sum of ``count`` over the claims holding R here and
+    ``requested[R]`` the sum of usage of R over ``pods``; no entry is kept at 0. The record
+    exists while the node is known or anything is held on it (then it is dropped).
+    """
+
+    known: bool = False
+    capacity: dict[str, int] = dataclasses.field(default_factory=dict)
+    allocatable: dict[str, int] = dataclasses.field(default_factory=dict)
+    claimed: dict[str, int] = dataclasses.field(default_factory=dict)
+    requested: dict[str, int] = dataclasses.field(default_factory=dict)
+    pods: dict[Key, dict[str, int]] = dataclasses.field(default_factory=dict)
+    claims: int = 0
+
+    def empty(self) -> bool:
+        return not self.known and not self.pods and not self.claims
+
+
+def _shift(figures: dict[str, int], resource: str, delta: int) -> None:
+    value = figures.get(resource, 0) + delta
+    if value:
+        figures[resource] = value
+    else:
+        figures.pop(resource, None)
+
+
+class Ledger:
+    """Per-node figures of GPU units: allocatable, held by bound claims, used by other pods.
+
+    Invariants: a pod key appears in at most one node's figures (its current node) and only
+    while it uses something; a claim key holds on at most one node; every figure equals a
+    recomputation from the current nodes, pods and claims given to the setters. Not
+    thread-safe: callers serialise access.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, _NodeFigures] = {}
+        self._pods: dict[Key, _Use] = {}
+        self._claims: dict[Key, _Hold] = {}
+
+    # -- updates -------------------------------------------------------------------------
+
+    def _figures(self, node: str) -> _NodeFigures:
+        figures = self._nodes.get(node)
+        if figures is None:
+            figures = self._nodes[node] = _NodeFigures()
+        return figures
+
+    def _tidy(self, node: str) -> None:
+        figures = self._nodes.get(node)
+        if figures is not None and figures.empty():
+            del self._nodes[node]
+
+    def set_node(self, node: Obj) -> set[str]:
+        """Record a node's capacity and allocatable (extended resources only). Returns
+        ``{name}`` when its figures changed, else an empty set. Eligibility (Ready, cordon,
+        taints) is not a figure: callers judge it from the node object."""
+        name = scheduling.node_name(node)
+        if not name:
+            return set()
+        status = node.get("status") or {}
+        capacity = {r: n for r, n in _counts(status.get("capacity")).items() if n}
+        allocatable = {r: n for r, n in _counts(status.get("allocatable")).items() if n}
+        figures = self._figures(name)
+        if figures.known and figures.capacity == capacity and figures.allocatable == allocatable:
+            return set()
+        figures.known = True
+        figures.capacity = capacity
+        figures.allocatable = allocatable
+        return {name}
+
+    def remove_node(self, name: str) -> set[str]:
+        """Forget a node's capacity (its object is gone). Pods and claims on it keep their
+        place until they are removed or move. Returns ``{name}`` if the node was known."""
+        figures = self._nodes.get(name)
+        if figures is None or not figures.known:
+            return set()
+        figures.known = False
+        figures.capacity = {}
+        figures.allocatable = {}
+        self._tidy(name)
+        return {name}
+
+    def set_pod(self, pod: Obj) -> set[str]:
+        """Record a pod's current use (see :func:`gpuoperator.model.pods.pod_usage`) on its
+        node, replacing what it used before. Returns the nodes whose figures changed: none,
+        its node, or its old and new node when it moved."""
+        key = object_key(pod)
+        node = pods.node_name(pod)
+        usage = pods.pod_usage(pod) if node else {}
+        new = _Use(node, tuple(sorted(usage.items()))) if usage else None
+        old = self._pods.get(key)
+        if old == new:
+            return set()
+        changed = self._drop_pod(key)
+        if new is not None:
+            self._pods[key] = new
+            figures = self._figures(new.node)
+            figures.pods[key] = dict(new.usage)
+            for resource, units in new.usage:
+                _shift(figures.requested, resource, units)
+            changed.add(new.node)
+        return changed
+
+    def remove_pod(self, key: Key) -> set[str]:
+        """Forget a pod (deleted). Returns its node if it used anything there."""
+        return self._drop_pod(key)
+
+    def _drop_pod(self, key: Key) -> set[str]:
+        old = self._pods.pop(key, None)
+        if old is None:
+            return set()
+        figures = self._nodes[old.node]
+        del figures.pods[key]
+        for resource, units in old.usage:
+            _shift(figures.requested, resource, -units)
+        self._tidy(old.node)
+        return {old.node}
+
+    def set_claim(self, claim: Obj, resource_name: str | None) -> set[str]:
+        """Record a claim's hold: ``spec.count`` units of ``resource_name`` (its class's
+        resource; ``None``/``""`` when the class is unknown, which holds nothing) on
+        ``status.nodeName`` while ``status.phase`` is ``Bound``, even while the claim is
+        being deleted (see the module docstring). Returns the nodes whose figures changed:
+        none, the claim's node, or its old and new node when it was rebound."""
+        key = object_key(claim)
+        status = claim.get("status") or {}
+        node = str(status.get("nodeName") or "")
+        count = pods.parse_count((claim.get("spec") or {}).get("count"))
+        new = None
+        if status.get("phase") == BOUND and node and resource_name and count:
+            new = _Hold(node, resource_name, count)
+        old = self._claims.get(key)
+        if old == new:
+            return set()
+        changed = self._drop_claim(key)
+        if new is not None:
+            self._claims[key] = new
+            figures = self._figures(new.node)
+            figures.claims += 1
+            _shift(figures.claimed, new.resource, new.count)
+            changed.add(new.node)
+        return changed
+
+    def remove_claim(self, key: Key) -> set[str]:
+        """Forget a claim (deleted). Returns its node if it held units there."""
+        return self._drop_claim(key)
+
+    def _drop_claim(self, key: Key) -> set[str]:
+        old = self._claims.pop(key, None)
+        if old is None:
+            return set()
+        figures = self._nodes[old.node]
+        figures.claims -= 1
+        _shift(figures.claimed, old.resource, -old.count)
+        self._tidy(old.node)
+        return {old.node}
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def node_names(self) -> list[str]:
+        """The nodes set and not removed, sorted."""
+        return sorted(name for name, f in self._nodes.items() if f.known)
+
+    def pod_keys(self) -> frozenset[Key]:
+        """The pods the ledger counts (those using units on a node): after a relist, the
+        caller removes the keys no longer in its cache."""
+        return frozenset(self._pods)
+
+    def claim_keys(self) -> frozenset[Key]:
+        """The claims holding units, for the same resync as :meth:`pod_keys`."""
+        return frozenset(self._claims)
+
+    def _node(self, node: str) -> _NodeFigures:
+        return self._nodes.get(node) or _NodeFigures()
+
+    def capacity(self, node: str, resource: str) -> int:
+        """What the node reports as its capacity of ``resource`` (0 when unknown)."""
+        return self._node(node).capacity.get(resource, 0)
+
+    def allocatable(self, node: str, resource: str) -> int:
+        """What kubelet counts as allocatable (0 when the node is unknown)."""
+        return self._node(node).allocatable.get(resource, 0)
+
+    def held(self, node: str, resource: str) -> int:
+        """Units of ``resource`` held on ``node`` by bound claims."""
+        return self._node(node).claimed.get(resource, 0)
+
+    def requested(self, node: str, resource: str) -> int:
+        """Units of ``resource`` used on ``node`` by pods no claim accounts for."""
+        return self._node(node).requested.get(resource, 0)
+
+    def allocated(self, node: str, resource: str) -> int:
+        """Units held by bound claims plus units used by other pods (may exceed allocatable)."""
+        figures = self._node(node)
+        return figures.claimed.get(resource, 0) + figures.requested.get(resource, 0)
+
+    def free(self, node: str, resource: str) -> int:
+        """allocatable - allocated, clamped at 0."""
+        return max(0, self.allocatable(node, resource) - self.allocated(node, resource))
+
+    def overrun(self, node: str, resource: str) -> int:
+        """How far allocated exceeds allocatable (0 when it does not)."""
+        return max(0, self.allocated(node, resource) - self.allocatable(node, resource))
+
+    def devices(self, node: str, resources: Iterable[str] | None = None) -> list[Device]:
+        """``GPUNode.status.devices``: one entry per resource the node reports or anything
+        holds on it, sorted by name; restricted to ``resources`` when given (e.g. the
+        resources the classes name, leaving out ``devices.kubevirt.io/kvm`` and the like)."""
+        figures = self._node(node)
+        names = (
+            figures.capacity.keys()
+            | figures.allocatable.keys()
+            | figures.claimed.keys()
+            | figures.requested.keys()
+        )
+        if resources is not None:
+            names &= set(resources)
+        return [
+            Device(
+                resourceName=resource,
+                capacity=self.capacity(node, resource),
+                allocatable=self.allocatable(node, resource),
+                allocated=self.allocated(node, resource),
+                free=self.free(node, resource),
+            )
+            for resource in sorted(names)
+        ]
+
+    def overcommitting_pods(self, node: str, resource: str) -> list[Key]:
+        """The pods (no claim accounts for them) using ``resource`` on ``node`` when the
+        node's figures for it are overrun, sorted; empty when they are not."""
+        if not self.overrun(node, resource):
+            return []
+        return sorted(key for key, usage in self._node(node).pods.items() if resource in usage)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassFigures:
+    """``GPUClass.status`` figures: units free on the eligible nodes that serve the class's
+    resource, the most on one of them, and how many such nodes there are."""
+
+    free: int
+    max_free_per_node: int
+    nodes: int
+
+    @property
+    def available(self) -> bool:
+        """The class's ``Available`` condition: some eligible node serves its resource."""
+        return self.nodes > 0
+
+
+def serves(ledger: Ledger, node: Obj, cls: Obj) -> bool:
+    """Whether ``node`` is eligible for ``cls`` and has allocatable units of its resource."""
+    resource = gpuclasses.resource_name(cls)
+    return (
+        bool(resource)
+        and ledger.allocatable(scheduling.node_name(node), resource) > 0
+        and scheduling.is_eligible(node, cls)
+    )
+
+
+def class_figures(ledger: Ledger, cls: Obj, nodes: Iterable[Obj]) -> ClassFigures:
+    """Sum the free units of ``cls``'s resource over the ``nodes`` that :func:`serve
+    <serves>` it. Figures come from the ledger; eligibility from the node objects."""
+    resource = gpuclasses.resource_name(cls)
+    frees = [
+        ledger.free(scheduling.node_name(node), resource)
+        for node in nodes
+        if serves(ledger, node, cls)
+    ]
+    return ClassFigures(free=sum(frees), max_free_per_node=max(frees, default=0), nodes=len(frees))
+
+
+def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[ClassFree]:
+    """``GPUNode.status.classes``: each class the node :func:`serves` with its free units
+    there, sorted by class name."""
+    name = scheduling.node_name(node)
+    return sorted(
+        (
+            ClassFree(
+                name=gpuclasses.name(cls),
+                free=ledger.free(name, gpuclasses.resource_name(cls)),
+            )
+            for cls in classes
+            if serves(ledger, node, cls)
+        ),
+        key=lambda entry: entry["name"],
+    )

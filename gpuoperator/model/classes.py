@@ -1,0 +1,83 @@
+"""Reading a GPUClass (DESIGN.md §2): the few facts every component needs from a class.
+
+A class is the full custom resource as the API server returns it (``metadata``, ``spec``).
+The schema already refuses malformed classes, so these readers only resolve what the schema
+leaves open on purpose: ``spec.maxCount`` has no schema default, and a class's effective
+maxCount is decided here once (1 for ``vgpu``, unlimited for ``passthrough``) so the order
+webhook, the VMI webhook and the binder cannot disagree. The readers stay total on partial
+objects (a missing field reads as empty) because caches may hold objects mid-update.
+
+Every function is pure and idempotent: the same class gives the same answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+Obj = dict[str, Any]
+
+PASSTHROUGH: Final = "passthrough"
+VGPU: Final = "vgpu"
+
+#: ``spec.maxCount`` resolved for a ``vgpu`` class that does not set it: one mediated device
+#: per VM is what vGPU drivers support without extra licensing.
+VGPU_DEFAULT_MAX_COUNT: Final = 1
+
+
+def _spec(cls: Obj) -> Obj:
+    spec = cls.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def name(cls: Obj) -> str:
+    """The class's name (``metadata.name``), ``""`` when absent."""
+    meta = cls.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def resource_name(cls: Obj) -> str:
+    """The extended resource the class's units are (``spec.source.devicePlugin.resourceName``).
+
+    ``""`` when the class has no device-plugin source (not possible for a class the API server
+    accepted today; ``dra`` is reserved): such a class serves nothing on any node.
+    """
+    source = _spec(cls).get("source")
+    if not isinstance(source, dict):
+        return ""
+    plugin = source.get("devicePlugin")
+    if not isinstance(plugin, dict):
+        return ""
+    return str(plugin.get("resourceName") or "")
+
+
+def mode(cls: Obj) -> str:
+    """``passthrough`` or ``vgpu`` (``spec.mode``), ``""`` when absent."""
+    return str(_spec(cls).get("mode") or "")
+
+
+def is_vgpu(cls: Obj) -> bool:
+    """Whether ordering the class needs the namespace's vGPU entitlement (DESIGN.md §3)."""
+    return mode(cls) == VGPU
+
+
+def effective_max_count(cls: Obj) -> int | None:
+    """The most units one claim of this class may order; ``None`` means unlimited.
+
+    ``spec.maxCount`` when set; otherwise 1 for ``vgpu`` and unlimited for ``passthrough``
+    (and for a class whose mode is missing, which the schema never lets through).
+    """
+    value = _spec(cls).get("maxCount")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if is_vgpu(cls):
+        return VGPU_DEFAULT_MAX_COUNT
+    return None
+
+
+def tolerations(cls: Obj) -> list[Obj]:
+    """The class's tolerations (``spec.tolerations``), copied onto launcher pods and used to
+    judge node eligibility. Items that are not objects are dropped."""
+    items = _spec(cls).get("tolerations")
+    if not isinstance(items, list):
+        return []
+    return [t for t in items if isinstance(t, dict)]

@@ -1,0 +1,42 @@
+"""KubeVirt's ``permittedHostDevices`` table (DESIGN.md §5 "VMs").
+
+When the KubeVirt CR sets ``spec.configuration.permittedHostDevices``, virt-controller
+renders a launcher pod only for GPUs whose ``deviceName`` the table lists (under
+``pciHostDevices`` or ``mediatedDevices``); virt-api does not check it, so an unlisted GPU
+leaves the VMI stuck. The VMI webhook therefore refuses a class whose resource the table
+does not permit. An unset table permits everything; a set but empty table permits nothing.
+Newer KubeVirt also reads ``usb`` entries here; a GPU is never a USB device, so they are not
+counted (which stays correct for every KubeVirt version).
+
+Every function is pure and idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Obj = dict[str, Any]
+
+_GPU_SECTIONS = ("pciHostDevices", "mediatedDevices")
+
+
+def permitted_resources(kubevirt: Obj | None) -> frozenset[str] | None:
+    """The resource names the table permits; ``None`` when there is no table (no KubeVirt
+    CR, or ``permittedHostDevices`` unset): everything is permitted."""
+    if not kubevirt:
+        return None
+    configuration = (kubevirt.get("spec") or {}).get("configuration") or {}
+    table = configuration.get("permittedHostDevices")
+    if not isinstance(table, dict):
+        return None
+    permitted: set[str] = set()
+    for section in _GPU_SECTIONS:
+        for entry in table.get(section) or []:
+            if isinstance(entry, dict) and entry.get("resourceName"):
+                permitted.add(str(entry["resourceName"]))
+    return frozenset(permitted)
+
+
+def is_permitted(resource: str, permitted: frozenset[str] | None) -> bool:
+    """Whether a VM may use ``resource`` under the table read by :func:`permitted_resources`."""
+    return permitted is None or resource in permitted

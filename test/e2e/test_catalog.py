@@ -1,0 +1,383 @@
+"""The catalog on the real control plane: GPUNode inventory and GPUClass status follow
+pods placed by the real scheduler, claims, cordons, readiness and taints.
+
+Each test gets simulated nodes of its own with a resource name of its own, so figures are
+exact whatever else runs on the cluster. One operator replica serves the module.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykube
+import pytest
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode
+from harness.kube import Obj, replace
+from harness.operator import OperatorProcess
+from harness.waiting import wait_for
+from localcluster import profile
+
+CONVERGE = 15.0  # seconds: status must follow a change well within this
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kubeconfig: Path, api: pykube.HTTPClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    ns = f"gpu-operator-{uuid.uuid4().hex[:5]}"
+    pykube.Namespace(api, {"metadata": {"name": ns}}).create()
+    op = OperatorProcess(kubeconfig, ns, "catalog", tmp_path_factory.mktemp("op"))
+    try:
+        op.wait_ready()
+        yield op
+    finally:
+        op.stop()
+        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+
+
+class Fleet:
+    """Simulated nodes and classes owned by one test, removed afterwards."""
+
+    def __init__(self, api: pykube.HTTPClient) -> None:
+        self.api = api
+        self.tag = uuid.uuid4().hex[:6]
+        self.resource = f"example.com/gpu-{self.tag}"
+        self.nodes: list[pykube.Node] = []
+        self.classes: list[GPUClass] = []
+
+    def node(self, units: int, *, taints: list[Obj] | None = None) -> str:
+        group = profile.NodeGroup(
+            name=f"n-{self.tag}-{len(self.nodes)}", resources={self.resource: units}
+        )
+        manifest = profile.node_manifest(group.name, group)
+        manifest["spec"]["taints"] = taints or []
+        node = pykube.Node(self.api, manifest)
+        node.create()
+        self.nodes.append(node)
+        wait_for(f"node {group.name} Ready", lambda: _ready(self.api, group.name))
+        return group.name
+
+    def gpu_class(self, suffix: str = "", **spec: Any) -> str:
+        name = f"c-{self.tag}{suffix}"
+        body = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLASS,
+            "metadata": {"name": name},
+            "spec": {
+                "vendor": "example",
+                "model": "G1",
+                "mode": "passthrough",
+                "source": {"devicePlugin": {"resourceName": self.resource}},
+                **spec,
+            },
+        }
+        cls = GPUClass(self.api, body)
+        cls.create()
+        self.classes.append(cls)
+        return name
+
+    def cleanup(self) -> None:
+        for cls in self.classes:
+            cls.reload()
+            cls.obj["metadata"]["finalizers"] = []
+            replace(cls)
+            cls.delete()
+        for node in self.nodes:
+            node.delete()
+
+
+def _ready(api: pykube.HTTPClient, name: str) -> bool:
+    node = pykube.Node.objects(api).get(name=name)
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in node.obj["status"].get("conditions", [])
+    )
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient, operator: OperatorProcess) -> Iterator[Fleet]:
+    f = Fleet(api)
+    yield f
+    f.cleanup()
+
+
+def class_status(api: pykube.HTTPClient, name: str) -> Obj:
+    status: Obj = GPUClass.objects(api).get(name=name).obj.get("status") or {}
+    return status
+
+
+def figures(api: pykube.HTTPClient, name: str) -> tuple[int, int, int]:
+    s = class_status(api, name)
+    return s.get("free", -1), s.get("maxFreePerNode", -1), s.get("nodes", -1)
+
+
+def wait_figures(api: pykube.HTTPClient, cls: str, expected: tuple[int, int, int]) -> None:
+    wait_for(
+        f"{cls} status free/maxFreePerNode/nodes = {expected}",
+        lambda: figures(api, cls),
+        until=lambda f: f == expected,
+        timeout=CONVERGE,
+    )
+
+
+def gpu_pod(
+    api: pykube.HTTPClient,
+    namespace: str,
+    name: str,
+    resource: str,
+    units: int,
+    tolerate: bool = True,
+) -> pykube.Pod:
+    pod = pykube.Pod(
+        api,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "tolerations": [{"operator": "Exists"}] if tolerate else [],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "gpu-job",
+                        "resources": {"limits": {resource: str(units)}},
+                    }
+                ],
+            },
+        },
+    )
+    wait_for(
+        "the namespace's default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=namespace).get_or_none(name="default"),
+    )
+    pod.create()
+    return pod
+
+
+def test_a_gpunode_appears_for_each_gpu_node_owned_by_the_node(
+    api: pykube.HTTPClient, fleet: Fleet
+) -> None:
+    fleet.gpu_class()
+    name = fleet.node(8)
+    gpunode = wait_for(
+        f"GPUNode {name}", lambda: GPUNode.objects(api).get_or_none(name=name), timeout=CONVERGE
+    )
+    owner = gpunode.obj["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", name, True)
+    status = wait_for(
+        "devices",
+        lambda: GPUNode.objects(api).get(name=name).obj.get("status"),
+        until=lambda s: bool(s and s.get("devices")),
+        timeout=CONVERGE,
+    )
+    assert status["devices"] == [
+        {"resourceName": fleet.resource, "capacity": 8, "allocatable": 8, "allocated": 0, "free": 8}
+    ]
+    assert status["classes"] == [{"name": f"c-{fleet.tag}", "free": 8}]
+    schedulable = next(c for c in status["conditions"] if c["type"] == "Schedulable")
+    assert schedulable["status"] == "True"
+
+
+def test_scheduled_gpu_pods_lower_free_and_deleting_them_restores_it(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str
+) -> None:
+    cls = fleet.gpu_class()
+    a, b = fleet.node(8), fleet.node(4)
+    wait_figures(api, cls, (12, 8, 2))
+    p1 = gpu_pod(api, namespace, "job-1", fleet.resource, 3)
+    p2 = gpu_pod(api, namespace, "job-2", fleet.resource, 4)
+    for p in (p1, p2):
+        wait_for(f"{p.name} placed by the scheduler", partial(_node_of, p), timeout=CONVERGE)
+    placed = sorted([_node_of(p1), _node_of(p2)])
+    assert set(placed) <= {a, b}
+    wait_figures(api, cls, (12 - 7, _max_free({a: 8, b: 4}, {p1: 3, p2: 4}), 2))
+    p1.delete()
+    p2.delete()
+    wait_figures(api, cls, (12, 8, 2))
+
+
+def _node_of(pod: pykube.Pod) -> str:
+    pod.reload()
+    return str(pod.obj["spec"].get("nodeName") or "")
+
+
+def _max_free(nodes: dict[str, int], pods: dict[pykube.Pod, int]) -> int:
+    left = dict(nodes)
+    for pod, units in pods.items():
+        left[_node_of(pod)] -= units
+    return max(left.values())
+
+
+@pytest.mark.parametrize(
+    ("change", "undo"),
+    [
+        ("cordon", "uncordon"),
+        ("not-ready", "ready"),
+        ("taint-noschedule", "tolerate"),
+        ("taint-disk-pressure", "tolerate"),
+    ],
+)
+def test_a_node_leaves_the_class_when_unfit_and_returns_when_fit_again(
+    api: pykube.HTTPClient, fleet: Fleet, change: str, undo: str
+) -> None:
+    cls = fleet.gpu_class()
+    name = fleet.node(8)
+    fleet.node(4)
+    wait_figures(api, cls, (12, 8, 2))
+    node = pykube.Node.objects(api).get(name=name)
+    taint = (
+        {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+        if change == "taint-noschedule"
+        else {"key": "node.kubernetes.io/disk-pressure", "effect": "NoSchedule"}
+    )
+    if change == "cordon":
+        node.obj["spec"]["unschedulable"] = True
+        replace(node)
+    elif change == "not-ready":
+        _set_ready(node, "False")
+    elif change == "taint-disk-pressure":
+        # As kubelet reports it: the node lifecycle controller turns the condition into
+        # the taint (and would remove a hand-made taint while the condition is False).
+        _set_condition(node, "DiskPressure", "True")
+    else:
+        node.obj["spec"]["taints"] = [taint]
+        replace(node)
+    wait_figures(api, cls, (4, 4, 1))
+    gpunode = GPUNode.objects(api).get(name=name)
+    if change == "cordon":
+        assert _condition(gpunode.obj, "Schedulable")["reason"] == "Cordoned"
+    node.reload()
+    if undo == "uncordon":
+        node.obj["spec"]["unschedulable"] = False
+        replace(node)
+    elif undo == "ready":
+        _set_ready(node, "True")
+    else:
+        c = GPUClass.objects(api).get(name=cls)
+        c.obj["spec"]["tolerations"] = [{k: v for k, v in taint.items()}]
+        replace(c)
+    wait_figures(api, cls, (12, 8, 2))
+
+
+def _set_ready(node: pykube.Node, status: str) -> None:
+    _set_condition(node, "Ready", status)
+
+
+def _set_condition(node: pykube.Node, type_: str, status: str) -> None:
+    node.reload()
+    for c in node.obj["status"]["conditions"]:
+        if c["type"] == type_:
+            c["status"] = status
+            c["reason"] = f"Test{type_}{status}"
+    replace(node, subresource="status")
+
+
+def _condition(obj: Obj, type_: str) -> Obj:
+    found: Obj = next(c for c in obj["status"]["conditions"] if c["type"] == type_)
+    return found
+
+
+def test_classes_sharing_a_resource_see_the_same_capacity(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str
+) -> None:
+    first = fleet.gpu_class("-a")
+    second = fleet.gpu_class("-b", tolerations=[{"operator": "Exists"}])
+    fleet.node(6)
+    wait_figures(api, first, (6, 6, 1))
+    wait_figures(api, second, (6, 6, 1))
+    gpu_pod(api, namespace, "shared", fleet.resource, 2)
+    wait_figures(api, first, (4, 4, 1))
+    wait_figures(api, second, (4, 4, 1))
+
+
+def test_bound_claims_hold_units_and_pods_overrunning_them_mark_the_node_overcommitted(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str
+) -> None:
+    cls = fleet.gpu_class()
+    name = fleet.node(4)
+    wait_figures(api, cls, (4, 4, 1))
+    claim = GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": "hold", "namespace": namespace},
+            "spec": {"className": cls, "count": 3},
+        },
+    )
+    claim.create()
+    claim.obj["status"] = {"phase": "Bound", "nodeName": name}
+    replace(claim, subresource="status")
+    wait_figures(api, cls, (1, 1, 1))
+    pod = gpu_pod(api, namespace, "intruder", fleet.resource, 2)  # the scheduler sees 4 free
+    wait_for(
+        "the intruder placed", lambda: _node_of(pod), until=lambda n: n == name, timeout=CONVERGE
+    )
+    wait_figures(api, cls, (0, 0, 1))
+    over = wait_for(
+        "Overcommitted",
+        lambda: GPUNode.objects(api).get(name=name).obj,
+        until=lambda o: _condition(o, "Overcommitted")["status"] == "True",
+        timeout=CONVERGE,
+    )
+    assert f"{namespace}/intruder" in _condition(over, "Overcommitted")["message"]
+    device = over["status"]["devices"][0]
+    assert (device["allocated"], device["free"]) == (5, 0)
+    events = pykube.Event.objects(api, namespace="default").filter(
+        field_selector={"involvedObject.name": name, "reason": "Overcommitted"}
+    )
+    wait_for(
+        "an Overcommitted event",
+        lambda: len(list(events)),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
+    )
+    pod.delete()
+    wait_for(
+        "no longer overcommitted",
+        lambda: GPUNode.objects(api).get(name=name).obj,
+        until=lambda o: _condition(o, "Overcommitted")["status"] == "False",
+        timeout=CONVERGE,
+    )
+
+
+def test_a_class_named_by_a_claim_is_held_until_the_claim_goes(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str
+) -> None:
+    cls = fleet.gpu_class()
+    wait_for(
+        "the protection finalizer",
+        lambda: GPUClass.objects(api).get(name=cls).obj,
+        until=lambda o: names.CLASS_PROTECTION_FINALIZER in o["metadata"].get("finalizers", []),
+        timeout=CONVERGE,
+    )
+    claim = GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": "holder", "namespace": namespace},
+            "spec": {"className": cls, "count": 1},
+        },
+    )
+    claim.create()
+    GPUClass.objects(api).get(name=cls).delete()
+    held = wait_for(
+        "the deletion to be held",
+        lambda: GPUClass.objects(api).get(name=cls).obj,
+        until=lambda o: bool(o["metadata"].get("deletionTimestamp")),
+    )
+    assert names.CLASS_PROTECTION_FINALIZER in held["metadata"]["finalizers"]
+    claim.delete()
+    wait_for(
+        "the class to be gone",
+        lambda: GPUClass.objects(api).get_or_none(name=cls),
+        until=lambda o: o is None,
+        timeout=CONVERGE,
+    )
+    fleet.classes = [c for c in fleet.classes if c.name != cls]

@@ -1,0 +1,596 @@
+"""The ledger's free units follow DESIGN.md §5 "Capacity": allocatable minus bound claims'
+holds minus other pods' use, clamped at 0 with the overrun reported; updates touch only the
+nodes involved and say which; class figures sum over eligible nodes that serve the resource."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuoperator.model import capacity, pods, scheduling
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+A = "nvidia.com/a10"
+B = "nvidia.com/l40s"
+KVM = "devices.kubevirt.io/kvm"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def node(
+    name: str = "n1",
+    allocatable: dict[str, int] | None = None,
+    capacity_: dict[str, int] | None = None,
+    *,
+    ready: bool = True,
+    cordoned: bool = False,
+    taints: list[Obj] | None = None,
+) -> Obj:
+    allocatable = allocatable or {}
+    spec: Obj = {}
+    if cordoned:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    return {
+        "metadata": {"name": name},
+        "spec": spec,
+        "status": {
+            "capacity": {k: str(v) for k, v in (capacity_ or allocatable).items()},
+            "allocatable": {k: str(v) for k, v in allocatable.items()},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod(
+    name: str,
+    node_name: str | None,
+    usage: dict[str, int],
+    *,
+    phase: str = "Running",
+    claim_backed: bool = False,
+    namespace: str = "ns",
+) -> Obj:
+    meta: Obj = {"name": name, "namespace": namespace}
+    if claim_backed:
+        meta["labels"] = {"gpu.cozystack.io/claims": "true"}
+    spec: Obj = {
+        "containers": [
+            {"name": "c", "resources": {"requests": {k: str(v) for k, v in usage.items()}}}
+        ]
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+def claim(
+    name: str,
+    node_name: str | None,
+    count: int,
+    *,
+    phase: str = "Bound",
+    deleting: bool = False,
+    namespace: str = "ns",
+) -> Obj:
+    meta: Obj = {"name": name, "namespace": namespace}
+    if deleting:
+        meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    status: Obj = {"phase": phase}
+    if node_name:
+        status["nodeName"] = node_name
+    return {"metadata": meta, "spec": {"className": "a10", "count": count}, "status": status}
+
+
+def gpu_class(name: str, resource: str, tolerations: list[Obj] | None = None) -> Obj:
+    spec: Obj = {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": resource}}}
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+# -- per-node figures ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "holds", "uses", "free", "allocated", "overrun", "overcommitting"),
+    [
+        pytest.param(4, [], [], 4, 0, 0, [], id="empty-node"),
+        pytest.param(4, [2], [], 2, 2, 0, [], id="claim-holds"),
+        pytest.param(4, [], [1], 3, 1, 0, [], id="pod-uses"),
+        pytest.param(4, [2, 1], [1], 0, 4, 0, [], id="exactly-full"),
+        pytest.param(4, [3], [2], 0, 5, 1, [("ns", "p0")], id="pod-overruns-holds"),
+        pytest.param(
+            2, [2], [1, 1], 0, 4, 2, [("ns", "p0"), ("ns", "p1")], id="several-pods-named"
+        ),
+        pytest.param(0, [], [1], 0, 1, 1, [("ns", "p0")], id="no-allocatable"),
+        pytest.param(2, [3], [], 0, 3, 1, [], id="holds-alone-overrun-name-no-pods"),
+    ],
+)
+def test_free_is_allocatable_minus_holds_minus_pods_clamped(
+    allocatable: int,
+    holds: list[int],
+    uses: list[int],
+    free: int,
+    allocated: int,
+    overrun: int,
+    overcommitting: list[Key],
+) -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: allocatable}))
+    for i, count in enumerate(holds):
+        ledger.set_claim(claim(f"c{i}", "n1", count), A)
+    for i, units in enumerate(uses):
+        ledger.set_pod(pod(f"p{i}", "n1", {A: units}))
+    assert ledger.free("n1", A) == free
+    assert ledger.allocated("n1", A) == allocated
+    assert ledger.overrun("n1", A) == overrun
+    assert ledger.overcommitting_pods("n1", A) == overcommitting
+    assert ledger.held("n1", A) == sum(holds)
+    assert ledger.requested("n1", A) == sum(uses)
+
+
+@pytest.mark.parametrize(
+    ("obj", "counted"),
+    [
+        pytest.param(pod("p", "n1", {A: 1}), True, id="running-pod"),
+        pytest.param(pod("p", "n1", {A: 1}, phase="Pending"), True, id="pending-bound-pod"),
+        pytest.param(pod("p", "n1", {A: 1}, phase="Succeeded"), False, id="succeeded-pod"),
+        pytest.param(pod("p", "n1", {A: 1}, phase="Failed"), False, id="failed-pod"),
+        pytest.param(pod("p", None, {A: 1}, phase="Pending"), False, id="unscheduled-pod"),
+        pytest.param(pod("p", "n1", {A: 1}, claim_backed=True), False, id="claim-backed-pod"),
+        pytest.param(pod("p", "n1", {B: 1}), False, id="other-resource"),
+    ],
+)
+def test_which_pods_count(obj: Obj, counted: bool) -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 2}))
+    ledger.set_pod(obj)
+    assert ledger.free("n1", A) == (1 if counted else 2)
+
+
+@pytest.mark.parametrize(
+    ("obj", "resource", "held"),
+    [
+        pytest.param(claim("c", "n1", 2), A, True, id="bound"),
+        pytest.param(claim("c", "n1", 2, deleting=True), A, True, id="bound-being-deleted"),
+        pytest.param(claim("c", None, 2, phase="Pending"), A, False, id="pending"),
+        pytest.param(claim("c", "n1", 2, phase="Lost"), A, False, id="lost"),
+        pytest.param(claim("c", None, 2), A, False, id="bound-without-node"),
+        pytest.param(claim("c", "n1", 2), None, False, id="class-unknown"),
+        pytest.param(claim("c", "n1", 2), "", False, id="class-without-resource"),
+        pytest.param(claim("c", "n1", 2), B, False, id="other-resource"),
+    ],
+)
+def test_which_claims_hold(obj: Obj, resource: str | None, held: bool) -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 3}))
+    ledger.set_claim(obj, resource)
+    assert ledger.free("n1", A) == (1 if held else 3)
+
+
+def test_unknown_node_has_nothing_free() -> None:
+    ledger = capacity.Ledger()
+    assert ledger.free("nope", A) == 0
+    assert ledger.allocatable("nope", A) == 0
+    assert ledger.devices("nope") == []
+    assert ledger.node_names() == []
+
+
+def test_holds_outlive_their_nodes_object_and_come_back_with_it() -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 4}))
+    ledger.set_claim(claim("c", "n1", 1), A)
+    ledger.set_pod(pod("p", "n1", {A: 1}))
+    assert ledger.remove_node("n1") == {"n1"}
+    assert ledger.node_names() == []
+    assert ledger.free("n1", A) == 0
+    assert ledger.allocated("n1", A) == 2
+    ledger.set_node(node("n1", {A: 4}))
+    assert ledger.free("n1", A) == 2
+    assert ledger.node_names() == ["n1"]
+
+
+def test_devices_are_the_gpunode_status_entries() -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 4, KVM: 1000, B: 0}, {A: 5, KVM: 1000}))
+    ledger.set_claim(claim("c", "n1", 3), A)
+    ledger.set_pod(pod("p", "n1", {A: 2}))
+    ledger.set_claim(claim("d", "n1", 1), "vendor.io/absent")
+    assert ledger.devices("n1") == [
+        {"resourceName": KVM, "capacity": 1000, "allocatable": 1000, "allocated": 0, "free": 1000},
+        {"resourceName": A, "capacity": 5, "allocatable": 4, "allocated": 5, "free": 0},
+        {
+            "resourceName": "vendor.io/absent",
+            "capacity": 0,
+            "allocatable": 0,
+            "allocated": 1,
+            "free": 0,
+        },
+    ]
+    assert ledger.devices("n1", [A, B]) == [
+        {"resourceName": A, "capacity": 5, "allocatable": 4, "allocated": 5, "free": 0},
+    ]
+    assert ledger.capacity("n1", A) == 5
+
+
+# -- incremental updates report the nodes they touch ---------------------------------------
+
+
+def test_each_update_reports_exactly_the_nodes_it_changed() -> None:
+    ledger = capacity.Ledger()
+    assert ledger.set_node(node("n1", {A: 4})) == {"n1"}
+    assert ledger.set_node(node("n1", {A: 4})) == set()
+    assert ledger.set_node(node("n1", {A: 4}, taints=[GPU_TAINT])) == set()
+    assert ledger.set_node(node("n1", {A: 3})) == {"n1"}
+    assert ledger.set_node(node("n2", {A: 4})) == {"n2"}
+
+    assert ledger.set_pod(pod("p", "n1", {A: 1})) == {"n1"}
+    assert ledger.set_pod(pod("p", "n1", {A: 1})) == set()
+    assert ledger.set_pod(pod("p", "n1", {A: 2})) == {"n1"}
+    assert ledger.set_pod(pod("p", "n2", {A: 2})) == {"n1", "n2"}
+    assert ledger.set_pod(pod("p", "n2", {A: 2}, phase="Succeeded")) == {"n2"}
+    assert ledger.set_pod(pod("p", "n2", {A: 2}, phase="Succeeded")) == set()
+    assert ledger.set_pod(pod("q", "n1", {})) == set()
+    assert ledger.remove_pod(("ns", "q")) == set()
+    assert ledger.set_pod(pod("r", "n1", {A: 1})) == {"n1"}
+    assert ledger.remove_pod(("ns", "r")) == {"n1"}
+    assert ledger.pod_keys() == frozenset()
+
+    assert ledger.set_claim(claim("c", None, 2, phase="Pending"), A) == set()
+    assert ledger.set_claim(claim("c", "n1", 2), A) == {"n1"}
+    assert ledger.set_claim(claim("c", "n1", 2, deleting=True), A) == set()
+    assert ledger.set_claim(claim("c", "n1", 2, phase="Lost"), A) == {"n1"}
+    assert ledger.set_claim(claim("c", "n2", 2), A) == {"n2"}
+    assert ledger.set_claim(claim("c", "n1", 2), A) == {"n1", "n2"}
+    assert ledger.claim_keys() == frozenset({("ns", "c")})
+    assert ledger.remove_claim(("ns", "c")) == {"n1"}
+    assert ledger.remove_claim(("ns", "c")) == set()
+
+    assert ledger.remove_node("n2") == {"n2"}
+    assert ledger.remove_node("n2") == set()
+    assert ledger.remove_node("never") == set()
+
+
+def test_keys_are_namespaced() -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 4}))
+    ledger.set_pod(pod("p", "n1", {A: 1}, namespace="a"))
+    ledger.set_pod(pod("p", "n1", {A: 1}, namespace="b"))
+    assert ledger.free("n1", A) == 2
+    ledger.remove_pod(("a", "p"))
+    assert ledger.free("n1", A) == 3
+
+
+# -- class and node figures ----------------------------------------------------------------
+
+
+def cluster() -> tuple[capacity.Ledger, list[Obj]]:
+    nodes = [
+        node("big", {A: 8}, taints=[GPU_TAINT]),
+        node("small", {A: 2}, taints=[GPU_TAINT]),
+        node("plain", {A: 3}),
+        node("down", {A: 8}, ready=False),
+        node("cordoned", {A: 8}, cordoned=True),
+        node("full", {A: 1}),
+        node("other", {B: 4}),
+        node("zero", {A: 0}),
+    ]
+    ledger = capacity.Ledger()
+    for n in nodes:
+        ledger.set_node(n)
+    ledger.set_claim(claim("c1", "big", 3), A)
+    ledger.set_pod(pod("p1", "small", {A: 1}))
+    ledger.set_pod(pod("p2", "full", {A: 2}))
+    return ledger, nodes
+
+
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        pytest.param(
+            gpu_class("a10", A, TOLERATE_GPU),
+            capacity.ClassFigures(free=5 + 1 + 3, max_free_per_node=5, nodes=4),
+            id="tolerating-class-sees-gpu-nodes",
+        ),
+        pytest.param(
+            gpu_class("a10-plain", A),
+            capacity.ClassFigures(free=3, max_free_per_node=3, nodes=2),
+            id="untolerating-class-sees-untainted-only",
+        ),
+        pytest.param(
+            gpu_class("l40s", B, TOLERATE_GPU),
+            capacity.ClassFigures(free=4, max_free_per_node=4, nodes=1),
+            id="other-resource",
+        ),
+        pytest.param(
+            gpu_class("ghost", "vendor.io/none"),
+            capacity.ClassFigures(free=0, max_free_per_node=0, nodes=0),
+            id="resource-nowhere",
+        ),
+        pytest.param(
+            {"metadata": {"name": "dra"}, "spec": {"source": {"dra": {}}}},
+            capacity.ClassFigures(free=0, max_free_per_node=0, nodes=0),
+            id="no-device-plugin",
+        ),
+    ],
+)
+def test_class_figures(cls: Obj, expected: capacity.ClassFigures) -> None:
+    ledger, nodes = cluster()
+    figures = capacity.class_figures(ledger, cls, nodes)
+    assert figures == expected
+    assert figures.available is (expected.nodes > 0)
+
+
+def test_an_overrun_eligible_node_counts_as_available_with_zero_free() -> None:
+    ledger, nodes = cluster()
+    figures = capacity.class_figures(ledger, gpu_class("a10-plain", A), nodes)
+    assert ledger.overrun("full", A) == 1
+    assert figures.nodes == 2
+    assert figures.free == 3
+
+
+@pytest.mark.parametrize(
+    ("node_name", "expected"),
+    [
+        pytest.param("big", [{"name": "a10", "free": 5}], id="tainted"),
+        pytest.param(
+            "plain", [{"name": "a10", "free": 3}, {"name": "a10-plain", "free": 3}], id="sorted"
+        ),
+        pytest.param("down", [], id="not-ready"),
+        pytest.param("cordoned", [], id="cordoned"),
+        pytest.param("other", [{"name": "l40s", "free": 4}], id="other-resource"),
+        pytest.param("zero", [], id="zero-allocatable"),
+    ],
+)
+def test_node_class_free(node_name: str, expected: list[capacity.ClassFree]) -> None:
+    ledger, nodes = cluster()
+    classes = [
+        gpu_class("a10-plain", A),
+        gpu_class("l40s", B, TOLERATE_GPU),
+        gpu_class("a10", A, TOLERATE_GPU),
+    ]
+    [the_node] = [n for n in nodes if n["metadata"]["name"] == node_name]
+    assert capacity.node_class_free(ledger, the_node, classes) == expected
+
+
+# -- properties ----------------------------------------------------------------------------
+
+NODES = ["n1", "n2", "n3"]
+RESOURCES = [A, B]
+POD_KEYS = ["p1", "p2", "p3", "p4"]
+CLAIM_KEYS = ["c1", "c2", "c3"]
+
+usage_st = st.dictionaries(st.sampled_from(RESOURCES), st.integers(0, 3), max_size=2)
+nodes_st = st.builds(
+    lambda name, alloc, extra, ready, cordoned, tainted: node(
+        name,
+        alloc,
+        {r: n + extra for r, n in alloc.items()},
+        ready=ready,
+        cordoned=cordoned,
+        taints=[GPU_TAINT] if tainted else None,
+    ),
+    st.sampled_from(NODES),
+    st.dictionaries(st.sampled_from(RESOURCES), st.integers(0, 6), max_size=2),
+    st.integers(0, 1),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+pods_st = st.builds(
+    lambda name, node_name, usage, phase, backed: pod(
+        name, node_name, usage, phase=phase, claim_backed=backed
+    ),
+    st.sampled_from(POD_KEYS),
+    st.sampled_from([*NODES, None]),
+    usage_st,
+    st.sampled_from(["Running", "Pending", "Succeeded"]),
+    st.booleans(),
+)
+claims_st = st.tuples(
+    st.builds(
+        lambda name, node_name, count, phase, deleting: claim(
+            name, node_name, count, phase=phase, deleting=deleting
+        ),
+        st.sampled_from(CLAIM_KEYS),
+        st.sampled_from([*NODES, None]),
+        st.integers(1, 4),
+        st.sampled_from(["Bound", "Pending", "Lost"]),
+        st.booleans(),
+    ),
+    st.sampled_from([*RESOURCES, None]),
+)
+ops_st = st.lists(
+    st.one_of(
+        st.tuples(st.just("set_node"), nodes_st),
+        st.tuples(st.just("remove_node"), st.sampled_from(NODES)),
+        st.tuples(st.just("set_pod"), pods_st),
+        st.tuples(st.just("remove_pod"), st.sampled_from(POD_KEYS)),
+        st.tuples(st.just("set_claim"), claims_st),
+        st.tuples(st.just("remove_claim"), st.sampled_from(CLAIM_KEYS)),
+    ),
+    max_size=30,
+)
+
+
+class Reference:
+    """The figures recomputed from scratch from the current objects, the naive way."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Obj] = {}
+        self.pods: dict[Key, Obj] = {}
+        self.claims: dict[Key, tuple[Obj, str | None]] = {}
+
+    def apply(self, ledger: capacity.Ledger, op: str, arg: Any) -> set[str]:
+        if op == "set_node":
+            self.nodes[arg["metadata"]["name"]] = arg
+            return ledger.set_node(arg)
+        if op == "remove_node":
+            self.nodes.pop(arg, None)
+            return ledger.remove_node(arg)
+        if op == "set_pod":
+            self.pods[("ns", arg["metadata"]["name"])] = arg
+            return ledger.set_pod(arg)
+        if op == "remove_pod":
+            self.pods.pop(("ns", arg), None)
+            return ledger.remove_pod(("ns", arg))
+        if op == "set_claim":
+            obj, resource = arg
+            self.claims[("ns", obj["metadata"]["name"])] = (obj, resource)
+            return ledger.set_claim(obj, resource)
+        assert op == "remove_claim"
+        self.claims.pop(("ns", arg), None)
+        return ledger.remove_claim(("ns", arg))
+
+    def figures(self, node_name: str, resource: str) -> tuple[int, int, int, int, list[Key]]:
+        """(capacity, allocatable, held, requested, pods using it) on the node."""
+        status = self.nodes.get(node_name, {}).get("status", {})
+        cap = int(status.get("capacity", {}).get(resource, 0))
+        alloc = int(status.get("allocatable", {}).get(resource, 0))
+        held = sum(
+            obj["spec"]["count"]
+            for obj, res in self.claims.values()
+            if res == resource
+            and obj["status"].get("phase") == "Bound"
+            and obj["status"].get("nodeName") == node_name
+        )
+        users = sorted(
+            (key, pods.pod_usage(p)[resource])
+            for key, p in self.pods.items()
+            if p["spec"].get("nodeName") == node_name and pods.pod_usage(p).get(resource)
+        )
+        return cap, alloc, held, sum(u for _, u in users), [key for key, _ in users]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {n: (n in self.nodes, [self.figures(n, r) for r in RESOURCES]) for n in NODES}
+
+
+def assert_matches(ledger: capacity.Ledger, ref: Reference) -> None:
+    assert ledger.node_names() == sorted(ref.nodes)
+    for n in NODES:
+        expected_devices: list[capacity.Device] = []
+        for r in RESOURCES:
+            cap, alloc, held, requested, users = ref.figures(n, r)
+            assert ledger.capacity(n, r) == cap
+            assert ledger.allocatable(n, r) == alloc
+            assert ledger.held(n, r) == held
+            assert ledger.requested(n, r) == requested
+            assert ledger.allocated(n, r) == held + requested
+            assert ledger.free(n, r) == max(0, alloc - held - requested)
+            assert ledger.overrun(n, r) == max(0, held + requested - alloc)
+            assert ledger.overcommitting_pods(n, r) == (users if held + requested > alloc else [])
+            if cap or alloc or held or requested:
+                expected_devices.append(
+                    capacity.Device(
+                        resourceName=r,
+                        capacity=cap,
+                        allocatable=alloc,
+                        allocated=held + requested,
+                        free=max(0, alloc - held - requested),
+                    )
+                )
+        assert ledger.devices(n) == sorted(expected_devices, key=lambda d: d["resourceName"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_st)
+def test_incremental_figures_equal_a_recomputation_and_report_every_touched_node(
+    ops: list[tuple[str, Any]],
+) -> None:
+    ledger = capacity.Ledger()
+    ref = Reference()
+    for op, arg in ops:
+        before = ref.snapshot()
+        changed = ref.apply(ledger, op, arg)
+        after = ref.snapshot()
+        assert changed == {n for n in NODES if before[n] != after[n]}, op
+        assert_matches(ledger, ref)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops_st,
+    st.sampled_from(NODES),
+    st.dictionaries(st.sampled_from(RESOURCES), st.integers(1, 3), min_size=1),
+)
+def test_adding_a_gpu_pod_never_increases_free(
+    ops: list[tuple[str, Any]], node_name: str, usage: dict[str, int]
+) -> None:
+    ledger = capacity.Ledger()
+    ref = Reference()
+    for op, arg in ops:
+        ref.apply(ledger, op, arg)
+    before = {(n, r): ledger.free(n, r) for n in NODES for r in RESOURCES}
+    ledger.set_pod(pod("new-gpu-pod", node_name, usage))
+    for (n, r), free in before.items():
+        assert ledger.free(n, r) <= free
+    for r, units in usage.items():
+        assert ledger.allocated(node_name, r) >= units
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops_st, st.sampled_from(RESOURCES), st.booleans())
+def test_class_free_is_the_sum_of_free_over_its_eligible_nodes(
+    ops: list[tuple[str, Any]], resource: str, tolerates: bool
+) -> None:
+    ledger = capacity.Ledger()
+    ref = Reference()
+    for op, arg in ops:
+        ref.apply(ledger, op, arg)
+    cls = gpu_class("k", resource, TOLERATE_GPU if tolerates else None)
+    nodes = list(ref.nodes.values())
+    eligible = [
+        n["metadata"]["name"]
+        for n in nodes
+        if scheduling.is_eligible(n, cls) and ledger.allocatable(n["metadata"]["name"], resource)
+    ]
+    frees = [ledger.free(n, resource) for n in eligible]
+    figures = capacity.class_figures(ledger, cls, nodes)
+    assert figures.free == sum(frees)
+    assert figures.max_free_per_node == max(frees, default=0)
+    assert figures.nodes == len(eligible)
+    per_node = [e for n in nodes for e in capacity.node_class_free(ledger, n, [cls])]
+    assert sum(e["free"] for e in per_node) == figures.free
+    assert len(per_node) == figures.nodes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(nodes_st, max_size=4),
+    st.lists(pods_st, max_size=6),
+    st.lists(claims_st, max_size=4),
+)
+def test_removing_everything_added_returns_to_the_start(
+    nodes: list[Obj], added_pods: list[Obj], added_claims: list[tuple[Obj, str | None]]
+) -> None:
+    ledger = capacity.Ledger()
+    for node_obj in nodes:
+        ledger.set_node(node_obj)
+    start = {n: ledger.devices(n) for n in NODES}
+    for p in added_pods:
+        ledger.set_pod(p)
+    for c, resource in added_claims:
+        ledger.set_claim(c, resource)
+    for p in added_pods:
+        ledger.remove_pod(capacity.object_key(p))
+    for c, _ in added_claims:
+        ledger.remove_claim(capacity.object_key(c))
+    assert {n: ledger.devices(n) for n in NODES} == start
+    for n in NODES:
+        for r in RESOURCES:
+            assert ledger.free(n, r) == ledger.allocatable(n, r)
+            assert ledger.allocated(n, r) == 0
+    assert ledger.pod_keys() == frozenset()
+    assert ledger.claim_keys() == frozenset()
+    for n in NODES:
+        ledger.remove_node(n)
+    assert ledger.node_names() == []
+    assert all(ledger.devices(n) == [] for n in NODES)
