@@ -8,8 +8,8 @@ exact whatever else runs on the cluster. One operator replica serves the module.
 from __future__ import annotations
 
 import uuid
-from functools import partial
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
