@@ -12,7 +12,14 @@ import pykube
 from gpuoperator.model import slimming
 from gpuoperator.runtime import informing
 from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, KubeVirt
+from gpuoperator.runtime.kinds import (
+    GPUClaim,
+    GPUClass,
+    GPUNode,
+    KubeVirt,
+    VirtualMachineInstance,
+    Workload,
+)
 from gpuoperator.runtime.managing import Manager
 
 #: Index names.
@@ -30,6 +37,11 @@ class Caches:
     gpunodes: Informer
     #: KubeVirt CRs (permittedHostDevices); optional: KubeVirt may not be installed.
     kubevirts: Informer
+    namespaces: Informer
+    quotas: Informer
+    workloads: Informer
+    #: VMIs (claim protection, placement); optional like the KubeVirt CR.
+    vmis: Informer
 
 
 def register(manager: Manager) -> Caches:
@@ -59,4 +71,17 @@ def register(manager: Manager) -> Caches:
         ),
         gpunodes=manager.informer(GPUNode),
         kubevirts=manager.informer(KubeVirt, InformerOptions(optional=True)),
+        namespaces=manager.informer(
+            pykube.Namespace, InformerOptions(transform=slimming.slim_metadata)
+        ),
+        quotas=manager.informer(
+            pykube.ResourceQuota, InformerOptions(indexers={BY_NAMESPACE: informing.by_namespace})
+        ),
+        workloads=manager.informer(
+            Workload, InformerOptions(indexers={BY_NAMESPACE: informing.by_namespace})
+        ),
+        vmis=manager.informer(
+            VirtualMachineInstance,
+            InformerOptions(optional=True, indexers={BY_NAMESPACE: informing.by_namespace}),
+        ),
     )

@@ -19,10 +19,11 @@ from typing import Any
 import pykube
 import structlog
 
-from controllers import class_status, node_inventory
+from admission import orders
+from controllers import claim_protection, class_status, node_inventory, usage_records
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime import errors, logs
+from gpuoperator.runtime import admitting, errors, logs, serving
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
@@ -71,6 +72,13 @@ def parser() -> argparse.ArgumentParser:
         "--metrics-insecure",
         action="store_true",
         help="serve metrics over plain HTTP with no authorisation (local use only)",
+    )
+    run.add_argument("--webhook-address", default=":9443", help="HTTPS admission webhooks")
+    run.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        help="directory with tls.crt and tls.key (cert-manager's Secret layout; re-read when "
+        "they change; default: self-signed, for local use)",
     )
     run.add_argument("--log-format", choices=("json", "console"), default="json")
     run.add_argument("--log-level", default="info")
@@ -147,7 +155,18 @@ def run(args: argparse.Namespace) -> int:
             metrics_insecure=args.metrics_insecure,
         ),
     )
-    wire(manager)
+    shared = wire(manager, operator_settings)
+    if args.webhook_address:
+        cert_dir = args.webhook_cert_dir
+        webhook_tls = (
+            (cert_dir / "tls.crt", cert_dir / "tls.key") if cert_dir else serving.self_signed()
+        )
+        routes = admitting.app(
+            webhooks(shared), ready=lambda: manager.ready()[0], registry=manager.registry
+        )
+        manager.options.extra_servers.append(
+            serving.Server("webhooks", args.webhook_address, routes, tls=webhook_tls, threads=16)
+        )
 
     stop = threading.Event()
 
@@ -161,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def wire(manager: Manager) -> Inventory:
+def wire(manager: Manager, operator_settings: settings.Settings) -> caches.Caches:
     """The composition: shared caches, the inventory fed by them, and the controllers."""
     shared = caches.register(manager)
     inventory = Inventory()
@@ -169,7 +188,13 @@ def wire(manager: Manager) -> Inventory:
     recorder = Recorder(manager.writer)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
-    return inventory
+    usage_records.register(manager, shared)
+    claim_protection.register(manager, shared, recorder)
+    return shared
+
+
+def webhooks(shared: caches.Caches) -> dict[str, admitting.Handler]:
+    return {orders.PATH: orders.OrderWebhook(shared)}
 
 
 def load_settings(client: Client, namespace: str, args: argparse.Namespace) -> settings.Settings:

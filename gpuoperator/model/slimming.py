@@ -126,3 +126,8 @@ def slim_node(node: Obj) -> Obj:
             else [],
         },
     }
+
+
+def slim_metadata(obj: Obj) -> Obj:
+    """Only the metadata (names, labels, ownership): enough for namespaces."""
+    return {"metadata": _meta(obj.get("metadata") or {}, annotations=False)}

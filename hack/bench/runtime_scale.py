@@ -109,7 +109,7 @@ def main() -> int:
         total_pods = len(pykube.Pod.objects(api).filter(namespace=pykube.all))
         print(f"cluster: {len(nodes)} nodes, {total_pods} pods", flush=True)
 
-        health, _ = free_ports(2)
+        health, webhooks = free_ports(2)
         proc = Process("bench-operator", cluster.dir)
         t0 = time.monotonic()
         pid = proc.start(
@@ -122,6 +122,7 @@ def main() -> int:
                 "--namespace=default",
                 f"--health-address=127.0.0.1:{health}",
                 "--metrics-address=",
+                f"--webhook-address=127.0.0.1:{webhooks}",
                 "--log-format=json",
             ],
             cwd=REPO,

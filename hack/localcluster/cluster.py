@@ -194,7 +194,7 @@ class LocalCluster:
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
         )
         self.kubectl("apply", "-f", "-", stdin=manifest)
-        health, metrics = free_ports(2)
+        health, metrics, webhooks = free_ports(3)
         self.operator.start(
             [
                 sys.executable,
@@ -205,6 +205,7 @@ class LocalCluster:
                 f"--namespace={namespace}",
                 f"--health-address=127.0.0.1:{health}",
                 f"--metrics-address=127.0.0.1:{metrics}",
+                f"--webhook-address=127.0.0.1:{webhooks}",
                 "--log-format=json",
             ],
             cwd=REPO,

@@ -20,7 +20,7 @@ class OperatorProcess:
         self, kubeconfig: Path, namespace: str, identity: str, log_dir: Path, *extra: str
     ) -> None:
         self.identity = identity
-        self.health_port, self.metrics_port = free_ports(2)
+        self.health_port, self.metrics_port, self.webhook_port = free_ports(3)
         self.log = log_dir / f"{identity}.log"
         argv = [
             sys.executable,
@@ -32,6 +32,7 @@ class OperatorProcess:
             f"--identity={identity}",
             f"--health-address=127.0.0.1:{self.health_port}",
             f"--metrics-address=127.0.0.1:{self.metrics_port}",
+            f"--webhook-address=127.0.0.1:{self.webhook_port}",
             "--log-format=json",
             *extra,
         ]

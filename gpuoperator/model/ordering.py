@@ -1,0 +1,312 @@
+"""Ordering a claim (DESIGN.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the
+refusals of one GPUClaim order, decided once for the order webhook and the binder's re-check.
+
+An order is refused, in this order, when:
+
+1. its class does not exist (``spec.className``);
+2. ``spec.count`` is above the class's effective maxCount (:func:`classes.effective_max_count`);
+3. ``spec.count`` is above the class's published ``status.maxFreePerNode``: it cannot fit on
+   any node now (skipped when the class's figures are not known yet);
+4. a budget would be exceeded (:func:`budget_refusals`);
+5. the class is ``vgpu`` and the namespace lacks the vGPU entitlement.
+
+Every message names the field, the value and what is allowed, in words a tenant understands.
+All applicable refusals are returned (a tenant fixes them at once), not only the first.
+
+Budgets: every ``ResourceQuota`` of the namespace that has a budget key must hold on its own;
+the keys that concern a claim are its class's ``<class>.gpuclass.cozystack.io/devices`` and the
+total ``gpuclass.cozystack.io/devices`` (keys of other classes and every other key are not
+read). Usage is the sum of ``spec.count`` over the namespace's *charged* claims: every claim
+not being deleted, held and template claims alike, bound or not (a hold is charged whether or
+not its VM runs). Usage is attributed through the class each claim names, never through
+resource names (classes may share one).
+
+Choices where DESIGN.md is silent:
+
+* ``spec.hard`` values are Kubernetes quantities; a budget counts whole units, so a value
+  that is not a non-negative whole number (``"1.5"``, ``"500m"``, garbage) is read as a budget
+  of 0, and the message says the value is invalid: failing closed is the safe reading of a
+  hoster's typo, and the message tells the tenant why.
+* A quota's ``spec.scopes``/``scopeSelector`` are ignored: scopes select pods, never claims.
+* The claim being judged is excluded from "the others" by namespace/name, so re-checking an
+  existing claim does not count it twice.
+* At bind time (:func:`order_refusals_for_binding`) only budgets are re-checked: capacity is
+  the binder's own decision against nodes, and the rest cannot change for an existing claim
+  (its spec is immutable, its class is protected by a finalizer; the vGPU entitlement is
+  checked by the order and VMI webhooks). To settle two orders that passed the webhook at
+  once, the re-check counts only the claims that are bound or were created before this one:
+  the older order keeps its budget and the younger waits, instead of each waiting on the
+  other forever.
+
+Every function is pure and idempotent: the same objects give the same refusals.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from gpuoperator import names
+from gpuoperator.model import capacity, pods, quota, tenants
+from gpuoperator.model import classes as gpuclasses
+
+Obj = dict[str, Any]
+
+BOUND: Final = "Bound"
+#: At most this many class names are listed after "known:" (admission messages stay short).
+MAX_KNOWN_LISTED: Final = 20
+
+#: A quantity whose value is zero, in resource.Quantity's grammar (``0``, ``0.0``, ``0k``...):
+#: :func:`pods.parse_count` reads both zero and invalid values as 0, this tells them apart.
+_ZERO: Final = re.compile(
+    r"[+-]?(?:0+(?:\.0*)?|\.0+)(?:[eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE])?"
+)
+
+
+# -- reading claims --------------------------------------------------------------------------
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def ordered_class(claim: Mapping[str, Any]) -> str:
+    """The class a claim orders (``spec.className``), ``""`` when absent."""
+    return str(_spec(claim).get("className") or "")
+
+
+def ordered_count(claim: Mapping[str, Any]) -> int:
+    """The units a claim orders (``spec.count``); 0 when absent or not a whole number."""
+    return pods.parse_count(_spec(claim).get("count"))
+
+
+def is_template_claim(claim: Mapping[str, Any]) -> bool:
+    """Whether the operator made the claim from a VM's claim template (label
+    ``gpu.cozystack.io/template-claim: "true"``): such claims skip the order checks."""
+    labels = _meta(claim).get("labels")
+    return isinstance(labels, Mapping) and labels.get(names.TEMPLATE_CLAIM_LABEL) == names.TRUE
+
+
+def charged(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim counts against budgets: every claim not being deleted
+    (``metadata.deletionTimestamp``), held and template claims alike, bound or not."""
+    return not _meta(claim).get("deletionTimestamp")
+
+
+def usage(claims: Iterable[Mapping[str, Any]], class_name: str | None = None) -> int:
+    """The sum of ``spec.count`` over the charged claims (of class ``class_name`` if given)."""
+    return sum(
+        ordered_count(c)
+        for c in claims
+        if charged(c) and (class_name is None or ordered_class(c) == class_name)
+    )
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _meta(obj)
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _same(claim_key: tuple[str, str], other: Mapping[str, Any]) -> bool:
+    """Whether ``other`` is the claim itself. A claim being created may carry no namespace
+    (the request names it) or no name yet (``generateName``): no name matches nothing."""
+    namespace, name = claim_key
+    other_namespace, other_name = _key(other)
+    return bool(name) and name == other_name and (not namespace or namespace == other_namespace)
+
+
+def _created(claim: Mapping[str, Any]) -> datetime.datetime | None:
+    value = _meta(claim).get("creationTimestamp")
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+_NEVER: Final = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+
+
+def creation_order(claim: Mapping[str, Any]) -> tuple[datetime.datetime, str, str]:
+    """The claim's place in the order of ordering: ``metadata.creationTimestamp``, then
+    namespace and name (timestamps have one-second resolution, so ties are common). A claim
+    without a readable creation time sorts last."""
+    namespace, name = _key(claim)
+    return (_created(claim) or _NEVER, namespace, name)
+
+
+def _precedes(other: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
+    """Whether ``other`` was ordered before ``claim`` (:func:`creation_order`)."""
+    return creation_order(other) < creation_order(claim)
+
+
+# -- budgets ---------------------------------------------------------------------------------
+
+
+def parse_budget(quantity: Any) -> int | None:
+    """A ``spec.hard`` value as whole units; ``None`` when it is not a non-negative whole
+    number (``"1.5"``, ``"500m"``, ``"-1"``, garbage). ``"4"``, ``4`` and ``"1k"`` parse."""
+    units = pods.parse_count(quantity)
+    if units:
+        return units
+    if isinstance(quantity, int) and not isinstance(quantity, bool) and quantity == 0:
+        return 0
+    if isinstance(quantity, str) and _ZERO.fullmatch(quantity.strip()):
+        return 0
+    return None
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _held(n: int) -> str:
+    return f"{n} {'is' if n == 1 else 'are'} held"
+
+
+def _ordered(n: int) -> str:
+    return f"{n} {'was' if n == 1 else 'were'} ordered"
+
+
+def budget_refusals(
+    claim: Mapping[str, Any],
+    quotas: Iterable[Mapping[str, Any]],
+    namespace_claims: Iterable[Mapping[str, Any]],
+    classes_by_name: Mapping[str, Obj] | None = None,
+) -> list[str]:
+    """The budgets ``claim`` would exceed, one message per quota and key.
+
+    ``quotas`` are the ResourceQuotas of the claim's namespace and ``namespace_claims`` its
+    GPUClaims (the claim itself may be among them: it is not counted twice). For each quota
+    (sorted by name) the claim's class key, then the total key, is checked when present:
+    refused when the other charged claims' usage plus ``spec.count`` exceeds the limit.
+    ``classes_by_name`` is not needed by the rule (usage follows each claim's
+    ``spec.className``); it is accepted so callers holding the catalog can pass it.
+    """
+    del classes_by_name  # usage is attributed by spec.className, see the docstring
+    own_key = _key(claim)
+    own_class = ordered_class(claim)
+    ordered = ordered_count(claim)
+    others = [c for c in namespace_claims if not _same(own_key, c)]
+    refusals: list[str] = []
+    for rq in sorted(quotas, key=_key):
+        hard = _spec(rq).get("hard")
+        if not isinstance(hard, Mapping):
+            continue
+        rq_namespace, rq_name = _key(rq)
+        where = f"{rq_namespace or own_key[0]}/{rq_name}"
+        for key in (quota.class_key(own_class), quota.TOTAL_KEY):
+            parsed = quota.parse_key(key)
+            if key not in hard or parsed is None:
+                continue
+            used = usage(others, parsed[1])
+            raw = hard[key]
+            limit = parse_budget(raw)
+            if limit is None:
+                refusals.append(
+                    f"budget exceeded: ResourceQuota {where} has an invalid value {raw!r} for "
+                    f"{key} (a whole number of GPUs is allowed), so it allows 0; "
+                    f"{_held(used)}, {_ordered(ordered)}"
+                )
+            elif used + ordered > limit:
+                refusals.append(
+                    f"budget exceeded: ResourceQuota {where} allows {limit} of {key}, "
+                    f"{_held(used)}, {_ordered(ordered)}"
+                )
+    return refusals
+
+
+# -- the order -------------------------------------------------------------------------------
+
+
+def _known_text(known_classes: Iterable[str] | None) -> str:
+    if known_classes is None:
+        return ""
+    known = sorted(set(known_classes))
+    if not known:
+        return " (no class exists yet)"
+    listed = ", ".join(known[:MAX_KNOWN_LISTED])
+    more = len(known) - MAX_KNOWN_LISTED
+    return f" (known: {listed}{f' and {more} more' if more > 0 else ''})"
+
+
+def order_refusals(
+    claim: Mapping[str, Any],
+    cls: Obj | None,
+    namespace: Mapping[str, Any] | None,
+    quotas: Iterable[Mapping[str, Any]],
+    namespace_claims: Iterable[Mapping[str, Any]],
+    figures: capacity.ClassFigures | None,
+    known_classes: Iterable[str] | None = None,
+) -> list[str]:
+    """Why the order ``claim`` is refused (DESIGN.md §5), in the module docstring's order;
+    ``[]`` when it is acceptable.
+
+    ``cls`` is the claim's GPUClass (``None``: it does not exist), ``namespace`` the claim's
+    Namespace (``None``: unknown, which is not entitled), ``figures`` the class's published
+    status (``None``: not known yet, so the maxFreePerNode check is skipped), and
+    ``known_classes`` the class names to list when the class does not exist. Template claims
+    are not judged here: the caller skips them (they wait for capacity instead).
+    """
+    wanted = ordered_class(claim)
+    ordered = ordered_count(claim)
+    refusals: list[str] = []
+    if cls is None:
+        refusals.append(
+            f"spec.className: class {wanted} does not exist{_known_text(known_classes)}; "
+            "the classes are listed by kubectl get gpuclasses"
+        )
+    else:
+        max_count = gpuclasses.effective_max_count(cls)
+        if max_count is not None and ordered > max_count:
+            refusals.append(
+                f"spec.count: class {wanted} allows at most {_plural(max_count, 'GPU', 'GPUs')} "
+                f"per claim, {_ordered(ordered)}"
+            )
+        if figures is not None and ordered > figures.max_free_per_node:
+            most = figures.max_free_per_node
+            room = (
+                "has no free GPU on any node"
+                if most <= 0
+                else f"has at most {_plural(most, 'free GPU', 'free GPUs')} on one node"
+            )
+            refusals.append(f"spec.count: class {wanted} {room}, {_ordered(ordered)}")
+    refusals.extend(budget_refusals(claim, quotas, namespace_claims))
+    if cls is not None and gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
+        namespace_name = str(_meta(namespace or {}).get("name") or _key(claim)[0])
+        refusals.append(
+            f"spec.className: class {wanted} is a vGPU class; namespace {namespace_name} is not "
+            f"entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}={names.TRUE})"
+        )
+    return refusals
+
+
+def order_refusals_for_binding(
+    claim: Mapping[str, Any],
+    quotas: Iterable[Mapping[str, Any]],
+    namespace_claims: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    """The binder's re-check at bind time: budgets only (two orders can pass the webhook at
+    once). Capacity is the binder's own check against nodes and maxFreePerNode is a figure of
+    the moment of ordering, so neither is re-checked.
+
+    Counts only the other claims that are bound or were ordered before ``claim`` (see the
+    module docstring): of two racing orders the older binds and the younger waits.
+    Template claims are re-checked too: they are charged like any claim.
+    """
+    earlier = [
+        c
+        for c in namespace_claims
+        if (c.get("status") or {}).get("phase") == BOUND or _precedes(c, claim)
+    ]
+    return budget_refusals(claim, quotas, earlier)

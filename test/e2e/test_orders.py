@@ -1,0 +1,192 @@
+"""The order webhook on the real API server (registered by URL with a caBundle): every
+refusal of DESIGN.md §5 with its message, dry runs, and template claims passing through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykube
+import pytest
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from harness.fleet import Fleet
+from harness.kube import refused
+from harness.waiting import wait_for
+from harness.webhooks import WebhookOperator, webhook_operator
+from localcluster.cluster import kubectl
+
+
+@pytest.fixture(scope="module")
+def hooks(
+    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookOperator]:
+    with webhook_operator(api, kubeconfig, tmp_path_factory.mktemp("orders")) as w:
+        yield w
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
+    f = Fleet(api)
+    yield f
+    f.cleanup()
+
+
+def order(
+    api: pykube.HTTPClient,
+    namespace: str,
+    class_name: str,
+    count: int,
+    name: str = "order",
+    **labels: str,
+) -> GPUClaim:
+    claim = GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"className": class_name, "count": count},
+        },
+    )
+    claim.create()
+    return claim
+
+
+def published(api: pykube.HTTPClient, cls: str, max_free: int) -> None:
+    wait_for(
+        f"{cls} to publish maxFreePerNode={max_free}",
+        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
+        until=lambda s: s.get("maxFreePerNode") == max_free,
+        timeout=15,
+    )
+
+
+def quota(api: pykube.HTTPClient, namespace: str, name: str, hard: dict[str, str]) -> None:
+    pykube.ResourceQuota(
+        api, {"metadata": {"name": name, "namespace": namespace}, "spec": {"hard": hard}}
+    ).create()
+
+
+def test_an_unknown_class_is_refused_naming_it(
+    api: pykube.HTTPClient, hooks: WebhookOperator
+) -> None:
+    ns = hooks.tenant(api)
+    with refused(403) as r:
+        order(api, ns, "no-such-class", 1, name="big")
+    assert f"GPUClaim {ns}/big" in r[0].message
+    assert "spec.className: class no-such-class does not exist" in r[0].message
+
+
+def test_an_order_that_fits_is_created(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    published(api, cls, 4)
+    ns = hooks.tenant(api)
+    claim = order(api, ns, cls, 2)
+    assert claim.obj["spec"]["count"] == 2
+
+
+def test_an_order_above_max_free_per_node_is_refused(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(2)
+    fleet.node(2)
+    published(api, cls, 2)
+    ns = hooks.tenant(api)
+    with refused(403) as r:
+        order(api, ns, cls, 4, name="big")
+    assert (
+        f"GPUClaim {ns}/big: spec.count: class {cls} has at most 2 free GPUs on one node, "
+        "4 were ordered" in r[0].message
+    ), r[0].message
+
+
+def test_an_order_above_max_count_is_refused(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet
+) -> None:
+    cls = fleet.gpu_class(maxCount=1)
+    fleet.node(4)
+    published(api, cls, 4)
+    ns = hooks.tenant(api)
+    with refused(403) as r:
+        order(api, ns, cls, 2)
+    assert f"spec.count: class {cls} allows at most 1 GPU per claim" in r[0].message
+
+
+@pytest.mark.parametrize("which", ["per-class", "total", "two-quotas"])
+def test_budgets_refuse_orders_that_would_exceed_them(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet, which: str
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(8)
+    published(api, cls, 8)
+    ns = hooks.tenant(api)
+    if which == "per-class":
+        quota(api, ns, "gpus", {names.quota_key(cls): "3"})
+    elif which == "total":
+        quota(api, ns, "gpus", {names.QUOTA_TOTAL_KEY: "3"})
+    else:
+        quota(api, ns, "generous", {names.QUOTA_TOTAL_KEY: "10"})
+        quota(api, ns, "strict", {names.quota_key(cls): "3"})
+    order(api, ns, cls, 2, name="first")
+    with refused(403) as r:
+        order(api, ns, cls, 2, name="second")
+    message = r[0].message
+    assert "budget exceeded" in message and "2 were ordered" in message, message
+    key = names.QUOTA_TOTAL_KEY if which == "total" else names.quota_key(cls)
+    assert key in message
+    order(api, ns, cls, 1, name="third")  # what is left still fits
+
+
+def test_a_vgpu_class_needs_the_entitlement(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet
+) -> None:
+    cls = fleet.gpu_class(mode="vgpu", profile="G1-8Q")
+    fleet.node(4)
+    published(api, cls, 4)
+    plain = hooks.tenant(api)
+    with refused(403) as r:
+        order(api, plain, cls, 1)
+    assert f"namespace {plain} is not entitled to vGPU" in r[0].message
+    assert "gpu.cozystack.io/vgpu-entitled=true" in r[0].message
+    entitled = hooks.tenant(api, entitled=True)
+    order(api, entitled, cls, 1)
+
+
+def test_a_dry_run_is_judged_the_same_and_leaves_nothing(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet, kubeconfig: Path
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(2)
+    published(api, cls, 2)
+    ns = hooks.tenant(api)
+
+    def dry(count: int) -> Any:
+        manifest = (
+            f"apiVersion: {names.API_VERSION}\nkind: GPUClaim\nmetadata:\n"
+            f"  name: dry\n  namespace: {ns}\nspec:\n  className: {cls}\n"
+            f"  count: {count}\n"
+        )
+        return kubectl(kubeconfig, "create", "--dry-run=server", "-f", "-", stdin=manifest)
+
+    with pytest.raises(Exception, match="has at most 2 free GPUs on one node"):
+        dry(3)
+    assert "created (server dry run)" in dry(1)
+    assert GPUClaim.objects(api, namespace=ns).get_or_none(name="dry") is None
+
+
+def test_template_claims_are_not_judged_they_wait_for_capacity(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(2)
+    published(api, cls, 2)
+    ns = hooks.tenant(api)
+    claim = order(api, ns, cls, 6, name="vm-template", **{names.TEMPLATE_CLAIM_LABEL: "true"})
+    assert claim.obj["spec"]["count"] == 6

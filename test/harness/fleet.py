@@ -1,0 +1,74 @@
+"""Simulated GPU nodes and GPU classes owned by one test, with a resource name of their
+own, so a test's figures are exact whatever else runs on the cluster."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pykube
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClass
+from harness.kube import Obj, replace
+from harness.waiting import wait_for
+from localcluster import profile
+
+
+class Fleet:
+    """Simulated nodes and classes owned by one test, removed afterwards."""
+
+    def __init__(self, api: pykube.HTTPClient) -> None:
+        self.api = api
+        self.tag = uuid.uuid4().hex[:6]
+        self.resource = f"example.com/gpu-{self.tag}"
+        self.nodes: list[pykube.Node] = []
+        self.classes: list[GPUClass] = []
+
+    def node(self, units: int, *, taints: list[Obj] | None = None) -> str:
+        group = profile.NodeGroup(
+            name=f"n-{self.tag}-{len(self.nodes)}", resources={self.resource: units}
+        )
+        manifest = profile.node_manifest(group.name, group)
+        manifest["spec"]["taints"] = taints or []
+        node = pykube.Node(self.api, manifest)
+        node.create()
+        self.nodes.append(node)
+        wait_for(f"node {group.name} Ready", lambda: _ready(self.api, group.name))
+        return group.name
+
+    def gpu_class(self, suffix: str = "", **spec: Any) -> str:
+        name = f"c-{self.tag}{suffix}"
+        body = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLASS,
+            "metadata": {"name": name},
+            "spec": {
+                "vendor": "example",
+                "model": "G1",
+                "mode": "passthrough",
+                "source": {"devicePlugin": {"resourceName": self.resource}},
+                **spec,
+            },
+        }
+        cls = GPUClass(self.api, body)
+        cls.create()
+        self.classes.append(cls)
+        return name
+
+    def cleanup(self) -> None:
+        for cls in self.classes:
+            cls.reload()
+            cls.obj["metadata"]["finalizers"] = []
+            replace(cls)
+            cls.delete()
+        for node in self.nodes:
+            node.delete()
+
+
+def _ready(api: pykube.HTTPClient, name: str) -> bool:
+    node = pykube.Node.objects(api).get(name=name)
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in node.obj["status"].get("conditions", [])
+    )
