@@ -20,7 +20,7 @@ import pykube
 import structlog
 
 from admission import orders
-from controllers import claim_protection, class_status, node_inventory, usage_records
+from controllers import binder, claim_protection, class_status, node_inventory, usage_records
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import admitting, errors, logs, serving
@@ -188,6 +188,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> caches.Cache
     recorder = Recorder(manager.writer)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
+    binder.register(manager, shared, inventory, recorder, operator_settings)
     usage_records.register(manager, shared)
     claim_protection.register(manager, shared, recorder)
     return shared

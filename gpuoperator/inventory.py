@@ -9,13 +9,14 @@ of informers.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuoperator.caches import Caches
-from gpuoperator.model import capacity, catalog, hostdevices, scheduling
+from gpuoperator.model import binding, capacity, catalog, hostdevices, scheduling
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.informing import Handlers, key_of
 
@@ -213,6 +214,24 @@ class Inventory:
             if node is None or cls is None:
                 return ["unknown node or class"]
             return scheduling.eligibility(node, cls)
+
+    def has_node(self, name: str) -> bool:
+        with self._lock:
+            return name in self._nodes
+
+    def plan(
+        self,
+        claims: Iterable[Obj],
+        cls: Obj,
+        policy: binding.Policy,
+        now: datetime.datetime,
+        bypass: dict[binding.Key, int],
+    ) -> binding.Plan:
+        """A binding plan for ``cls`` on the current figures (see ``model.binding.plan``)."""
+        with self._lock:
+            return binding.plan(
+                claims, cls, self._nodes.values(), self._ledger, policy, now, bypass
+            )
 
     def load(
         self,
