@@ -1,0 +1,297 @@
+"""The binder on the real control plane: placement policies, racing orders against a budget
+or capacity, release and rebinding, lost nodes, usage records, claim protection. Every test
+ends with the over-allocation check."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pykube
+import pytest
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance, Workload
+from harness.fleet import Fleet
+from harness.kube import Obj, replace
+from harness.ledger import overallocations
+from harness.operator import OperatorProcess
+from harness.waiting import wait_for
+
+CONVERGE = 20.0
+Start = Callable[..., OperatorProcess]
+
+
+@pytest.fixture
+def start_operator(kubeconfig: Path, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
+    started: list[tuple[OperatorProcess, str]] = []
+
+    def start(*extra: str) -> OperatorProcess:
+        ns = f"gpu-operator-b{len(started)}-{tmp_path.name[-6:].lower().replace('_', '-')}"
+        pykube.Namespace(api, {"metadata": {"name": ns}}).create()
+        op = OperatorProcess(kubeconfig, ns, f"binder-{len(started)}", tmp_path, *extra)
+        started.append((op, ns))
+        op.wait_ready()
+        return op
+
+    yield start
+    for op, ns in started:
+        op.stop()
+        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient) -> Iterator[Fleet]:
+    f = Fleet(api)
+    yield f
+    problems = overallocations(api)
+    f.cleanup()
+    assert problems == [], problems
+
+
+def claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
+    c = GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"className": cls, "count": count},
+        },
+    )
+    c.create()
+    return c
+
+
+def status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
+    found: Obj = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
+    return found
+
+
+def bound_node(api: pykube.HTTPClient, ns: str, name: str) -> str:
+    s = wait_for(
+        f"{ns}/{name} Bound",
+        lambda: status(api, ns, name),
+        until=lambda s: s.get("phase") == "Bound",
+        timeout=CONVERGE,
+    )
+    return str(s["nodeName"])
+
+
+def bound_condition(s: Obj) -> Obj:
+    found: Obj = next((c for c in s.get("conditions", []) if c["type"] == "Bound"), {})
+    return found
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("binpack", "small"), ("spread", "large")])
+def test_placement_policy_picks_the_least_or_the_most_free_node(
+    api: pykube.HTTPClient,
+    fleet: Fleet,
+    namespace: str,
+    start_operator: Start,
+    policy: str,
+    expected: str,
+) -> None:
+    start_operator(f"--placement-policy={policy}")
+    cls = fleet.gpu_class()
+    nodes = {"small": fleet.node(4), "large": fleet.node(8)}
+    claim(api, namespace, "one", cls, 2)
+    assert bound_node(api, namespace, "one") == nodes[expected]
+
+
+@pytest.mark.parametrize("limit", ["budget", "capacity"])
+def test_twenty_racing_orders_against_room_for_ten_bind_exactly_ten(
+    api: pykube.HTTPClient,
+    fleet: Fleet,
+    namespace: str,
+    start_operator: Start,
+    limit: str,
+) -> None:
+    start_operator()
+    cls = fleet.gpu_class()
+    if limit == "budget":
+        fleet.node(8)
+        fleet.node(8)
+        pykube.ResourceQuota(
+            api,
+            {
+                "metadata": {"name": "gpus", "namespace": namespace},
+                "spec": {"hard": {names.quota_key(cls): "10"}},
+            },
+        ).create()
+    else:
+        fleet.node(6)
+        fleet.node(4)
+    barrier = threading.Barrier(20)
+    errors: list[BaseException] = []
+
+    def create(i: int) -> None:
+        local = pykube.HTTPClient(api.config)
+        barrier.wait()
+        try:
+            claim(local, namespace, f"order-{i:02d}", cls, 1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+    def phases() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in GPUClaim.objects(api, namespace=namespace):
+            reason = bound_condition(c.obj.get("status") or {}).get("reason", "none")
+            out[reason] = out.get(reason, 0) + 1
+        return out
+
+    want = "BudgetExceeded" if limit == "budget" else "NoCapacity"
+    seen = wait_for(
+        "10 bound and 10 waiting with a reason",
+        phases,
+        until=lambda p: p.get("Bound") == 10 and p.get(want, 0) + p.get("Queued", 0) == 10,
+        timeout=CONVERGE,
+    )
+    assert seen.get(want, 0) >= 1
+    bound = [
+        c
+        for c in GPUClaim.objects(api, namespace=namespace)
+        if (c.obj.get("status") or {}).get("phase") == "Bound"
+    ]
+    assert len(bound) == 10
+
+
+def test_releasing_a_claim_lets_a_waiting_one_bind(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    start_operator()
+    cls = fleet.gpu_class()
+    node = fleet.node(4)
+    first = claim(api, namespace, "first", cls, 3)
+    assert bound_node(api, namespace, "first") == node
+    claim(api, namespace, "second", cls, 2)
+    waiting = wait_for(
+        "second to wait for capacity",
+        lambda: status(api, namespace, "second"),
+        until=lambda s: bound_condition(s).get("reason") == "NoCapacity",
+        timeout=CONVERGE,
+    )
+    assert waiting["phase"] == "Pending"
+    assert "no eligible node has 2 free units" in bound_condition(waiting)["message"]
+    first.delete()
+    assert bound_node(api, namespace, "second") == node
+
+
+def test_a_deleted_node_makes_its_claims_lost_then_bound_elsewhere(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    start_operator()
+    cls = fleet.gpu_class()
+    doomed = fleet.node(4)
+    claim(api, namespace, "hold", cls, 2)
+    assert bound_node(api, namespace, "hold") == doomed
+    spare = fleet.node(8)
+    gone = fleet.nodes.pop(0)
+    gone.delete()
+    wait_for(
+        "the claim to be bound on the spare node",
+        lambda: status(api, namespace, "hold"),
+        until=lambda s: s.get("phase") == "Bound" and s.get("nodeName") == spare,
+        timeout=CONVERGE,
+    )
+    events = pykube.Event.objects(api, namespace=namespace).filter(
+        field_selector={"involvedObject.name": "hold", "reason": "NodeLost"}
+    )
+    assert len(list(events)) >= 1
+
+
+def test_a_usage_record_appears_on_bind_and_goes_with_the_claim(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    start_operator()
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    hold = claim(api, namespace, "hold", cls, 3)
+    bound_node(api, namespace, "hold")
+    record = wait_for(
+        "the usage record",
+        lambda: Workload.objects(api, namespace=namespace).get_or_none(name="gpuclaim-hold"),
+        timeout=CONVERGE,
+    )
+    assert record.obj["status"] == {
+        "kind": "GPUClaim",
+        "type": "gpu",
+        "operational": True,
+        "resources": {names.quota_key(cls): 3},
+    }
+    owner = record.obj["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "GPUClaim",
+        "hold",
+        hold.obj["metadata"]["uid"],
+        True,
+    )
+    hold.delete()
+    wait_for(
+        "the record to be garbage-collected",
+        lambda: Workload.objects(api, namespace=namespace).get_or_none(name="gpuclaim-hold"),
+        until=lambda r: r is None,
+        timeout=CONVERGE,
+    )
+
+
+def test_a_claim_attached_to_a_live_vm_is_kept_until_the_vm_is_gone(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    start_operator()
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    hold = claim(api, namespace, "hold", cls, 1)
+    bound_node(api, namespace, "hold")
+    vmi = VirtualMachineInstance(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm-1", "namespace": namespace},
+            "spec": {"domain": {"devices": {}}},
+        },
+    )
+    vmi.create()
+    hold.reload()
+    hold.obj["status"]["attachment"] = {"vmi": "vm-1", "uid": vmi.obj["metadata"]["uid"]}
+    replace(hold, subresource="status")
+    wait_for(
+        "the protection finalizer",
+        lambda: (
+            GPUClaim.objects(api, namespace=namespace)
+            .get(name="hold")
+            .obj["metadata"]
+            .get("finalizers", [])
+        ),
+        until=lambda f: names.CLAIM_PROTECTION_FINALIZER in f,
+        timeout=CONVERGE,
+    )
+    hold.delete()
+    held = wait_for(
+        "deletion held",
+        lambda: pykube.Event.objects(api, namespace=namespace).filter(
+            field_selector={"involvedObject.name": "hold", "reason": "DeletionHeld"}
+        ),
+        until=lambda evs: len(list(evs)) >= 1,
+        timeout=CONVERGE,
+    )
+    assert "vm-1" in next(iter(held)).obj["message"]
+    still = GPUClaim.objects(api, namespace=namespace).get(name="hold")
+    assert still.obj["metadata"].get("deletionTimestamp")
+    assert still.obj["status"]["phase"] == "Bound", "a held claim keeps its units"
+    vmi.delete()
+    wait_for(
+        "the claim to go",
+        lambda: GPUClaim.objects(api, namespace=namespace).get_or_none(name="hold"),
+        until=lambda c: c is None,
+        timeout=CONVERGE,
+    )
