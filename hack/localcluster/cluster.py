@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from admission import registration
 from localcluster import pki as pkimod
 from localcluster import profile as profilemod
 from localcluster.processes import ClusterError, Process, wait_until
@@ -186,10 +190,14 @@ class LocalCluster:
         log(f"  {component}: restarted in {took:.1f}s")
         return took
 
-    def run_operator(self, namespace: str = OPERATOR_NAMESPACE, log: Any = print) -> None:
+    def run_operator(
+        self, namespace: str = OPERATOR_NAMESPACE, log: Any = print, extra: tuple[str, ...] = ()
+    ) -> None:
         """(Re)start the operator from this checkout against the cluster, in ``namespace``,
-        and wait until it is ready (caches synced)."""
+        wait until it is ready (caches synced), and register its webhooks with the API
+        server (by URL on loopback, with a serving certificate from the cluster's CA)."""
         self.operator.stop()
+        certs = self._webhook_certs()
         manifest = yaml.safe_dump(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
         )
@@ -206,7 +214,9 @@ class LocalCluster:
                 f"--health-address=127.0.0.1:{health}",
                 f"--metrics-address=127.0.0.1:{metrics}",
                 f"--webhook-address=127.0.0.1:{webhooks}",
+                f"--webhook-cert-dir={certs}",
                 "--log-format=json",
+                *extra,
             ],
             cwd=REPO,
         )
@@ -219,6 +229,37 @@ class LocalCluster:
             f"  gpuoperator: ready after {took:.1f}s (metrics on https://127.0.0.1:{metrics}"
             "/metrics, authorised by bearer token)"
         )
+        configs = registration.configurations(
+            f"https://127.0.0.1:{webhooks}", self.pki.ca_cert.read_bytes()
+        )
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(configs),
+        )
+        log(f"  gpuoperator: webhooks registered on https://127.0.0.1:{webhooks}")
+
+    def _webhook_certs(self) -> Path:
+        """A serving certificate for the operator's webhooks, issued by the cluster's CA."""
+        directory = self.dir / "webhook-certs"
+        if not (directory / "tls.crt").exists():
+            ca_cert = x509.load_pem_x509_certificate(self.pki.ca_cert.read_bytes())
+            ca_key = serialization.load_pem_private_key(self.pki.ca_key.read_bytes(), None)
+            assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+            cert, key = pkimod.issue(
+                ca_cert,
+                ca_key,
+                "gpuoperator-webhooks",
+                server=True,
+                ips=("127.0.0.1",),
+                dns_names=("localhost",),
+            )
+            directory.mkdir(parents=True, exist_ok=True)
+            pkimod.write_pair(cert, key, directory / "tls.crt", directory / "tls.key")
+        return directory
 
     def down(self, quiet: bool = False) -> list[str]:
         stopped = ["gpuoperator"] if self.operator.stop() else []
