@@ -8,6 +8,9 @@ inventory at once, so the next decision sees it. Budgets and the vGPU entitlemen
 re-checked at bind time (two orders can pass the webhook together; template claims never
 met it). A bound claim whose node is gone becomes ``Lost`` and is bound again.
 
+A claim is bound only once it carries the claim-protection finalizer: that write is the
+claim's first, and binding after it spares a conflict on every new claim.
+
 Never over-allocating rests on three things: one worker decides at a time; a decision's
 writes reach the inventory before the next one; and writes are fenced — a replica that
 stops leading stops writing, and the next leader starts only after the Lease expired and
@@ -16,6 +19,8 @@ its own caches synced.
 
 from __future__ import annotations
 
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -58,6 +63,7 @@ class Binder:
         self.settings = settings
         self.clock = clock
         self._bypass: dict[str, dict[binding.Key, int]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
         class_name = key[1]
@@ -80,6 +86,10 @@ class Binder:
         for claim in claims:
             if not binding.is_waiting(claim) or claim["metadata"].get("deletionTimestamp"):
                 continue
+            if names.CLAIM_PROTECTION_FINALIZER not in claim["metadata"].get("finalizers", []):
+                # Bound only once protected: the protection controller's write comes first
+                # (it enqueues the class again), so the bind does not race it into a 409.
+                continue
             why = self._refusal(claim, cls)
             if why is not None:
                 self._wait(claim, *why)
@@ -91,8 +101,14 @@ class Binder:
         )
         self._bypass[class_name] = plan.bypass_counts
         by_key = {binding.claim_key(c): c for c in candidates}
-        for claim_key, node in plan.bindings:
-            self._bind(by_key[claim_key], node)
+        # The plan never over-allocates, so its writes are independent: send them together
+        # (each in a copy of this reconcile's log context).
+        futures = [
+            self._pool.submit(contextvars.copy_context().run, self._bind, by_key[key_], node)
+            for key_, node in plan.bindings
+        ]
+        for future in futures:
+            future.result()
         for claim_key, waiting in plan.waiting.items():
             self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
         if plan.waiting and any(_refusals(c) for c in by_key.values()):
@@ -109,10 +125,11 @@ class Binder:
                 f"class {gpuclasses.name(cls)} is a vGPU class; namespace "
                 f"{ns} is not entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}=true)",
             )
+        quotas = self.caches.quotas.store.by_index(BY_NAMESPACE, ns)
+        if not quotas:
+            return None  # no budget in this namespace: nothing to add up
         refusals = ordering.order_refusals_for_binding(
-            claim,
-            self.caches.quotas.store.by_index(BY_NAMESPACE, ns),
-            self.caches.claims.store.by_index(BY_NAMESPACE, ns),
+            claim, quotas, self.caches.claims.store.by_index(BY_NAMESPACE, ns)
         )
         if refusals:
             return ("BudgetExceeded", "; ".join(refusals))

@@ -20,7 +20,14 @@ import pykube
 import structlog
 
 from admission import orders
-from controllers import binder, claim_protection, class_status, node_inventory, usage_records
+from controllers import (
+    binder,
+    claim_protection,
+    class_status,
+    license_copier,
+    node_inventory,
+    usage_records,
+)
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import admitting, errors, logs, serving
@@ -82,8 +89,8 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-format", choices=("json", "console"), default="json")
     run.add_argument("--log-level", default="info")
-    run.add_argument("--qps", type=float, default=50.0, help="client-side API request rate")
-    run.add_argument("--burst", type=int, default=100, help="client-side API burst")
+    run.add_argument("--qps", type=float, default=200.0, help="client-side API request rate")
+    run.add_argument("--burst", type=int, default=400, help="client-side API burst")
     s = run.add_argument_group(
         "settings (override the gpu-operator-settings ConfigMap and the GPUOP_* environment)"
     )
@@ -188,6 +195,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> caches.Cache
     recorder = Recorder(manager.writer)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
+    license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
     binder.register(manager, shared, inventory, recorder, operator_settings)
     usage_records.register(manager, shared)
     claim_protection.register(manager, shared, recorder)

@@ -386,6 +386,8 @@ class Informer:
                 self._log.info("watch expired; relisting", reason="Gone", error=str(exc))
                 self._stop.wait(backoff.next())
             except (errors.ApiError, requests.RequestException, ValueError) as exc:
+                if self._stop.is_set():
+                    return  # the watch was aborted by stop(): not a failure
                 delay = backoff.next()
                 self._log.warning(
                     "list/watch failed; retrying",

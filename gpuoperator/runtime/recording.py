@@ -3,16 +3,21 @@
 An event is identified by (object uid, type, reason, message); repeating one within
 ``dedupe_window`` bumps its ``count`` and ``lastTimestamp`` instead of creating another
 (as kubelet's event correlator does), so a condition that persists does not flood the
-namespace. Event writes are best-effort: a failure is logged, never raised into a
-reconcile. Events go through the fenced writer: a replica that stopped leading says nothing.
+namespace. Event writes are best-effort and asynchronous (one background sender): a
+failure is logged, never raised into a reconcile, and a reconcile never waits for one.
+Events go through the fenced writer: a replica that stopped leading says nothing.
 """
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import pykube
@@ -52,6 +57,11 @@ class Recorder:
         self._host = host or socket.gethostname()
         self._seen: dict[tuple[str, str, str, str], _Seen] = {}
         self._lock = threading.Lock()
+        #: Events are sent by one background thread: a reconcile never waits for them.
+        self._queue: queue.Queue[tuple[Callable[[], object], tuple[str, str, str, str], str]] = (
+            queue.Queue(maxsize=10_000)
+        )
+        self._worker: threading.Thread | None = None
 
     def event(self, obj: Obj, type_: EventType, reason: str, message: str) -> None:
         meta = obj.get("metadata") or {}
@@ -76,15 +86,48 @@ class Recorder:
                 name = f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:10]}"
                 self._seen[key] = _Seen(name, namespace, 1, stamp, now_mono)
                 count = 1
+        if count == 1:
+            body = self._body(obj, type_, reason, message, name, namespace, stamp)
+            job: Callable[[], object] = partial(self._client.create, pykube.Event, body)
+        else:
+            job = partial(
+                self._client.patch,
+                pykube.Event,
+                name,
+                {"count": count, "lastTimestamp": stamp},
+                namespace,
+            )
         try:
-            if count == 1:
-                self._client.create(
-                    pykube.Event, self._body(obj, type_, reason, message, name, namespace, stamp)
-                )
-            else:
-                self._client.patch(
-                    pykube.Event, name, {"count": count, "lastTimestamp": stamp}, namespace
-                )
+            self._queue.put_nowait((job, key, reason))
+        except queue.Full:
+            log.warning("event dropped: the event queue is full", event_reason=reason)
+            return
+        self._ensure_worker()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued event was sent (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queue.unfinished_tasks
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._send_loop, name="events", daemon=True)
+                self._worker.start()
+
+    def _send_loop(self) -> None:
+        while True:
+            job, key, reason = self._queue.get()
+            try:
+                self._send(job, key, reason)
+            finally:
+                self._queue.task_done()
+
+    def _send(self, job: Callable[[], object], key: tuple[str, str, str, str], reason: str) -> None:
+        try:
+            job()
         except errors.NotLeaderError:
             pass
         except (errors.ApiError, OSError) as exc:

@@ -4,6 +4,7 @@ own, so a test's figures are exact whatever else runs on the cluster."""
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 import pykube
@@ -57,13 +58,28 @@ class Fleet:
         return name
 
     def cleanup(self) -> None:
+        """Delete the classes (dropping the protection finalizer, since the test's claims
+        may outlive it in a terminating namespace) and the nodes."""
         for cls in self.classes:
-            cls.reload()
-            cls.obj["metadata"]["finalizers"] = []
-            replace(cls)
             cls.delete()
+            wait_for(f"class {cls.name} gone", partial(_drop_finalizers, cls))
         for node in self.nodes:
             node.delete()
+
+
+def _drop_finalizers(cls: GPUClass) -> bool:
+    """One attempt; True once the class is gone (a 409 from a concurrent write retries)."""
+    try:
+        cls.reload()
+    except pykube.exceptions.ObjectDoesNotExist:
+        return True
+    except pykube.exceptions.HTTPError as exc:
+        if exc.code == 404:
+            return True
+        raise
+    cls.obj["metadata"]["finalizers"] = []
+    replace(cls)
+    return False
 
 
 def _ready(api: pykube.HTTPClient, name: str) -> bool:

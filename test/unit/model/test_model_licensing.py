@@ -1,0 +1,308 @@
+"""License copies (DESIGN.md §5 "Licenses"): which classes are licensed, what a copy holds
+(the source's token as it is plus a ``gridd.conf`` with the featureType), which namespaces
+need one, and when a copy must be rewritten or re-made."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+import pytest
+
+from gpuoperator import names
+from gpuoperator.model import licensing
+
+Obj = dict[str, Any]
+
+TOKEN = base64.b64encode(b"eyJhbGciOi...token").decode()
+OTHER = base64.b64encode(b"second-key").decode()
+SOURCE_CONF = base64.b64encode(b"FeatureType=2\nServerAddress=evil\n").decode()
+
+
+def gpu_class(name: str = "l40s", mode: str = "vgpu", **license_: Any) -> Obj:
+    spec: Obj = {"mode": mode}
+    if license_:
+        spec["license"] = license_
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def source(data: Obj | None = None, *, type_: str = "Opaque", rv: str = "41") -> Obj:
+    return {
+        "metadata": {"name": "nls-token", "namespace": "gpu-operator", "resourceVersion": rv},
+        "type": type_,
+        "data": {"client_configuration_token.tok": TOKEN} if data is None else data,
+    }
+
+
+def claim(namespace: str, class_name: str = "l40s", *, deleting: bool = False) -> Obj:
+    meta: Obj = {"name": f"c-{namespace}", "namespace": namespace}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"className": class_name, "count": 1}}
+
+
+def decoded_conf(secret: Obj) -> str:
+    return base64.b64decode(secret["data"][licensing.GRIDD_CONF_KEY]).decode()
+
+
+# ---- reading the class --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        pytest.param(gpu_class(secretName="s"), 1, id="unset-is-vgpu"),
+        pytest.param(gpu_class(secretName="s", featureType=1), 1, id="one"),
+        pytest.param(gpu_class(secretName="s", featureType=4), 4, id="four"),
+        pytest.param(gpu_class(secretName="s", featureType=2), 1, id="not-admitted-is-default"),
+        pytest.param(gpu_class(secretName="s", featureType="4"), 1, id="string-is-not-a-number"),
+        pytest.param(gpu_class(secretName="s", featureType=True), 1, id="boolean-is-not-a-number"),
+        pytest.param(gpu_class(), 1, id="no-license"),
+        pytest.param({"spec": None}, 1, id="null-spec"),
+        pytest.param({"spec": {"license": None}}, 1, id="null-license"),
+    ],
+)
+def test_feature_type(cls: Obj, expected: int) -> None:
+    assert licensing.feature_type(cls) == expected
+
+
+@pytest.mark.parametrize(
+    ("cls", "secret", "licensed"),
+    [
+        pytest.param(gpu_class(secretName="nls"), "nls", True, id="vgpu-with-license"),
+        pytest.param(gpu_class(), "", False, id="vgpu-without-license"),
+        pytest.param(gpu_class(secretName=""), "", False, id="empty-secret-name"),
+        pytest.param(gpu_class(featureType=4), "", False, id="no-secret-name"),
+        pytest.param(
+            gpu_class(mode="passthrough", secretName="nls"), "nls", False, id="passthrough-never"
+        ),
+        pytest.param({"metadata": {"name": "x"}}, "", False, id="no-spec"),
+    ],
+)
+def test_a_class_is_licensed_when_vgpu_with_a_secret(cls: Obj, secret: str, licensed: bool) -> None:
+    assert licensing.secret_name(cls) == secret
+    assert licensing.licensed(cls) is licensed
+
+
+# ---- gridd.conf -----------------------------------------------------------------------------
+@pytest.mark.parametrize("feature_type", [1, 4])
+def test_gridd_conf_sets_only_the_feature_type(feature_type: int) -> None:
+    text = licensing.gridd_conf(feature_type)
+    assert text.endswith("\n")
+    settings = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert settings == [f"FeatureType={feature_type}"]
+
+
+# ---- the copy -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cls", "src", "data_keys", "feature_type"),
+    [
+        pytest.param(
+            gpu_class(secretName="nls-token"),
+            source(),
+            {"client_configuration_token.tok": TOKEN},
+            1,
+            id="token-and-default-feature-type",
+        ),
+        pytest.param(
+            gpu_class(secretName="nls-token", featureType=4),
+            source(),
+            {"client_configuration_token.tok": TOKEN},
+            4,
+            id="compute-server",
+        ),
+        pytest.param(
+            gpu_class(secretName="nls-token"),
+            source({"a.tok": TOKEN, "b": OTHER}),
+            {"a.tok": TOKEN, "b": OTHER},
+            1,
+            id="every-key-copied",
+        ),
+        pytest.param(
+            gpu_class(secretName="nls-token"),
+            source({"token": TOKEN, "gridd.conf": SOURCE_CONF}),
+            {"token": TOKEN},
+            1,
+            id="source-gridd-conf-replaced",
+        ),
+        pytest.param(
+            gpu_class(secretName="nls-token"),
+            source({}),
+            {},
+            1,
+            id="empty-source",
+        ),
+        pytest.param(
+            gpu_class(secretName="nls-token"),
+            source(type_="kubernetes.io/tls"),
+            {"client_configuration_token.tok": TOKEN},
+            1,
+            id="copy-is-opaque-whatever-the-source",
+        ),
+    ],
+)
+def test_desired_copy(cls: Obj, src: Obj, data_keys: Obj, feature_type: int) -> None:
+    out = licensing.desired_copy(cls, src, "tenant-a")
+    meta = out["metadata"]
+    assert (out["apiVersion"], out["kind"], out["type"]) == ("v1", "Secret", "Opaque")
+    assert (meta["name"], meta["namespace"]) == ("gpu-license-l40s", "tenant-a")
+    assert meta["labels"] == {names.LICENSE_OF_LABEL: "l40s"}
+    assert meta["annotations"] == {
+        licensing.SOURCE_ANNOTATION: "gpu-operator/nls-token",
+        licensing.SOURCE_VERSION_ANNOTATION: "41",
+        licensing.FEATURE_TYPE_ANNOTATION: str(feature_type),
+    }
+    assert {k: v for k, v in out["data"].items() if k != "gridd.conf"} == data_keys
+    assert decoded_conf(out) == licensing.gridd_conf(feature_type)
+    assert licensing.is_copy(out, "l40s")
+
+
+def test_desired_copy_is_idempotent_and_does_not_alias_the_source() -> None:
+    cls, src = gpu_class(secretName="nls-token"), source()
+    before = copy.deepcopy(src)
+    first = licensing.desired_copy(cls, src, "t")
+    assert first == licensing.desired_copy(cls, src, "t")
+    first["data"]["client_configuration_token.tok"] = "changed"
+    assert src == before
+
+
+# ---- who needs a copy -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("claims", "expected"),
+    [
+        pytest.param([], set(), id="no-claims"),
+        pytest.param([claim("a")], {"a"}, id="one"),
+        pytest.param([claim("a"), claim("a"), claim("b")], {"a", "b"}, id="one-per-namespace"),
+        pytest.param([claim("a", deleting=True)], set(), id="being-deleted"),
+        pytest.param([claim("a", deleting=True), claim("a")], {"a"}, id="another-claim-keeps-it"),
+        pytest.param([claim("a", "other")], set(), id="other-class"),
+        pytest.param([{"metadata": {"namespace": "a"}}], set(), id="no-spec"),
+        pytest.param([{"metadata": {}, "spec": {"className": "l40s"}}], set(), id="no-namespace"),
+    ],
+)
+def test_namespaces_needing(claims: list[Obj], expected: set[str]) -> None:
+    assert licensing.namespaces_needing(gpu_class(secretName="s"), claims) == expected
+
+
+# ---- which Secrets are copies ---------------------------------------------------------------
+def secret(name: str, labels: Obj | None) -> Obj:
+    meta: Obj = {"name": name, "namespace": "t"}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"metadata": meta}
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        pytest.param(secret("gpu-license-l40s", {names.LICENSE_OF_LABEL: "l40s"}), True, id="copy"),
+        pytest.param(secret("gpu-license-l40s", None), False, id="unlabelled-same-name"),
+        pytest.param(secret("gpu-license-l40s", {}), False, id="empty-labels"),
+        pytest.param(
+            secret("gpu-license-l40s", {names.LICENSE_OF_LABEL: "a10"}), False, id="other-class"
+        ),
+        pytest.param(
+            secret("my-secret", {names.LICENSE_OF_LABEL: "l40s"}), False, id="label-other-name"
+        ),
+    ],
+)
+def test_only_a_labelled_secret_of_the_copy_name_is_a_copy(obj: Obj, expected: bool) -> None:
+    assert licensing.is_copy(obj, "l40s") is expected
+
+
+# ---- rewriting ------------------------------------------------------------------------------
+DESIRED = licensing.desired_copy(gpu_class(secretName="nls-token"), source(), "t")
+
+
+def existing(**changes: Any) -> Obj:
+    """A stored copy as the API server returns it, with top-level or metadata changes."""
+    out = copy.deepcopy(DESIRED)
+    out["metadata"].update(uid="u1", resourceVersion="7")
+    for key, value in changes.items():
+        if key in ("labels", "annotations"):
+            out["metadata"][key] = value
+        elif value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+ANN = DESIRED["metadata"]["annotations"]
+LABELS = DESIRED["metadata"]["labels"]
+
+
+@pytest.mark.parametrize(
+    ("current", "outdated"),
+    [
+        pytest.param(existing(), False, id="same"),
+        pytest.param(existing(type=None), False, id="type-omitted-means-opaque"),
+        pytest.param(existing(labels={**LABELS, "team": "x"}), False, id="foreign-label-kept"),
+        pytest.param(
+            existing(annotations={**ANN, "note": "x"}), False, id="foreign-annotation-kept"
+        ),
+        pytest.param(
+            existing(data={**DESIRED["data"], "client_configuration_token.tok": OTHER}),
+            True,
+            id="token-changed",
+        ),
+        pytest.param(
+            existing(data={**DESIRED["data"], "stale": OTHER}), True, id="extra-key-removed"
+        ),
+        pytest.param(
+            existing(
+                data={
+                    **DESIRED["data"],
+                    "gridd.conf": base64.b64encode(b"FeatureType=4\n").decode(),
+                }
+            ),
+            True,
+            id="gridd-conf-changed",
+        ),
+        pytest.param(
+            existing(annotations={**ANN, licensing.SOURCE_VERSION_ANNOTATION: "40"}),
+            True,
+            id="source-version-changed",
+        ),
+        pytest.param(
+            existing(annotations={**ANN, licensing.FEATURE_TYPE_ANNOTATION: "4"}),
+            True,
+            id="feature-type-changed",
+        ),
+        pytest.param(existing(annotations={}), True, id="annotations-lost"),
+        pytest.param(existing(type="kubernetes.io/tls"), True, id="type-differs"),
+    ],
+)
+def test_copy_outdated(current: Obj, outdated: bool) -> None:
+    assert licensing.copy_outdated(current, DESIRED) is outdated
+
+
+@pytest.mark.parametrize(
+    ("current", "replaceable"),
+    [
+        pytest.param(existing(), True, id="opaque"),
+        pytest.param(existing(type=None), True, id="type-omitted"),
+        pytest.param(existing(immutable=False), True, id="explicitly-mutable"),
+        pytest.param(existing(immutable=True), False, id="immutable"),
+        pytest.param(existing(type="kubernetes.io/tls"), False, id="type-is-immutable"),
+    ],
+)
+def test_replaceable(current: Obj, replaceable: bool) -> None:
+    assert licensing.replaceable(current, DESIRED) is replaceable
+
+
+def test_updated_copy_carries_the_desired_content_and_keeps_the_rest() -> None:
+    current = existing(
+        data={"old": OTHER},
+        labels={**LABELS, "team": "x"},
+        annotations={**ANN, licensing.SOURCE_VERSION_ANNOTATION: "40", "note": "y"},
+        stringData={"leak": "x"},
+    )
+    out = licensing.updated_copy(current, DESIRED)
+    meta = out["metadata"]
+    assert (meta["resourceVersion"], meta["uid"]) == ("7", "u1")  # the write's precondition
+    assert out["data"] == DESIRED["data"]
+    assert "stringData" not in out
+    assert meta["labels"] == {**LABELS, "team": "x"}
+    assert meta["annotations"] == {**ANN, "note": "y"}
+    assert not licensing.copy_outdated(out, DESIRED)
+    assert current["data"] == {"old": OTHER}  # the cached object is not modified

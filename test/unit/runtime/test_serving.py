@@ -1,0 +1,55 @@
+"""TLS serving certificates are re-read when their files change (cert-manager rotates them
+in place): new connections get the new certificate, without a restart."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+
+from gpuoperator.runtime import serving
+from harness.waiting import wait_for
+from localcluster import pki
+from localcluster.cluster import free_ports
+
+
+def served_serial(port: int) -> int:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_a_rotated_certificate_is_served_to_new_connections(tmp_path: Path) -> None:
+    ca, ca_key = pki.new_ca("test-ca")
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first, first_key = pki.issue(ca, ca_key, "one", server=True, ips=("127.0.0.1",))
+    pki.write_pair(first, first_key, crt, key)
+    (port,) = free_ports(1)
+    server = serving.Server(
+        "test",
+        f"127.0.0.1:{port}",
+        serving.app({"/": lambda _e: serving.text(200, "ok")}),
+        tls=(crt, key),
+    )
+    server.start()
+    try:
+        assert served_serial(port) == first.serial_number
+        second, second_key = pki.issue(ca, ca_key, "two", server=True, ips=("127.0.0.1",))
+        pki.write_pair(second, second_key, crt, key)
+        wait_for(
+            "the rotated certificate",
+            lambda: served_serial(port),
+            until=lambda s: s == second.serial_number,
+            timeout=10,
+        )
+    finally:
+        server.stop()
