@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
+import pluggy
 import pykube
 import pytest
 
@@ -98,3 +99,22 @@ def kubevirt(api: pykube.HTTPClient) -> Iterator[object]:
         yield simulator
     finally:
         simulator.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, pluggy.Result[None], None]:
+    """Right after every e2e test body (before its fixtures clean up): for every node and
+    GPU resource, bound claims plus other GPU pods fit the allocatable units. A test that
+    overcommits on purpose (pods that bypass the holds) says so with
+    ``@pytest.mark.overcommits``."""
+    outcome = yield
+    if outcome.excinfo is not None or item.get_closest_marker("overcommits"):
+        return
+    api = getattr(item, "funcargs", {}).get("api")
+    if api is None:
+        return
+    from harness.ledger import overallocations
+
+    problems = overallocations(api)
+    if problems:
+        outcome.force_exception(AssertionError(f"over-allocated: {problems}"))

@@ -235,6 +235,7 @@ def test_classes_sharing_a_resource_see_the_same_capacity(
     wait_figures(api, second, (4, 4, 1))
 
 
+@pytest.mark.overcommits
 def test_bound_claims_hold_units_and_pods_overrunning_them_mark_the_node_overcommitted(
     api: pykube.HTTPClient, fleet: Fleet, namespace: str
 ) -> None:
