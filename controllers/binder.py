@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import contextvars
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import structlog
 
 from gpuoperator import names
-from gpuoperator.caches import BY_CLASS, BY_NAMESPACE, Caches
+from gpuoperator.caches import BY_CLASS, BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import binding, conditions, ordering, tenants
 from gpuoperator.model import classes as gpuclasses
@@ -36,6 +35,7 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
@@ -169,10 +169,11 @@ class Binder:
             count=claim["spec"]["count"],
         )
         self.recorder.event(
-            _with_kind(written),
+            written,
             "Normal",
             "Bound",
             f"bound to node {node} ({claim['spec']['count']} unit(s))",
+            kind=names.GPU_CLAIM,
         )
 
     def _wait(self, claim: Obj, reason: str, message: str) -> None:
@@ -203,7 +204,11 @@ class Binder:
         if not current or current.get("reason") != reason:
             log.info("claim waits", reason=reason, claim=_key_text(claim), detail=message)
             self.recorder.event(
-                _with_kind(claim), "Normal" if reason in ("Queued",) else "Warning", reason, message
+                claim,
+                "Normal" if reason in ("Queued",) else "Warning",
+                reason,
+                message,
+                kind=names.GPU_CLAIM,
             )
 
     def _lose(self, claim: Obj) -> None:
@@ -226,10 +231,11 @@ class Binder:
         self.inventory.apply_claim(written)
         log.warning("claim lost its node", reason="NodeLost", claim=_key_text(claim), node=node)
         self.recorder.event(
-            _with_kind(claim),
+            claim,
             "Warning",
             "NodeLost",
             f"node {node} is gone; the claim will be bound again",
+            kind=names.GPU_CLAIM,
         )
 
 
@@ -249,36 +255,21 @@ def _key_text(claim: Obj) -> str:
     return f"{claim['metadata'].get('namespace')}/{claim['metadata'].get('name')}"
 
 
-def _with_kind(obj: Obj) -> Obj:
-    return {"apiVersion": names.API_VERSION, "kind": names.GPU_CLAIM, **obj}
-
-
 def register(
-    manager: Any, caches: Caches, inventory: Inventory, recorder: Recorder, settings: Settings
+    manager: Manager, caches: Caches, inventory: Inventory, recorder: Recorder, settings: Settings
 ) -> Controller[Key]:
     binder = Binder(caches, inventory, manager.writer, recorder, settings, clock=manager.clock)
-    controller: Controller[Key] = Controller(
-        NAME,
-        binder,
-        workers=1,
-        clock=manager.clock,
-        registry=manager.registry,
-        seed=lambda: [("", k[1]) for k in caches.classes.store],
-    )
+    controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
     inventory.on_change(lambda _nodes, classes: controller.enqueue_many(("", c) for c in classes))
 
-    def by_claim(claim: Obj) -> list[Key]:
-        class_name = (claim.get("spec") or {}).get("className")
-        return [("", class_name)] if class_name else []
-
     def every_class(_obj: Obj) -> list[Key]:
-        return [("", k[1]) for k in caches.classes.store]
+        return caches.class_keys()
 
     manager.add_controller(
         controller,
         [
-            (caches.claims, by_claim),
-            (caches.classes, lambda obj: [("", obj["metadata"]["name"])]),
+            (caches.claims, class_of_claim),
+            (caches.classes, own_key),
             (caches.quotas, every_class),
             (caches.namespaces, every_class),
         ],

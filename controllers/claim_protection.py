@@ -9,16 +9,15 @@ holds — stay, and an Event says why.
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 
 from gpuoperator import names
-from gpuoperator.caches import BY_NAMESPACE, Caches
+from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger(__name__)
@@ -64,12 +63,7 @@ class ClaimProtection:
         if live_attachment(claim, vmi):
             message = f"deletion waits for VM {vmi_name}, which is attached and still exists"
             log.info("claim deletion held", reason="AttachedToLiveVM", vmi=vmi_name)
-            self.recorder.event(
-                {"apiVersion": names.API_VERSION, "kind": names.GPU_CLAIM, **claim},
-                "Normal",
-                "DeletionHeld",
-                message,
-            )
+            self.recorder.event(claim, "Normal", "DeletionHeld", message, kind=names.GPU_CLAIM)
             return None  # the VMI's deletion enqueues this claim again
         self.writer.replace(
             GPUClaim,
@@ -82,13 +76,13 @@ class ClaimProtection:
         return None
 
 
-def register(manager: Any, caches: Caches, recorder: Recorder, workers: int = 2) -> Controller[Key]:
-    controller: Controller[Key] = Controller(
+def register(
+    manager: Manager, caches: Caches, recorder: Recorder, workers: int = 2
+) -> Controller[Key]:
+    controller = manager.controller(
         NAME,
         ClaimProtection(caches, manager.writer, recorder),
         workers=workers,
-        clock=manager.clock,
-        registry=manager.registry,
         seed=lambda: list(caches.claims.store),
     )
 
@@ -100,11 +94,5 @@ def register(manager: Any, caches: Caches, recorder: Recorder, workers: int = 2)
             if ((c.get("status") or {}).get("attachment") or {}).get("vmi") == name
         ]
 
-    manager.add_controller(
-        controller,
-        [
-            (caches.claims, lambda c: [(c["metadata"]["namespace"], c["metadata"]["name"])]),
-            (caches.vmis, attached_claims),
-        ],
-    )
+    manager.add_controller(controller, [(caches.claims, own_key), (caches.vmis, attached_claims)])
     return controller

@@ -9,14 +9,12 @@ the result of the classes that changed. The finalizer
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
-from gpuoperator.caches import Caches
+from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import conditions
 from gpuoperator.runtime.client import Client, Obj
@@ -24,6 +22,8 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.kinds import GPUClass
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger(__name__)
@@ -32,18 +32,15 @@ NAME = "class-status"
 AVAILABLE = "Available"
 FINALIZER = names.CLASS_PROTECTION_FINALIZER
 
-_gauges: dict[int, Gauge] = {}
 
-
+@per_registry
 def _gauge(registry: CollectorRegistry) -> Gauge:
-    if id(registry) not in _gauges:
-        _gauges[id(registry)] = Gauge(
-            "gpuoperator_class_gpu_units",
-            "GPU units per class on its eligible nodes: allocatable, allocated and free",
-            ["gpuclass", "kind"],
-            registry=registry,
-        )
-    return _gauges[id(registry)]
+    return Gauge(
+        "gpuoperator_class_gpu_units",
+        "GPU units per class on its eligible nodes: allocatable, allocated and free",
+        ["gpuclass", "kind"],
+        registry=registry,
+    )
 
 
 class ClassStatus:
@@ -141,7 +138,7 @@ class ClassStatus:
             log.info(
                 "class deletion held", reason="ClaimsRemain", gpuclass=name, claims=len(claims)
             )
-            self.recorder.event(_with_kind(cls), "Normal", "DeletionHeld", message)
+            self.recorder.event(cls, "Normal", "DeletionHeld", message, kind=names.GPU_CLASS)
             return None  # a claim's deletion enqueues the class again
         meta = cls["metadata"]
         self.writer.replace(
@@ -160,35 +157,13 @@ def _resource(cls: Obj) -> str:
     )
 
 
-def _with_kind(obj: Obj) -> Obj:
-    return {"apiVersion": names.API_VERSION, "kind": names.GPU_CLASS, **obj}
-
-
 def register(
-    manager: Any, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
+    manager: Manager, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
 ) -> Controller[Key]:
     reconciler = ClassStatus(
         caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
     )
-    controller: Controller[Key] = Controller(
-        NAME,
-        reconciler,
-        workers=workers,
-        clock=manager.clock,
-        registry=manager.registry,
-        seed=lambda: [("", k[1]) for k in caches.classes.store],
-    )
+    controller = manager.controller(NAME, reconciler, workers=workers, seed=caches.class_keys)
     inventory.on_change(lambda _nodes, classes: controller.enqueue_many(("", c) for c in classes))
-
-    def by_claim(claim: Obj) -> list[Key]:
-        class_name = (claim.get("spec") or {}).get("className")
-        return [("", class_name)] if class_name else []
-
-    manager.add_controller(
-        controller,
-        [
-            (caches.classes, lambda obj: [("", obj["metadata"]["name"])]),
-            (caches.claims, by_claim),
-        ],
-    )
+    manager.add_controller(controller, [(caches.classes, own_key), (caches.claims, class_of_claim)])
     return controller

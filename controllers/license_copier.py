@@ -39,7 +39,7 @@ import structlog
 
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
-from gpuoperator.caches import Caches
+from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.model import classes, licensing
 from gpuoperator.runtime import errors, informing
 from gpuoperator.runtime.client import Client, Obj
@@ -208,11 +208,12 @@ class LicenseCopier:
             feature_type=feature,
         )
         self.recorder.event(
-            _with_kind(cls),
+            cls,
             "Normal",
             COPIED,
             f"license copy {meta['namespace']}/{meta['name']} {verb} from Secret {source} "
             f"(FeatureType={feature})",
+            kind=names.GPU_CLASS,
         )
 
     def _delete(self, cls: Obj | None, copy: Obj, why: str) -> None:
@@ -231,10 +232,11 @@ class LicenseCopier:
         )
         if cls is not None and why != "NotReplaceable":
             self.recorder.event(
-                _with_kind(cls),
+                cls,
                 "Normal",
                 REMOVED,
                 f"license copy {namespace}/{name} deleted: {_WHY[why]}",
+                kind=names.GPU_CLASS,
             )
 
     def _conflict(self, cls: Obj, namespace: str, name: str) -> None:
@@ -248,12 +250,13 @@ class LicenseCopier:
             secret=name,
         )
         self.recorder.event(
-            _with_kind(cls),
+            cls,
             "Warning",
             CONFLICT,
             f"Secret {namespace}/{name} exists without the label {label}: gpuoperator did not "
             f"make it and leaves it alone, so namespace {namespace} gets no license copy; "
             f"remove or rename it, or label it {label} to let gpuoperator manage it",
+            kind=names.GPU_CLASS,
         )
 
     def _failed(self, cls: Obj, namespace: str, exc: errors.ApiError) -> None:
@@ -267,10 +270,11 @@ class LicenseCopier:
             error=exc.message,
         )
         self.recorder.event(
-            _with_kind(cls),
+            cls,
             "Warning",
             FAILED,
             f"license copy {namespace}/{name} not written: {exc.code} {exc.reason}: {exc.message}",
+            kind=names.GPU_CLASS,
         )
 
     def _source_missing(self, cls: Obj, needing: set[str]) -> None:
@@ -283,11 +287,12 @@ class LicenseCopier:
             namespaces=len(needing),
         )
         self.recorder.event(
-            _with_kind(cls),
+            cls,
             "Warning",
             SOURCE_MISSING,
             f"license Secret {where} (spec.license.secretName) not found: "
             f"{len(needing)} namespace(s) with claims of this class get no license copy",
+            kind=names.GPU_CLASS,
         )
 
 
@@ -297,19 +302,6 @@ _WHY = {
     "SourceGone": "the license source Secret is gone",
     "NoClaims": "no claim of the class is left in the namespace",
 }
-
-
-def _with_kind(obj: Obj) -> Obj:
-    return {"apiVersion": names.API_VERSION, "kind": names.GPU_CLASS, **obj}
-
-
-def _class_key(obj: Obj) -> list[Key]:
-    return [("", obj["metadata"]["name"])]
-
-
-def _claim_class(claim: Obj) -> list[Key]:
-    class_name = (claim.get("spec") or {}).get("className")
-    return [("", class_name)] if class_name else []
 
 
 def _copy_class(secret: Obj) -> list[Key]:
@@ -349,15 +341,12 @@ def register(
         license_namespace=license_namespace,
         make_copies=settings.gpu_for_vms,
     )
-    controller: Controller[Key] = Controller(
+    controller = manager.controller(
         NAME,
         reconciler,
         workers=workers,
-        clock=manager.clock,
-        registry=manager.registry,
         seed=lambda: sorted(
-            {("", k[1]) for k in caches.classes.store}
-            | {("", c) for c in copies.store.index_values(BY_CLASS)}
+            set(caches.class_keys()) | {("", c) for c in copies.store.index_values(BY_CLASS)}
         ),
     )
 
@@ -372,8 +361,8 @@ def register(
     manager.add_controller(
         controller,
         [
-            (caches.classes, _class_key),
-            (caches.claims, _claim_class),
+            (caches.classes, own_key),
+            (caches.claims, class_of_claim),
             (copies, _copy_class),
             (sources, by_source),
         ],

@@ -11,13 +11,11 @@ episode).
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from gpuoperator import names
-from gpuoperator.caches import Caches
+from gpuoperator.caches import Caches, own_key
 from gpuoperator.inventory import Inventory, NodeView
 from gpuoperator.model import conditions, scheduling
 from gpuoperator.runtime import errors
@@ -26,6 +24,8 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.kinds import GPUNode
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger(__name__)
@@ -34,19 +34,16 @@ NAME = "node-inventory"
 SCHEDULABLE = "Schedulable"
 OVERCOMMITTED = "Overcommitted"
 
-_gauges: dict[int, Gauge] = {}
 
-
+@per_registry
 def _gauge(registry: CollectorRegistry) -> Gauge:
-    if id(registry) not in _gauges:
-        _gauges[id(registry)] = Gauge(
-            "gpuoperator_node_gpu_units",
-            "GPU units per node and resource: allocatable (kubelet), allocated (held by "
-            "claims plus used by other pods) and free",
-            ["node", "resource", "kind"],
-            registry=registry,
-        )
-    return _gauges[id(registry)]
+    return Gauge(
+        "gpuoperator_node_gpu_units",
+        "GPU units per node and resource: allocatable (kubelet), allocated (held by "
+        "claims plus used by other pods) and free",
+        ["node", "resource", "kind"],
+        registry=registry,
+    )
 
 
 class NodeInventory:
@@ -92,7 +89,7 @@ class NodeInventory:
             if now_over and not was_over:
                 message = conditions.find(status["conditions"], OVERCOMMITTED)["message"]  # type: ignore[index]
                 log.warning("node overcommitted", reason=OVERCOMMITTED, node=name, detail=message)
-                self.recorder.event(_with_kind(current), "Warning", OVERCOMMITTED, message)
+                self.recorder.event(current, "Warning", OVERCOMMITTED, message, kind=names.GPU_NODE)
         return None
 
     # ---- pieces ---------------------------------------------------------------------
@@ -182,31 +179,19 @@ class NodeInventory:
                 self.gauge.remove(name, resource, kind)
 
 
-def _with_kind(obj: Obj) -> Obj:
-    return {"apiVersion": names.API_VERSION, "kind": names.GPU_NODE, **obj}
-
-
-def _node_key(obj: Obj) -> list[Key]:
-    return [("", obj["metadata"]["name"])]
-
-
 def register(
-    manager: Any, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
+    manager: Manager, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
 ) -> Controller[Key]:
     """Wire the controller: node and GPUNode events, and inventory changes, enqueue nodes."""
     reconciler = NodeInventory(
         caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
     )
-    controller: Controller[Key] = Controller(
+    controller = manager.controller(
         NAME,
         reconciler,
         workers=workers,
-        clock=manager.clock,
-        registry=manager.registry,
-        seed=lambda: (
-            [("", n) for n in inventory.node_names()] + [("", k[1]) for k in caches.gpunodes.store]
-        ),
+        seed=lambda: [("", n) for n in inventory.node_names()] + list(caches.gpunodes.store),
     )
     inventory.on_change(lambda nodes, _classes: controller.enqueue_many(("", n) for n in nodes))
-    manager.add_controller(controller, [(caches.nodes, _node_key), (caches.gpunodes, _node_key)])
+    manager.add_controller(controller, [(caches.nodes, own_key), (caches.gpunodes, own_key)])
     return controller

@@ -8,17 +8,16 @@ Bound (Pending, Lost) has no record; a claim being deleted keeps its record unti
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 
 from gpuoperator import names
-from gpuoperator.caches import Caches
+from gpuoperator.caches import Caches, own_key
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.kinds import Workload
+from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)
 
@@ -103,13 +102,11 @@ def _owned_by(record: Obj, claim: Obj | None) -> bool:
     return any(o.get("kind") == names.GPU_CLAIM and o.get("uid") == uid for o in owners)
 
 
-def register(manager: Any, caches: Caches, workers: int = 2) -> Controller[Key]:
-    controller: Controller[Key] = Controller(
+def register(manager: Manager, caches: Caches, workers: int = 2) -> Controller[Key]:
+    controller = manager.controller(
         NAME,
         UsageRecords(caches, manager.writer),
         workers=workers,
-        clock=manager.clock,
-        registry=manager.registry,
         seed=lambda: list(caches.claims.store),
     )
 
@@ -120,11 +117,5 @@ def register(manager: Any, caches: Caches, workers: int = 2) -> Controller[Key]:
             return []
         return [(meta.get("namespace", ""), name.removeprefix(names.WORKLOAD_PREFIX))]
 
-    manager.add_controller(
-        controller,
-        [
-            (caches.claims, lambda c: [(c["metadata"]["namespace"], c["metadata"]["name"])]),
-            (caches.workloads, from_record),
-        ],
-    )
+    manager.add_controller(controller, [(caches.claims, own_key), (caches.workloads, from_record)])
     return controller

@@ -6,6 +6,7 @@ Controllers and webhooks read these, never the API server, on their hot paths.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pykube
 
@@ -28,6 +29,17 @@ BY_NODE = "node"
 BY_CLASS = "class"
 
 
+def own_key(obj: dict[str, Any]) -> list[informing.Key]:
+    """An object's own key: for controllers keyed by the objects they watch."""
+    return [informing.key_of(obj)]
+
+
+def class_of_claim(claim: dict[str, Any]) -> list[informing.Key]:
+    """The key of the class a claim names (for controllers keyed by class)."""
+    class_name = (claim.get("spec") or {}).get("className")
+    return [("", class_name)] if class_name else []
+
+
 @dataclass(frozen=True)
 class Caches:
     nodes: Informer
@@ -42,6 +54,10 @@ class Caches:
     workloads: Informer
     #: VMIs (claim protection, placement); optional like the KubeVirt CR.
     vmis: Informer
+
+    def class_keys(self) -> list[informing.Key]:
+        """Every class's key (to seed or wake controllers keyed by class)."""
+        return [("", name) for _, name in self.classes.store]
 
 
 def register(manager: Manager) -> Caches:

@@ -25,6 +25,7 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from gpuoperator.runtime import serving
+from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
 
@@ -119,19 +120,15 @@ def review_response(uid: str, admission: Admission) -> Obj:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-_latency: dict[int, Histogram] = {}
-
-
+@per_registry
 def _histogram(registry: CollectorRegistry) -> Histogram:
-    if id(registry) not in _latency:
-        _latency[id(registry)] = Histogram(
-            "gpuoperator_webhook_duration_seconds",
-            "Admission decisions by webhook and result",
-            ["webhook", "allowed"],
-            registry=registry,
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-        )
-    return _latency[id(registry)]
+    return Histogram(
+        "gpuoperator_webhook_duration_seconds",
+        "Admission decisions by webhook and result",
+        ["webhook", "allowed"],
+        registry=registry,
+        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    )
 
 
 def app(

@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.ratelimiting import BucketRateLimiter
 
 Obj = dict[str, Any]
@@ -105,8 +106,8 @@ def _move_inline_keys(doc: Obj) -> None:
 
 
 class _Metrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+    def __init__(self, registry: CollectorRegistry) -> None:
+        kw: dict[str, Any] = {"registry": registry}
         self.requests = Counter(
             "gpuoperator_rest_client_requests_total",
             "API requests by method and HTTP code",
@@ -126,16 +127,7 @@ class _Metrics:
         )
 
 
-_metrics_by_registry: dict[int, _Metrics] = {}
-_metrics_lock = threading.Lock()
-
-
-def _metrics(registry: CollectorRegistry | None) -> _Metrics:
-    with _metrics_lock:
-        key = id(registry)
-        if key not in _metrics_by_registry:
-            _metrics_by_registry[key] = _Metrics(registry)
-        return _metrics_by_registry[key]
+_metrics = per_registry(_Metrics)
 
 
 class _RetryableError(Exception):

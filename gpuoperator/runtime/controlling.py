@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.queueing import WorkQueue
 from gpuoperator.runtime.ratelimiting import default_controller_rate_limiter
 
@@ -55,8 +56,8 @@ class Reconciler(Protocol[K_contra]):
 
 
 class _Metrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+    def __init__(self, registry: CollectorRegistry) -> None:
+        kw: dict[str, Any] = {"registry": registry}
         self.total = Counter(
             "gpuoperator_reconcile_total", "Reconciles by result", ["controller", "result"], **kw
         )
@@ -68,15 +69,7 @@ class _Metrics:
         )
 
 
-_metrics_lock = threading.Lock()
-_metrics_by_registry: dict[int, _Metrics] = {}
-
-
-def _metrics(registry: CollectorRegistry | None) -> _Metrics:
-    with _metrics_lock:
-        if id(registry) not in _metrics_by_registry:
-            _metrics_by_registry[id(registry)] = _Metrics(registry)
-        return _metrics_by_registry[id(registry)]
+_metrics = per_registry(_Metrics)
 
 
 class Controller(Generic[K]):

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import WATCH_TIMEOUT_SECONDS, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
 
@@ -195,8 +196,8 @@ class Backoff:
 
 
 class _Metrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+    def __init__(self, registry: CollectorRegistry) -> None:
+        kw: dict[str, Any] = {"registry": registry}
         self.events = Counter(
             "gpuoperator_informer_events_total",
             "Watch events applied to a cache",
@@ -217,15 +218,7 @@ class _Metrics:
         )
 
 
-_metrics_lock = threading.Lock()
-_metrics_by_registry: dict[int, _Metrics] = {}
-
-
-def _metrics(registry: CollectorRegistry | None) -> _Metrics:
-    with _metrics_lock:
-        if id(registry) not in _metrics_by_registry:
-            _metrics_by_registry[id(registry)] = _Metrics(registry)
-        return _metrics_by_registry[id(registry)]
+_metrics = per_registry(_Metrics)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from gpuoperator.runtime import serving
 from gpuoperator.runtime.authorizing import Authorizer
 from gpuoperator.runtime.client import Client, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
-from gpuoperator.runtime.controlling import Controller
+from gpuoperator.runtime.controlling import Controller, Reconciler
 from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, Key
 from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, LeaderElector
 
@@ -89,6 +89,20 @@ class Manager:
                 self.client, kind, options, name=name, clock=self.clock, registry=self.registry
             )
         return self._informers[name]
+
+    def controller(
+        self,
+        name: str,
+        reconciler: Reconciler[Key],
+        *,
+        workers: int = 2,
+        seed: Callable[[], Iterable[Key]] = tuple,
+    ) -> Controller[Key]:
+        """A controller on this manager's clock and registry (add it with
+        ``add_controller``)."""
+        return Controller(
+            name, reconciler, workers=workers, seed=seed, clock=self.clock, registry=self.registry
+        )
 
     def add_controller(
         self, controller: Controller[Key], watches: Iterable[tuple[Informer, Mapper]]

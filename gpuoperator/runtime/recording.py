@@ -23,6 +23,7 @@ from typing import Any, Literal
 import pykube
 import structlog
 
+from gpuoperator import names
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -63,7 +64,20 @@ class Recorder:
         )
         self._worker: threading.Thread | None = None
 
-    def event(self, obj: Obj, type_: EventType, reason: str, message: str) -> None:
+    def event(
+        self,
+        obj: Obj,
+        type_: EventType,
+        reason: str,
+        message: str,
+        *,
+        kind: str | None = None,
+        api_version: str = names.API_VERSION,
+    ) -> None:
+        """Record an event about ``obj``. Objects from caches carry no ``kind``: name it
+        (``api_version`` defaults to the operator's own group)."""
+        if kind is not None:
+            obj = {**obj, "kind": kind, "apiVersion": api_version}
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         key = (uid, type_, reason, message)

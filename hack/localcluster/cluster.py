@@ -185,6 +185,7 @@ class LocalCluster:
         proc.start(argv)
         if component == "kube-apiserver":
             took = wait_until("kube-apiserver /readyz after restart", self.healthy, 90, proc)
+            wait_servable(self.kubeconfig)  # CRD caches refill: lists get 429 meanwhile
         else:
             took = wait_until(f"{component} running", proc.running, 10, proc)
         log(f"  {component}: restarted in {took:.1f}s")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Generator, Iterator
+from functools import partial
 from pathlib import Path
 
 import pluggy
@@ -114,7 +115,14 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, pluggy.Result[None
     if api is None:
         return
     from harness.ledger import overallocations
+    from harness.waiting import wait_for
 
-    problems = overallocations(api)
+    # Lists may briefly get 429 while the API server refills a CRD's cache: retry them.
+    problems = wait_for(
+        "the over-allocation check's lists",
+        partial(overallocations, api),
+        until=lambda _p: True,
+        timeout=30,
+    )
     if problems:
         outcome.force_exception(AssertionError(f"over-allocated: {problems}"))
