@@ -199,10 +199,16 @@ def test_a_deleted_node_makes_its_claims_lost_then_bound_elsewhere(
         until=lambda s: s.get("phase") == "Bound" and s.get("nodeName") == spare,
         timeout=CONVERGE,
     )
-    events = pykube.Event.objects(api, namespace=namespace).filter(
-        field_selector={"involvedObject.name": "hold", "reason": "NodeLost"}
+    wait_for(
+        "a NodeLost event",
+        lambda: len(
+            pykube.Event.objects(api, namespace=namespace).filter(
+                field_selector={"involvedObject.name": "hold", "reason": "NodeLost"}
+            )
+        ),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
     )
-    assert len(list(events)) >= 1
 
 
 def test_a_usage_record_appears_on_bind_and_goes_with_the_claim(

@@ -18,7 +18,7 @@ import pytest
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode
 from harness.fleet import Fleet
-from harness.kube import Obj, replace
+from harness.kube import Obj, mutate
 from harness.operator import OperatorProcess
 from harness.waiting import wait_for
 
@@ -176,45 +176,39 @@ def test_a_node_leaves_the_class_when_unfit_and_returns_when_fit_again(
         else {"key": "node.kubernetes.io/disk-pressure", "effect": "NoSchedule"}
     )
     if change == "cordon":
-        node.obj["spec"]["unschedulable"] = True
-        replace(node)
+        mutate(node, lambda o: o["spec"].__setitem__("unschedulable", True))
     elif change == "not-ready":
-        _set_ready(node, "False")
+        _set_condition(node, "Ready", "False")
     elif change == "taint-disk-pressure":
         # As kubelet reports it: the node lifecycle controller turns the condition into
         # the taint (and would remove a hand-made taint while the condition is False).
         _set_condition(node, "DiskPressure", "True")
     else:
-        node.obj["spec"]["taints"] = [taint]
-        replace(node)
+        mutate(node, lambda o: o["spec"].__setitem__("taints", [taint]))
     wait_figures(api, cls, (4, 4, 1))
     gpunode = GPUNode.objects(api).get(name=name)
     if change == "cordon":
         assert _condition(gpunode.obj, "Schedulable")["reason"] == "Cordoned"
-    node.reload()
     if undo == "uncordon":
-        node.obj["spec"]["unschedulable"] = False
-        replace(node)
+        mutate(node, lambda o: o["spec"].__setitem__("unschedulable", False))
     elif undo == "ready":
-        _set_ready(node, "True")
+        _set_condition(node, "Ready", "True")
     else:
-        c = GPUClass.objects(api).get(name=cls)
-        c.obj["spec"]["tolerations"] = [{k: v for k, v in taint.items()}]
-        replace(c)
+        mutate(
+            GPUClass.objects(api).get(name=cls),
+            lambda o: o["spec"].__setitem__("tolerations", [dict(taint)]),
+        )
     wait_figures(api, cls, (12, 8, 2))
 
 
-def _set_ready(node: pykube.Node, status: str) -> None:
-    _set_condition(node, "Ready", status)
-
-
 def _set_condition(node: pykube.Node, type_: str, status: str) -> None:
-    node.reload()
-    for c in node.obj["status"]["conditions"]:
-        if c["type"] == type_:
-            c["status"] = status
-            c["reason"] = f"Test{type_}{status}"
-    replace(node, subresource="status")
+    def change(obj: Obj) -> None:
+        for c in obj["status"]["conditions"]:
+            if c["type"] == type_:
+                c["status"] = status
+                c["reason"] = f"Test{type_}{status}"
+
+    mutate(node, change, subresource="status")
 
 
 def _condition(obj: Obj, type_: str) -> Obj:
@@ -251,9 +245,13 @@ def test_bound_claims_hold_units_and_pods_overrunning_them_mark_the_node_overcom
             "spec": {"className": cls, "count": 3},
         },
     )
-    claim.create()
-    claim.obj["status"] = {"phase": "Bound", "nodeName": name}
-    replace(claim, subresource="status")
+    claim.create()  # the operator's binder binds it to the only node of the class
+    wait_for(
+        "the claim bound",
+        lambda: GPUClaim.objects(api, namespace=namespace).get(name="hold").obj.get("status") or {},
+        until=lambda s: s.get("phase") == "Bound" and s.get("nodeName") == name,
+        timeout=CONVERGE,
+    )
     wait_figures(api, cls, (1, 1, 1))
     pod = gpu_pod(api, namespace, "intruder", fleet.resource, 2)  # the scheduler sees 4 free
     wait_for(
@@ -269,12 +267,14 @@ def test_bound_claims_hold_units_and_pods_overrunning_them_mark_the_node_overcom
     assert f"{namespace}/intruder" in _condition(over, "Overcommitted")["message"]
     device = over["status"]["devices"][0]
     assert (device["allocated"], device["free"]) == (5, 0)
-    events = pykube.Event.objects(api, namespace="default").filter(
-        field_selector={"involvedObject.name": name, "reason": "Overcommitted"}
-    )
+    # A fresh query per look: a pykube query caches its first result.
     wait_for(
         "an Overcommitted event",
-        lambda: len(list(events)),
+        lambda: len(
+            pykube.Event.objects(api, namespace="default").filter(
+                field_selector={"involvedObject.name": name, "reason": "Overcommitted"}
+            )
+        ),
         until=lambda n: n >= 1,
         timeout=CONVERGE,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,3 +73,27 @@ def replace(o: pykube.objects.APIObject, subresource: str | None = None) -> None
     r = o.api.put(**o.api_kwargs(subresource=subresource, data=json.dumps(o.obj)))
     o.api.raise_for_status(r)
     o.set_obj(r.json())
+
+
+def mutate(
+    o: pykube.objects.APIObject,
+    change: Callable[[Obj], None],
+    subresource: str | None = None,
+    timeout: float = 15.0,
+) -> None:
+    """Re-read, ``change`` and PUT the object until no other writer raced us (409)."""
+
+    def attempt() -> bool:
+        o.reload()
+        change(o.obj)
+        try:
+            replace(o, subresource=subresource)
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code == 409:
+                return False
+            raise
+        return True
+
+    from harness.waiting import wait_for
+
+    wait_for(f"an uncontended update of {o.kind} {o.name}", attempt, timeout=timeout)
