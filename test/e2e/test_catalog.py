@@ -109,10 +109,12 @@ def test_a_gpunode_appears_for_each_gpu_node_owned_by_the_node(
     )
     owner = gpunode.obj["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", name, True)
+    # The node may be seen before it is Ready (no eligible class yet): wait for the
+    # status to converge on the Ready node.
     status = wait_for(
-        "devices",
+        "devices and the eligible class",
         lambda: GPUNode.objects(api).get(name=name).obj.get("status"),
-        until=lambda s: bool(s and s.get("devices")),
+        until=lambda s: bool(s and s.get("devices") and s.get("classes")),
         timeout=CONVERGE,
     )
     assert status["devices"] == [
