@@ -135,6 +135,15 @@ def test_budgets_refuse_orders_that_would_exceed_them(
         quota(api, ns, "generous", {names.QUOTA_TOTAL_KEY: "10"})
         quota(api, ns, "strict", {names.quota_key(cls): "3"})
     order(api, ns, cls, 2, name="first")
+    # The webhook judges on its cache: an order placed the same instant as another can
+    # pass it (the binder re-checks, see test_binding). Wait until the first order is
+    # bound, so the operator has certainly seen it.
+    wait_for(
+        "the first order bound",
+        lambda: GPUClaim.objects(api, namespace=ns).get(name="first").obj.get("status"),
+        until=lambda s: bool(s) and s.get("phase") == "Bound",
+        timeout=15,
+    )
     with refused(403) as r:
         order(api, ns, cls, 2, name="second")
     message = r[0].message
