@@ -66,7 +66,10 @@ class Binder:
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
-        class_name = key[1]
+        with self.inventory.decisions:
+            return self._reconcile(key[1])
+
+    def _reconcile(self, class_name: str) -> Result | None:
         claims = self.caches.claims.store.by_index(BY_CLASS, class_name)
         cls = self.caches.classes.store.get(("", class_name))
         if cls is None:

@@ -19,13 +19,16 @@ from typing import Any
 import pykube
 import structlog
 
-from admission import orders
+from admission import orders, pods, vmis
 from controllers import (
+    attachments,
     binder,
     claim_protection,
     class_status,
     license_copier,
     node_inventory,
+    placement,
+    template_claims,
     usage_records,
 )
 from gpuoperator import __version__, caches, names, settings, status
@@ -162,14 +165,16 @@ def run(args: argparse.Namespace) -> int:
             metrics_insecure=args.metrics_insecure,
         ),
     )
-    shared = wire(manager, operator_settings)
+    shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
         cert_dir = args.webhook_cert_dir
         webhook_tls = (
             (cert_dir / "tls.crt", cert_dir / "tls.key") if cert_dir else serving.self_signed()
         )
         routes = admitting.app(
-            webhooks(shared), ready=lambda: manager.ready()[0], registry=manager.registry
+            webhooks(shared, inventory, operator_settings, client),
+            ready=lambda: manager.ready()[0],
+            registry=manager.registry,
         )
         manager.options.extra_servers.append(
             serving.Server("webhooks", args.webhook_address, routes, tls=webhook_tls, threads=16)
@@ -187,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def wire(manager: Manager, operator_settings: settings.Settings) -> caches.Caches:
+def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:
     """The composition: shared caches, the inventory fed by them, and the controllers."""
     shared = caches.register(manager)
     inventory = Inventory()
@@ -199,11 +204,25 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> caches.Cache
     binder.register(manager, shared, inventory, recorder, operator_settings)
     usage_records.register(manager, shared)
     claim_protection.register(manager, shared, recorder)
-    return shared
+    template_claims.register(manager, shared, recorder, operator_settings)
+    attachments.register(manager, shared, recorder, operator_settings)
+    placement.register(manager, shared, inventory, recorder, operator_settings)
+    return shared, inventory
 
 
-def webhooks(shared: caches.Caches) -> dict[str, admitting.Handler]:
-    return {orders.PATH: orders.OrderWebhook(shared)}
+def webhooks(
+    shared: caches.Caches,
+    inventory: Inventory,
+    operator_settings: settings.Settings,
+    client: Client,
+) -> dict[str, admitting.Handler]:
+    """The admission handlers. They run on every replica, so their one write (the VMI
+    webhook's claim attachment) goes through the plain client, not the leader's writer."""
+    return {
+        orders.PATH: orders.OrderWebhook(shared),
+        vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings, client),
+        pods.PATH: pods.PodWebhook(shared),
+    }
 
 
 def load_settings(client: Client, namespace: str, args: argparse.Namespace) -> settings.Settings:

@@ -45,6 +45,10 @@ class Inventory:
         self._claims_by_class: dict[str, dict[tuple[str, str], Obj]] = {}
         self._permitted: frozenset[str] | None = None
         self._listeners: list[Listener] = []
+        #: Held by every decision that hands out units (the binder's passes, placement's
+        #: moves) from reading the figures until its writes are applied here: two such
+        #: decisions never give the same free units away.
+        self.decisions = threading.RLock()
 
     # ---- wiring ---------------------------------------------------------------------
     def connect(self, caches: Caches) -> None:

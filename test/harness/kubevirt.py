@@ -521,6 +521,7 @@ class KubeVirtSimulator:
         vmis = self._items(VirtualMachineInstance.objects(client, namespace=pykube.all))
         pods = self._pods(client, pykube.all)
         self._launched &= {str(_meta(v).get("uid")) for v in vmis}
+        self._tear_down_orphans(client, vmis, pods)
         for vmi in vmis:
             if self._stopping.is_set():
                 return
@@ -531,6 +532,23 @@ class KubeVirtSimulator:
                 _log_failure(
                     exc, "reconciling VMI %s/%s failed", meta.get("namespace"), meta.get("name")
                 )
+
+    def _tear_down_orphans(
+        self, client: pykube.HTTPClient, vmis: list[Obj], pods: list[Obj]
+    ) -> None:
+        """As KubeVirt does when a VMI goes: its launcher pod is shut down (deleted). The
+        garbage collector would do it too, but only once it watches the VMI kind, which a
+        kube-controller-manager started before the CRD learns at its next discovery."""
+        live = {str(_meta(v).get("uid")) for v in vmis if not _meta(v).get("deletionTimestamp")}
+        for pod in pods:
+            meta = _meta(pod)
+            owner = str((meta.get("labels") or {}).get("kubevirt.io/created-by") or "")
+            if owner and owner not in live and not meta.get("deletionTimestamp"):
+                try:
+                    pykube.Pod(client, dict(pod)).delete()
+                except pykube.exceptions.HTTPError as exc:
+                    if exc.code != 404:
+                        raise
 
     def _reconcile(
         self,

@@ -70,3 +70,6 @@ class PartitionableProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            with self._lock:
+                self._conns -= {src, dst}

@@ -1,0 +1,79 @@
+"""The pod webhook: mutating, Pod CREATE, fail closed (DESIGN.md §5 "VMs").
+
+Registered with an objectSelector on ``kubevirt.io=virt-launcher`` and the claims label, so
+it sees the pods KubeVirt renders for a VMI with claim references: the launcher pod, the
+temporary pod for WaitForFirstConsumer volumes, and migration targets. KubeVirt copies every
+VMI label and annotation onto them, so the references are read from the pod itself.
+
+* A launcher or temporary pod gets the scheduling gate ``gpu.cozystack.io/placement`` (the
+  placement controller pins the pod to its claims' node and removes the gate in one update)
+  and the tolerations of its claims' classes (held claims' classes and template classes), so
+  it may land on GPU nodes tainted for the classes.
+* A migration target is admitted untouched: KubeVirt renders it afresh and deletes it when
+  it stays pending, so a gate would only make the migration fail.
+* Anything else (not selected by the registration) is admitted untouched.
+
+Re-invocation (``reinvocationPolicy: IfNeeded``) is harmless: the gate is added once (a
+duplicate gate fails pod validation) and a toleration the pod carries is not added again.
+
+Choices where DESIGN.md is silent:
+
+* A launcher pod whose annotation is missing or malformed is refused with the parser's
+  message (fail closed: the VMI webhook refused such a VMI, so the pod can only come from an
+  annotation changed after admission; admitting it ungated would place GPU work the
+  operator never judged).
+* A class that is not (or no longer) in the cache adds no toleration; the gate still holds
+  the pod, and the placement controller decides what becomes of it.
+* The pod is gated whatever the ``gpuForVMs`` switch says: the switch is enforced when the
+  VMI is created, and a pod of a VMI admitted earlier must not escape placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuoperator.caches import BY_NAMESPACE, Caches
+from gpuoperator.model import references
+from gpuoperator.runtime.admitting import Admission, AdmissionRequest
+
+Obj = dict[str, Any]
+PATH = "/mutate-launcher-pod"
+
+
+class PodWebhook:
+    def __init__(self, caches: Caches) -> None:
+        self.caches = caches
+
+    def __call__(self, request: AdmissionRequest) -> Admission:
+        if request.operation != "CREATE":
+            return Admission.allow()
+        pod = request.obj
+        if references.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
+            return Admission.allow()
+        namespace = request.namespace
+        try:
+            refs = references.from_object(pod)
+        except references.ReferenceError as exc:
+            name = request.name or str((pod.get("metadata") or {}).get("generateName") or "")
+            return Admission.refuse(f"Pod {namespace}/{name or '(generated)'}: {exc}")
+        claims = {
+            str((c.get("metadata") or {}).get("name") or ""): c
+            for c in self.caches.claims.store.by_index(BY_NAMESPACE, namespace)
+        }
+        classes = [
+            cls
+            for cls in (
+                self.caches.classes.store.get(("", name))
+                for name in references.class_names(refs, claims)
+            )
+            if cls is not None
+        ]
+        patch: list[Obj] = []
+        if not isinstance(pod.get("spec"), Mapping):
+            # Both patches below would add /spec; add it once, then fill it.
+            patch.append({"op": "add", "path": references.json_pointer("spec"), "value": {}})
+            pod = {**pod, "spec": {}}
+        patch += references.gate_patch(pod)
+        patch += references.tolerations_patch(pod, classes)
+        return Admission.allow(patch=patch)

@@ -1,0 +1,690 @@
+"""Placement: a VM's launcher pod pinned to the node its claims are bound to, and moved on
+when that node refuses it (DESIGN.md §5 "VMs").
+
+Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
+WaitForFirstConsumer volumes (``references.launcher_pod_kind``) of a VM with claim
+references. Migration targets are never touched (KubeVirt renders them afresh and deletes
+them when they stay pending). Two situations are handled:
+
+**A gated pod** (the pod webhook added ``gpu.cozystack.io/placement``). Its VMI is found
+through the pod's controller ownerReference (else the ``vm.kubevirt.io/name`` label, else
+the VMI whose UID the ``kubevirt.io/created-by`` label names), its claims through the pod's
+references (``references.claim_names``: held claims by name, template claims by
+``<vmi>-gpu-<index>``). The pod waits, gated, until every claim exists, is not being
+deleted, is not attached to another live VM, is a template claim of this very VMI (not of an
+earlier VMI of that name still being collected), and is Bound. Then:
+
+* all Bound to ONE node that still exists: the full pod is read (cached pods are slim and
+  carry no affinity) and ONE merge patch with its resourceVersion
+  (``references.pin_and_ungate``) adds the required node affinity and removes the gate — the
+  API server accepts the affinity only while the pod is gated. Event ``Pinned`` on the pod.
+* Bound to several nodes: the set is gathered on one of them. Candidate targets are the
+  set's nodes, the one holding most of its units first; the claims on other nodes are moved
+  there when the inventory says the target is eligible for their classes and has free units
+  of each resource for all of them together (classes may share a resource), and no moving
+  claim refused the target. A move rewrites the claim's status (``nodeName``, ``boundTime``,
+  the ``Bound`` condition with reason ``Moved``) with the claim's resourceVersion and is fed
+  to the inventory at once, so the binder's next plan sees it. The claims of this VM are
+  not attached to any running VM (the pod waits otherwise), so moving them stops nothing.
+  When no target fits, the pod stays gated and the Event ``WaitingForPlacement`` says why;
+  it is looked at again every :data:`WAIT_RECHECK` seconds (capacity frees without any
+  event on this pod).
+
+**A pinned pod reported Unschedulable** (no gate, PodScheduled False with reason
+``Unschedulable``, and the required affinity ``pin_and_ungate`` wrote): the node refused the
+set. Each claim of the VMI that no other live VM uses gets the node in
+``status.refusedNodes`` until ``now + refusalTTL`` (``binding.add_refusal``); the claims
+Bound to that node go back to ``Pending`` without ``nodeName`` (the ``Bound`` condition says
+``RefusedByNode``), so the binder places them elsewhere, skipping the node; then the pod is
+deleted with its UID as precondition (KubeVirt fails the VMI and the VirtualMachine
+controller starts a new one after its backoff; deletion is the last resort, used only
+here). Events ``RefusedByNode`` on each claim and on the VMI.
+
+Choices where DESIGN.md is silent:
+
+* **Moves race the binder only narrowly.** A move is checked against the inventory and
+  written with the claim's resourceVersion, and moves of this controller are serialised (one
+  lock), but the binder decides in its own worker: between this check and the write
+  reaching the inventory, the binder could give the same free units to another claim. The
+  window is one API round trip; closing it needs a lock the binder shares (one per class,
+  held while a plan is made and written).
+* **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
+  deleted on the pinned node still request one of the claims' resources (a restarted VM's old
+  launcher pod, for instance), kube-scheduler tries the pinned pod again as soon as they are
+  gone; the refusal waits up to :data:`SETTLE` seconds, counted from when this replica first
+  saw the pod refused, before it is recorded.
+* Claims attached to another live VM are left as they are when a pinned pod is refused: the
+  set cannot have been pinned with them, and their binding is that VM's.
+* ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
+  and pinning it is the only correct way to remove the operator's gate.
+* Waits are reported once per message (log line and Event), not on every look.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+from collections.abc import Iterable
+from typing import Any, Final
+
+import pykube
+import structlog
+
+from gpuoperator import names
+from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
+from gpuoperator.inventory import Inventory
+from gpuoperator.model import binding, conditions, ordering, pods, references
+from gpuoperator.model import classes as gpuclasses
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Key, key_of
+from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.recording import EventType, Recorder
+from gpuoperator.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+NAME = "placement"
+#: Seconds after which a waiting pod is looked at again without any event.
+WAIT_RECHECK: Final = 30.0
+#: Seconds a refusal may wait for pods being deleted on the pinned node to release GPUs.
+SETTLE: Final = 60.0
+#: Seconds before a reconcile that lost a write race looks again.
+RETRY: Final = 1.0
+
+#: KubeVirt's labels naming a launcher pod's VM and VMI.
+VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
+CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
+
+BOUND: Final = "Bound"
+PENDING: Final = "Pending"
+UNSCHEDULABLE: Final = "Unschedulable"
+
+PINNED = "Pinned"
+WAITING = "WaitingForPlacement"
+MOVED = "Moved"
+REFUSED = "RefusedByNode"
+PIN_FAILED = "PinFailed"
+
+_PLACED_KINDS: Final = ("launcher", "ephemeral")
+
+
+# ---- pure reading of pods and claims -------------------------------------------------------
+
+
+def _meta(obj: Obj | None) -> dict[str, Any]:
+    meta = (obj or {}).get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _status(obj: Obj | None) -> dict[str, Any]:
+    status = (obj or {}).get("status")
+    return status if isinstance(status, dict) else {}
+
+
+def _text(key: Key) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def is_unschedulable(pod: Obj) -> bool:
+    """Whether kube-scheduler reports the pod unschedulable (``PodScheduled`` False with
+    reason ``Unschedulable``; a gated pod's reason is ``SchedulingGated``)."""
+    scheduled = conditions.find(_status(pod).get("conditions"), "PodScheduled")
+    return (
+        scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == UNSCHEDULABLE
+    )
+
+
+def _placed_pod(pod: Obj) -> bool:
+    return references.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
+        "deletionTimestamp"
+    )
+
+
+def needs_pin(pod: Obj) -> bool:
+    """A launcher (or temporary) pod still held at the placement gate."""
+    return _placed_pod(pod) and references.is_gated(pod)
+
+
+def maybe_refused(pod: Obj) -> bool:
+    """A launcher (or temporary) pod without the gate that the scheduler cannot place: a
+    refusal if the operator pinned it (only the full pod shows the affinity)."""
+    return (
+        _placed_pod(pod)
+        and not references.is_gated(pod)
+        and not pods.node_name(pod)
+        and is_unschedulable(pod)
+    )
+
+
+def watched(pod: Obj) -> bool:
+    """Whether the pod is one this controller acts on."""
+    return needs_pin(pod) or maybe_refused(pod)
+
+
+def vmi_name_of(pod: Obj) -> str:
+    """The name of the pod's VMI as the pod itself says it ("" when it does not): its
+    controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
+    for owner in _meta(pod).get("ownerReferences") or []:
+        if owner.get("kind") == references.VMI_KIND and owner.get("controller"):
+            return str(owner.get("name") or "")
+    return str((_meta(pod).get("labels") or {}).get(VM_NAME_LABEL) or "")
+
+
+def attachment(claim: Obj) -> dict[str, Any]:
+    found = _status(claim).get("attachment")
+    return found if isinstance(found, dict) else {}
+
+
+def _phase(claim: Obj) -> str:
+    return str(_status(claim).get("phase") or "")
+
+
+def _node(claim: Obj) -> str:
+    return str(_status(claim).get("nodeName") or "")
+
+
+def _units(n: int) -> str:
+    return f"{n} unit{'' if n == 1 else 's'}"
+
+
+# ---- the controller --------------------------------------------------------------------------
+
+
+class Placement:
+    def __init__(
+        self,
+        caches: Caches,
+        inventory: Inventory,
+        writer: Client,
+        recorder: Recorder,
+        settings: Settings,
+        *,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.caches = caches
+        self.inventory = inventory
+        self.writer = writer
+        self.recorder = recorder
+        self.settings = settings
+        self.clock = clock
+        self._lock = threading.Lock()
+        #: pod key -> the last wait message reported (Events and logs only on change)
+        self._waits: dict[Key, str] = {}
+        #: pod key -> (pod uid, monotonic time this replica first saw it refused)
+        self._refused_since: dict[Key, tuple[str, float]] = {}
+
+    def reconcile(self, key: Key) -> Result | None:
+        pod = self.caches.pods.store.get(key)
+        if pod is None or not watched(pod):
+            self._forget(key)
+            return None
+        vmi_name, vmi_uid = self._vmi_of(pod)
+        if not vmi_name:
+            return self._wait(
+                pod,
+                "Warning",
+                "the pod names no VM instance (no controller ownerReference to a "
+                f"{references.VMI_KIND}, no {VM_NAME_LABEL} or {CREATED_BY_LABEL} label)",
+            )
+        try:
+            refs = references.from_object(pod)
+        except references.ReferenceError as exc:
+            return self._wait(pod, "Warning", str(exc))
+        names_ = references.claim_names(vmi_name, refs)
+        templates = {
+            name
+            for name, ref in zip(names_, refs, strict=True)
+            if isinstance(ref, references.TemplateRef)
+        }
+        if needs_pin(pod):
+            return self._place(pod, vmi_name, vmi_uid, names_, templates)
+        return self._refused(pod, vmi_name, vmi_uid, names_)
+
+    def _vmi_of(self, pod: Obj) -> tuple[str, str]:
+        """The pod's VMI name and UID ("" when unknown)."""
+        ns = str(_meta(pod).get("namespace") or "")
+        for owner in _meta(pod).get("ownerReferences") or []:
+            if owner.get("kind") == references.VMI_KIND and owner.get("controller"):
+                return str(owner.get("name") or ""), str(owner.get("uid") or "")
+        labels = _meta(pod).get("labels") or {}
+        name = str(labels.get(VM_NAME_LABEL) or "")
+        if name:
+            vmi = self.caches.vmis.store.get((ns, name))
+            return name, str(_meta(vmi).get("uid") or "")
+        uid = str(labels.get(CREATED_BY_LABEL) or "")
+        if uid:
+            for vmi in self.caches.vmis.store.by_index(BY_NAMESPACE, ns):
+                if _meta(vmi).get("uid") == uid:
+                    return str(_meta(vmi).get("name") or ""), uid
+        return "", ""
+
+    def _other_user(self, claim: Obj, vmi_name: str) -> str:
+        """Another live VMI the claim is attached to ("" when none). An attachment naming
+        this VMI's name is this VMI's (or an earlier one's of that name, which is gone)."""
+        attached = attachment(claim)
+        other = str(attached.get("vmi") or "")
+        if not other or other == vmi_name:
+            return ""
+        live = self.caches.vmis.store.get((str(_meta(claim).get("namespace")), other))
+        if live is None or _meta(live).get("deletionTimestamp"):
+            return ""
+        if attached.get("uid") and _meta(live).get("uid") != attached["uid"]:
+            return ""
+        return other
+
+    # ---- gated pods ------------------------------------------------------------------------
+    def _place(
+        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str], templates: set[str]
+    ) -> Result | None:
+        ns = str(_meta(pod).get("namespace"))
+        vmi = self.caches.vmis.store.get((ns, vmi_name))
+        if vmi is not None and _meta(vmi).get("deletionTimestamp"):
+            log.info("pod of a VMI being deleted left gated", reason="VMIDeleting", vmi=vmi_name)
+            return None
+        owner = {"metadata": {"uid": vmi_uid}}
+        claims: list[Obj] = []
+        for name in claim_names:
+            claim = self.caches.claims.store.get((ns, name))
+            if claim is None:
+                made = " (it is made from the VM's claim template)" if name in templates else ""
+                return self._wait(pod, "Normal", f"claim {name} does not exist yet{made}")
+            if _meta(claim).get("deletionTimestamp"):
+                return self._wait(pod, "Warning", f"claim {name} is being deleted")
+            if name in templates and vmi_uid and not references.is_template_claim_of(claim, owner):
+                return self._wait(
+                    pod,
+                    "Normal",
+                    f"claim {name} is not this VM instance's template claim (an earlier VM "
+                    "instance's, not yet removed, or a claim of the same name made by hand)",
+                )
+            other = self._other_user(claim, vmi_name)
+            if other:
+                return self._wait(
+                    pod,
+                    "Warning",
+                    f"claim {name} is attached to VM instance {other}, which still exists",
+                )
+            if _phase(claim) != BOUND or not _node(claim):
+                bound = conditions.find(_status(claim).get("conditions"), BOUND) or {}
+                why = bound.get("message") or "not bound yet"
+                return self._wait(pod, "Normal", f"claim {name} is {_phase(claim) or 'new'}: {why}")
+            claims.append(claim)
+        nodes = sorted({_node(c) for c in claims})
+        if len(nodes) == 1:
+            node = nodes[0]
+            if not self.inventory.has_node(node):
+                return self._wait(
+                    pod, "Normal", f"node {node} of the claims is gone; they will be bound again"
+                )
+            return self._pin(pod, node, claim_names)
+        return self._gather(pod, vmi_name, claims)
+
+    def _pin(self, pod: Obj, node: str, claim_names: list[str]) -> Result | None:
+        key = key_of(pod)
+        try:
+            full = self.writer.get(pykube.Pod, key[1], key[0])
+        except errors.NotFoundError:
+            return None
+        if not references.is_gated(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
+            log.info("pod changed meanwhile; judging again", reason="Stale")
+            return Result(requeue_after=RETRY)
+        patch = references.pin_and_ungate(full, node)
+        try:
+            self.writer.patch(pykube.Pod, key[1], patch, key[0])
+        except errors.ConflictError:
+            log.info("pod changed meanwhile; judging again", reason="Conflict")
+            return Result(requeue_after=RETRY)
+        except errors.NotFoundError:
+            return None
+        except errors.InvalidError as exc:
+            log.warning("pin refused by the API server", reason=PIN_FAILED, error=exc.message)
+            self._event_pod(full, "Warning", PIN_FAILED, f"could not pin to node {node}: {exc}")
+            return None
+        self._forget(key)
+        log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
+        self._event_pod(
+            full,
+            "Normal",
+            PINNED,
+            f"pinned to node {node}, where its claims {', '.join(claim_names)} are bound; "
+            f"scheduling gate {names.PLACEMENT_GATE} removed",
+        )
+        return None
+
+    def _gather(self, pod: Obj, vmi_name: str, claims: list[Obj]) -> Result | None:
+        """Move the claims bound elsewhere to one node of the set, or say why not."""
+        with self.inventory.decisions:
+            # Judge on the freshest cache: another reconcile may have just moved claims.
+            fresh = [self.caches.claims.store.get(key_of(c)) or c for c in claims]
+            if len({_node(c) for c in fresh}) == 1:
+                return Result(requeue_after=RETRY)
+            target, moving, why = self._move_plan(fresh)
+            if target is None:
+                where = ", ".join(f"{_meta(c)['name']} on {_node(c)}" for c in fresh)
+                return self._wait(
+                    pod,
+                    "Warning",
+                    f"the claims are bound to different nodes ({where}) and none of these "
+                    f"nodes can take the others now: {why}",
+                )
+            for claim in moving:
+                if not self._move(claim, target, vmi_name):
+                    return Result(requeue_after=RETRY)
+        # The claims' updates bring this pod back to be pinned; the look-again is a safety
+        # net for a claim whose update maps to no VMI (an attachment cleared meanwhile).
+        return Result(requeue_after=WAIT_RECHECK)
+
+    def _move_plan(self, claims: list[Obj]) -> tuple[str | None, list[Obj], str]:
+        """``(target, claims to move there, "")``, or ``(None, [], why)``."""
+        held: dict[str, list[Obj]] = {}
+        for claim in claims:
+            held.setdefault(_node(claim), []).append(claim)
+        order = sorted(
+            held,
+            key=lambda n: (-sum(ordering.ordered_count(c) for c in held[n]), -len(held[n]), n),
+        )
+        reasons: list[str] = []
+        for target in order:
+            moving = [c for c in claims if _node(c) != target]
+            why = self._fit(target, moving)
+            if why is None:
+                return target, moving, ""
+            reasons.append(f"{target}: {why}")
+        return None, [], "; ".join(reasons)
+
+    def _fit(self, target: str, moving: Iterable[Obj]) -> str | None:
+        """Why ``moving`` cannot all be moved to ``target`` now (``None``: they can)."""
+        if not self.inventory.has_node(target):
+            return "the node is gone"
+        view = self.inventory.node(target)
+        class_free = {c["name"]: c["free"] for c in view.classes} if view is not None else {}
+        now = self.clock.now()
+        need: dict[str, int] = {}
+        free: dict[str, int] = {}
+        for claim in moving:
+            name, class_name = _meta(claim)["name"], ordering.ordered_class(claim)
+            until = binding.refused_until(claim, target, now)
+            if until is not None:
+                return f"claim {name} skips it until {conditions.stamp(until)} (refused)"
+            cls = self.caches.classes.store.get(("", class_name))
+            resource = gpuclasses.resource_name(cls) if cls is not None else ""
+            if not resource:
+                return f"class {class_name} of claim {name} is unknown"
+            if class_name not in class_free:
+                return f"it is not eligible for class {class_name} of claim {name}"
+            need[resource] = need.get(resource, 0) + ordering.ordered_count(claim)
+            free[resource] = class_free[class_name]
+        for resource in sorted(need):
+            if need[resource] > free[resource]:
+                return f"{_units(need[resource])} of {resource} needed, {free[resource]} free"
+        return None
+
+    def _move(self, claim: Obj, target: str, vmi_name: str) -> bool:
+        now = self.clock.now()
+        source = _node(claim)
+        message = (
+            f"moved from node {source} to node {target} to join the other claims of VM "
+            f"instance {vmi_name}"
+        )
+        generation = _meta(claim).get("generation")
+        status = dict(_status(claim))
+        status.update(
+            phase=BOUND,
+            nodeName=target,
+            boundTime=conditions.stamp(now),
+            conditions=conditions.set_condition(
+                status.get("conditions"),
+                BOUND,
+                True,
+                MOVED,
+                message,
+                now=now,
+                observed_generation=generation,
+            ),
+        )
+        try:
+            written = self.writer.replace_status(GPUClaim, {**claim, "status": status})
+        except (errors.ConflictError, errors.NotFoundError) as exc:
+            log.info("claim changed meanwhile; judging again", reason=exc.reason)
+            return False
+        self.inventory.apply_claim(written)
+        log.info(
+            "claim moved",
+            reason=MOVED,
+            claim=_text(key_of(claim)),
+            source=source,
+            node=target,
+            vmi=vmi_name,
+        )
+        self.recorder.event(written, "Normal", MOVED, message, kind=names.GPU_CLAIM)
+        return True
+
+    # ---- refused pods ----------------------------------------------------------------------
+    def _refused(
+        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str]
+    ) -> Result | None:
+        key = key_of(pod)
+        try:
+            full = self.writer.get(pykube.Pod, key[1], key[0])
+        except errors.NotFoundError:
+            return None
+        if not maybe_refused(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
+            return None  # the cache was behind: the pod was scheduled or replaced
+        node = references.pinned_node(full)
+        if node is None:
+            log.info("unschedulable pod not pinned by the operator; left alone", reason="NotPinned")
+            return None
+        claims = [c for c in (self.caches.claims.store.get((key[0], n)) for n in claim_names) if c]
+        wait = self._settling(key, full, node, claims)
+        if wait is not None:
+            return Result(requeue_after=wait)
+        scheduled = conditions.find(_status(full).get("conditions"), "PodScheduled") or {}
+        detail = str(scheduled.get("message") or UNSCHEDULABLE)
+        now = self.clock.now()
+        until = now + datetime.timedelta(seconds=self.settings.refusal_ttl)
+        for claim in claims:
+            if _meta(claim).get("deletionTimestamp"):
+                continue
+            other = self._other_user(claim, vmi_name)
+            if other:
+                log.info(
+                    "claim of another live VM left as it is",
+                    reason="AttachedElsewhere",
+                    claim=_meta(claim)["name"],
+                    vmi=other,
+                )
+                continue
+            if not self._refuse(claim, node, until, now, key, detail):
+                return Result(requeue_after=RETRY)
+        # Gone already, or another pod has the name now: nothing to delete either way.
+        with contextlib.suppress(errors.NotFoundError, errors.ConflictError):
+            self.writer.delete(pykube.Pod, key[1], key[0], uid=_meta(full).get("uid"))
+        self._forget(key)
+        message = (
+            f"node {node} refused launcher pod {key[1]} ({detail}); the claims skip it until "
+            f"{conditions.stamp(until)} and are placed again; the pod was deleted, so this VM "
+            "instance fails and its VM starts again after KubeVirt's backoff"
+        )
+        log.warning("pinned pod refused by its node", reason=REFUSED, node=node, until=str(until))
+        vmi = self.caches.vmis.store.get((key[0], vmi_name))
+        if vmi is not None and (not vmi_uid or _meta(vmi).get("uid") == vmi_uid):
+            self.recorder.event(
+                vmi,
+                "Warning",
+                REFUSED,
+                message,
+                kind=references.VMI_KIND,
+                api_version=references.KUBEVIRT_API_VERSION,
+            )
+        else:
+            self._event_pod(full, "Warning", REFUSED, message)
+        return None
+
+    def _settling(self, key: Key, pod: Obj, node: str, claims: list[Obj]) -> float | None:
+        """Seconds to wait before taking the refusal (``None``: take it now): pods being
+        deleted on ``node`` still request one of the claims' resources, within
+        :data:`SETTLE` seconds of this replica first seeing the refusal."""
+        uid = str(_meta(pod).get("uid") or "")
+        mono = self.clock.monotonic()
+        with self._lock:
+            seen = self._refused_since.get(key)
+            if seen is None or seen[0] != uid:
+                seen = self._refused_since[key] = (uid, mono)
+        left = SETTLE - (mono - seen[1])
+        if left <= 0:
+            return None
+        resources: set[str] = set()
+        for claim in claims:
+            cls = self.caches.classes.store.get(("", ordering.ordered_class(claim)))
+            if cls is not None and gpuclasses.resource_name(cls):
+                resources.add(gpuclasses.resource_name(cls))
+        leaving = sorted(
+            _text(key_of(p))
+            for p in self.caches.pods.store.by_index(BY_NODE, node)
+            if _meta(p).get("deletionTimestamp")
+            and not pods.is_terminated(p)
+            and resources & set(pods.requests(p))
+        )
+        if not leaving:
+            return None
+        log.info(
+            "refusal deferred: pods being deleted still hold GPUs there",
+            reason="NodeReleasing",
+            node=node,
+            pods=leaving,
+        )
+        return max(RETRY, min(left, 5.0))
+
+    def _refuse(
+        self,
+        claim: Obj,
+        node: str,
+        until: datetime.datetime,
+        now: datetime.datetime,
+        pod_key: Key,
+        detail: str,
+    ) -> bool:
+        status = dict(_status(claim))
+        status["refusedNodes"] = binding.add_refusal(
+            status.get("refusedNodes"), node, until, now=now
+        )
+        unbind = _phase(claim) == BOUND and _node(claim) == node
+        message = (
+            f"node {node} refused launcher pod {pod_key[1]} ({detail}); it is skipped until "
+            f"{conditions.stamp(until)}"
+        )
+        if unbind:
+            message += "; the claim is bound again elsewhere"
+            status["phase"] = PENDING
+            status.pop("nodeName", None)
+            status.pop("boundTime", None)
+            status["conditions"] = conditions.set_condition(
+                status.get("conditions"),
+                BOUND,
+                False,
+                REFUSED,
+                message,
+                now=now,
+                observed_generation=_meta(claim).get("generation"),
+            )
+        try:
+            written = self.writer.replace_status(GPUClaim, {**claim, "status": status})
+        except errors.ConflictError:
+            log.info("claim changed meanwhile; judging again", reason="Conflict")
+            return False
+        except errors.NotFoundError:
+            return True
+        self.inventory.apply_claim(written)
+        log.info(
+            "node refusal recorded",
+            reason=REFUSED,
+            claim=_text(key_of(claim)),
+            node=node,
+            unbound=unbind,
+        )
+        self.recorder.event(written, "Warning", REFUSED, message, kind=names.GPU_CLAIM)
+        return True
+
+    # ---- reporting -------------------------------------------------------------------------
+    def _wait(self, pod: Obj, type_: EventType, message: str) -> Result:
+        key = key_of(pod)
+        with self._lock:
+            changed = self._waits.get(key) != message
+            self._waits[key] = message
+        if changed:
+            log.info("pod waits for placement", reason=WAITING, detail=message)
+            self._event_pod(pod, type_, WAITING, message)
+        return Result(requeue_after=WAIT_RECHECK)
+
+    def _event_pod(self, pod: Obj, type_: EventType, reason: str, message: str) -> None:
+        self.recorder.event(pod, type_, reason, message, kind="Pod", api_version="v1")
+
+    def _forget(self, key: Key) -> None:
+        with self._lock:
+            self._waits.pop(key, None)
+            self._refused_since.pop(key, None)
+
+
+# ---- wiring ----------------------------------------------------------------------------------
+
+
+def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
+    """The watched pods of the VMI ``vmi_name``."""
+    return sorted(
+        key_of(pod)
+        for pod in caches.pods.store.by_index(BY_NAMESPACE, namespace)
+        if watched(pod) and vmi_name_of(pod) == vmi_name
+    )
+
+
+def vmis_of_claim(claim: Obj) -> set[str]:
+    """The VMIs a claim serves: the one its attachment names and the one controlling it."""
+    found = {str(attachment(claim).get("vmi") or "")}
+    found.update(
+        str(owner.get("name") or "")
+        for owner in _meta(claim).get("ownerReferences") or []
+        if owner.get("kind") == references.VMI_KIND and owner.get("controller")
+    )
+    return found - {""}
+
+
+def register(
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    recorder: Recorder,
+    settings: Settings,
+    workers: int = 2,
+) -> Controller[Key]:
+    placement = Placement(
+        caches, inventory, manager.writer, recorder, settings, clock=manager.clock
+    )
+    controller = manager.controller(
+        NAME,
+        placement,
+        workers=workers,
+        seed=lambda: [key_of(p) for p in caches.pods.store.values() if watched(p)],
+    )
+
+    def own_pod(pod: Obj) -> list[Key]:
+        return [key_of(pod)] if watched(pod) else []
+
+    def from_claim(claim: Obj) -> list[Key]:
+        ns = str(_meta(claim).get("namespace") or "")
+        return [key for vmi in vmis_of_claim(claim) for key in pods_of_vmi(caches, ns, vmi)]
+
+    def from_vmi(vmi: Obj) -> list[Key]:
+        return pods_of_vmi(caches, str(_meta(vmi).get("namespace") or ""), _meta(vmi)["name"])
+
+    manager.add_controller(
+        controller,
+        [(caches.pods, own_pod), (caches.claims, from_claim), (caches.vmis, from_vmi)],
+    )
+    return controller

@@ -1,0 +1,176 @@
+"""Template claims: the GPUClaim a VM's ``claimTemplate`` reference orders, for as long as the
+VMI exists (DESIGN.md §2 GPUClaim, §5 "VMs").
+
+Key: a VMI ``(namespace, name)``. For every ``claimTemplate`` reference of a VMI that exists,
+is not being deleted and has not finished, the claim ``references.template_claims`` describes
+is created: named ``<vmi>-gpu-<index>``, marked ``gpu.cozystack.io/template-claim: "true"``
+and controlled by the VMI (ownerReference with its UID), so garbage collection removes it
+when the VMI goes and no code here ever deletes one. The binder binds it like any claim and
+the placement controller pins the VMI's launcher pod to its node.
+
+A claim of that name that this VMI's UID does not control (a tenant's own claim, or the
+claim of an earlier VMI of the same name that garbage collection has not removed yet) is
+never adopted, changed or deleted: a Warning Event ``TemplateClaimConflict`` on the VMI says
+which, and the VMI is looked at again after :data:`CONFLICT_RECHECK` seconds (a foreign
+claim without an ownerReference to a VMI cannot be watched back to this VMI).
+
+Choices where DESIGN.md is silent:
+
+* A claim that exists and is ours is left as it is, even if the annotation now orders
+  another class or count there: a claim's spec is immutable, and a running VM's GPUs do not
+  change under it.
+* A VMI in a final phase (``Succeeded``, ``Failed``) gets no new claim: it will never run,
+  and a fresh claim would hold capacity for nothing until the VMI is removed.
+* With ``gpuForVMs`` off nothing is created (no new VM may use a GPU); the claims made
+  earlier are left to garbage collection, which removes them with their VMIs.
+* A malformed annotation (possible only if it was edited after admission) creates nothing
+  and is reported once per message by a Warning Event ``InvalidClaimReferences``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import structlog
+
+from gpuoperator import names
+from gpuoperator.caches import Caches, own_key
+from gpuoperator.model import references
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.recording import EventType, Recorder
+from gpuoperator.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+NAME = "template-claims"
+#: Seconds after which a VMI blocked by a foreign claim is looked at again.
+CONFLICT_RECHECK: Final = 60.0
+#: VMI phases after which the VMI never runs again.
+FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+CREATED = "TemplateClaimCreated"
+CONFLICT = "TemplateClaimConflict"
+INVALID = "InvalidClaimReferences"
+
+
+class TemplateClaims:
+    def __init__(
+        self, caches: Caches, writer: Client, recorder: Recorder, settings: Settings
+    ) -> None:
+        self.caches = caches
+        self.writer = writer
+        self.recorder = recorder
+        self.settings = settings
+
+    def reconcile(self, key: Key) -> Result | None:
+        vmi = self.caches.vmis.store.get(key)
+        if vmi is None or vmi["metadata"].get("deletionTimestamp"):
+            return None  # garbage collection removes the claims of a VMI that goes
+        if not references.has_references(vmi):
+            return None
+        phase = (vmi.get("status") or {}).get("phase")
+        if phase in FINAL_PHASES:
+            log.debug("no template claims for a finished VMI", reason="VMIFinished", phase=phase)
+            return None
+        try:
+            refs = references.from_object(vmi)
+        except references.ReferenceError as exc:
+            log.warning("VMI references unreadable", reason=INVALID, error=str(exc))
+            self._event(vmi, "Warning", INVALID, f"no claim made from claim templates: {exc}")
+            return None
+        wanted = references.template_claims(vmi, refs)
+        if not wanted:
+            return None
+        if not self.settings.gpu_for_vms:
+            log.info("template claims not created", reason="GpuForVMsOff", claims=len(wanted))
+            return None
+        blocked = False
+        for claim in wanted:
+            if not self._ensure(vmi, claim):
+                blocked = True
+        return Result(requeue_after=CONFLICT_RECHECK) if blocked else None
+
+    def _ensure(self, vmi: Obj, want: Obj) -> bool:
+        """Make sure ``want`` exists and is this VMI's; ``False`` when a foreign claim of its
+        name blocks it."""
+        ns, name = want["metadata"]["namespace"], want["metadata"]["name"]
+        current = self.caches.claims.store.get((ns, name))
+        if current is None:
+            try:
+                self.writer.create(GPUClaim, want)
+            except errors.AlreadyExistsError:
+                # The cache is behind: judge the claim as the API server has it.
+                current = self.writer.get_or_none(GPUClaim, name, ns)
+                if current is None:
+                    raise  # created and deleted meanwhile: retry with backoff
+            else:
+                spec = want["spec"]
+                log.info(
+                    "template claim created",
+                    reason=CREATED,
+                    claim=name,
+                    class_name=spec["className"],
+                    count=spec["count"],
+                )
+                self._event(
+                    vmi,
+                    "Normal",
+                    CREATED,
+                    f"created GPUClaim {name} ({spec['count']} x {spec['className']}) from "
+                    "its claim template; it is removed with this VM instance",
+                )
+                return True
+        if references.is_template_claim_of(current, vmi):
+            return True
+        log.warning("template claim name taken", reason=CONFLICT, claim=name)
+        self._event(
+            vmi,
+            "Warning",
+            CONFLICT,
+            f"GPUClaim {name} already exists and is not a claim this VM instance made from "
+            f"its claim template (no controller ownerReference to it and label "
+            f"{names.TEMPLATE_CLAIM_LABEL}={names.TRUE}); it is left alone and this VM "
+            "instance waits until that claim is gone",
+        )
+        return False
+
+    def _event(self, vmi: Obj, type_: EventType, reason: str, message: str) -> None:
+        self.recorder.event(
+            vmi,
+            type_,
+            reason,
+            message,
+            kind=references.VMI_KIND,
+            api_version=references.KUBEVIRT_API_VERSION,
+        )
+
+
+def owning_vmi(claim: Obj) -> list[Key]:
+    """The key of the VMI that controls a claim (template claims), if any."""
+    meta = claim.get("metadata") or {}
+    return [
+        (str(meta.get("namespace") or ""), str(owner["name"]))
+        for owner in meta.get("ownerReferences") or []
+        if owner.get("kind") == references.VMI_KIND
+        and str(owner.get("apiVersion") or "").startswith("kubevirt.io/")
+        and owner.get("controller")
+        and owner.get("name")
+    ]
+
+
+def register(
+    manager: Manager, caches: Caches, recorder: Recorder, settings: Settings, workers: int = 2
+) -> Controller[Key]:
+    controller = manager.controller(
+        NAME,
+        TemplateClaims(caches, manager.writer, recorder, settings),
+        workers=workers,
+        seed=lambda: list(caches.vmis.store),
+    )
+    manager.add_controller(controller, [(caches.vmis, own_key), (caches.claims, owning_vmi)])
+    return controller

@@ -1,0 +1,398 @@
+"""The pod webhook (DESIGN.md §5 "VMs"): a launcher pod, or KubeVirt's temporary pod, of a VM
+with claim references gets the placement gate once and the tolerations of its claims'
+classes once, however often it is admitted; migration targets and other pods are admitted
+untouched. The registration selects labelled virt-launcher pod CREATEs and fails closed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, cast
+
+import pytest
+
+from admission import pods, registration
+from gpuoperator.caches import BY_CLASS, BY_NAMESPACE, Caches
+from gpuoperator.runtime import admitting, informing
+from gpuoperator.runtime.informing import Informer, Store
+
+Obj = dict[str, Any]
+NS = "tenant-a"
+GATE = {"name": "gpu.cozystack.io/placement"}
+GPU_TAINT = {"key": "gpu.example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}
+A10_TAINT = {"key": "gpu.example.com/model", "value": "a10", "effect": "NoSchedule"}
+L40S_TAINT = {"key": "gpu.example.com/model", "value": "l40s", "effect": "NoSchedule"}
+
+
+# -- fakes and objects ------------------------------------------------------------------------
+
+
+class FakeInformer:
+    """What the webhooks read of an informer: its store."""
+
+    def __init__(self, indexers: dict[str, informing.IndexFunc] | None = None) -> None:
+        self.store = Store(indexers)
+
+
+def make_caches(classes: list[Obj], claims: list[Obj]) -> Caches:
+    def informer(**indexers: informing.IndexFunc) -> Informer:
+        return cast(Informer, FakeInformer(indexers))
+
+    ns = informing.by_namespace
+    caches = Caches(
+        nodes=informer(),
+        pods=informer(namespace=ns),
+        classes=informer(),
+        claims=informer(**{BY_NAMESPACE: ns, BY_CLASS: informing.by_field("spec", "className")}),
+        gpunodes=informer(),
+        kubevirts=informer(),
+        namespaces=informer(),
+        quotas=informer(namespace=ns),
+        workloads=informer(namespace=ns),
+        vmis=informer(namespace=ns),
+    )
+    for cls in classes:
+        caches.classes.store.put(cls)
+    for obj in claims:
+        caches.claims.store.put(obj)
+    return caches
+
+
+def gpuclass(name: str, tolerations: list[Obj]) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "mode": "passthrough",
+            "source": {"devicePlugin": {"resourceName": f"nvidia.com/{name}"}},
+            "tolerations": tolerations,
+        },
+    }
+
+
+CLASSES = [
+    gpuclass("a10", [GPU_TAINT, A10_TAINT]),
+    gpuclass("l40s", [GPU_TAINT, L40S_TAINT]),
+    gpuclass("plain", []),
+]
+
+
+def claim(name: str, class_name: str, namespace: str = NS) -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "3"},
+        "spec": {"className": class_name, "count": 1},
+    }
+
+
+CLAIMS = [claim("hold-l", "l40s"), claim("hold-a", "a10"), claim("elsewhere", "plain", "other")]
+
+
+def pod(
+    refs: str | None = '[{"claim":"hold-l"}]',
+    *,
+    launcher: bool = True,
+    labelled: bool = True,
+    migration: bool = False,
+    ephemeral: bool = False,
+    tolerations: list[Obj] | None = None,
+    gates: list[Obj] | None = None,
+) -> Obj:
+    labels: Obj = {"vm.kubevirt.io/name": "vm1", "kubevirt.io/created-by": "u-vmi"}
+    if launcher:
+        labels["kubevirt.io"] = "virt-launcher"
+    if labelled:
+        labels["gpu.cozystack.io/claims"] = "true"
+    if migration:
+        labels["kubevirt.io/migrationJobUID"] = "u-mig"
+    annotations: Obj = {"kubevirt.io/domain": "vm1"}
+    if refs is not None:
+        annotations["gpu.cozystack.io/claims"] = refs
+    if ephemeral:
+        annotations["kubevirt.io/ephemeral-provisioning"] = "true"
+    spec: Obj = {
+        "containers": [{"name": "compute", "image": "virt-launcher"}],
+        "tolerations": [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}
+        ],
+    }
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    if gates is not None:
+        spec["schedulingGates"] = gates
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "virt-launcher-vm1-",
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def request(obj: Obj, operation: str = "CREATE") -> admitting.AdmissionRequest:
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": operation,
+            "namespace": NS,
+            "object": obj,
+            "userInfo": {"username": "system:serviceaccount:kubevirt:kubevirt-controller"},
+        },
+    }
+    return admitting.parse(json.dumps(review).encode())
+
+
+def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
+    """RFC 6902 ``add`` (all the webhook emits), on a copy."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        assert op["op"] == "add"
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
+        parent: Any = out
+        for token in tokens[:-1]:
+            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+        last, value = tokens[-1], copy.deepcopy(op["value"])
+        if isinstance(parent, list):
+            parent.insert(len(parent) if last == "-" else int(last), value)
+        else:
+            parent[last] = value
+    return out
+
+
+@pytest.fixture
+def webhook() -> pods.PodWebhook:
+    return pods.PodWebhook(make_caches(CLASSES, CLAIMS))
+
+
+def admitted(webhook: pods.PodWebhook, obj: Obj) -> Obj:
+    """The pod after admission (which must allow it)."""
+    admission = webhook(request(obj))
+    assert admission.allowed, admission.message
+    return apply_json_patch(obj, admission.patch)
+
+
+def toleration_keys(obj: Obj) -> list[tuple[Any, ...]]:
+    return [
+        (t.get("key"), t.get("operator", "Equal"), t.get("value"), t.get("effect"))
+        for t in obj["spec"].get("tolerations", [])
+    ]
+
+
+# -- launcher and temporary pods --------------------------------------------------------------
+
+
+def test_a_launcher_pod_gets_the_gate_and_its_class_tolerations(webhook: pods.PodWebhook) -> None:
+    obj = pod()
+    admission = webhook(request(obj))
+    assert admission.allowed
+    assert admission.patch == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]},
+        {
+            "op": "add",
+            "path": "/spec/tolerations/-",
+            "value": {
+                "key": "gpu.example.com/dedicated",
+                "operator": "Exists",
+                "effect": "NoSchedule",
+            },
+        },
+        {
+            "op": "add",
+            "path": "/spec/tolerations/-",
+            "value": {
+                "key": "gpu.example.com/model",
+                "operator": "Equal",
+                "value": "l40s",
+                "effect": "NoSchedule",
+            },
+        },
+    ]
+    out = apply_json_patch(obj, admission.patch)
+    assert out["spec"]["schedulingGates"] == [GATE]
+    assert toleration_keys(out)[0] == ("node.kubernetes.io/not-ready", "Exists", None, "NoExecute")
+
+
+def test_the_temporary_volume_pod_is_gated_like_the_launcher(webhook: pods.PodWebhook) -> None:
+    out = admitted(webhook, pod(ephemeral=True))
+    assert out["spec"]["schedulingGates"] == [GATE]
+    assert ("gpu.example.com/model", "Equal", "l40s", "NoSchedule") in toleration_keys(out)
+
+
+def test_tolerations_of_held_and_template_classes_are_added_once_each(
+    webhook: pods.PodWebhook,
+) -> None:
+    refs = (
+        '[{"claim":"hold-a"},{"claimTemplate":{"className":"l40s","count":1}},'
+        '{"claimTemplate":{"className":"a10","count":2}},{"claimTemplate":'
+        '{"className":"plain","count":1}}]'
+    )
+    out = admitted(webhook, pod(refs))
+    assert toleration_keys(out) == [
+        ("node.kubernetes.io/not-ready", "Exists", None, "NoExecute"),
+        ("gpu.example.com/dedicated", "Exists", None, "NoSchedule"),
+        ("gpu.example.com/model", "Equal", "a10", "NoSchedule"),
+        ("gpu.example.com/model", "Equal", "l40s", "NoSchedule"),
+    ]
+
+
+def test_tolerations_the_pod_already_carries_are_not_added_again(
+    webhook: pods.PodWebhook,
+) -> None:
+    carried = [{**GPU_TAINT}, {**L40S_TAINT, "operator": "Equal"}]
+    admission = webhook(request(pod(tolerations=carried)))
+    assert admission.allowed
+    assert admission.patch == [{"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
+
+
+def test_a_pod_without_tolerations_gets_the_whole_list(webhook: pods.PodWebhook) -> None:
+    obj = pod()
+    del obj["spec"]["tolerations"]
+    admission = webhook(request(obj))
+    assert admission.patch[1] == {
+        "op": "add",
+        "path": "/spec/tolerations",
+        "value": [
+            {"key": "gpu.example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "gpu.example.com/model",
+                "operator": "Equal",
+                "value": "l40s",
+                "effect": "NoSchedule",
+            },
+        ],
+    }
+
+
+def test_other_gates_are_kept_and_ours_appended(webhook: pods.PodWebhook) -> None:
+    out = admitted(webhook, pod(gates=[{"name": "example.com/other"}]))
+    assert out["spec"]["schedulingGates"] == [{"name": "example.com/other"}, GATE]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(pod(), id="launcher"),
+        pytest.param(pod(ephemeral=True), id="ephemeral"),
+        pytest.param(pod(gates=[{"name": "example.com/other"}]), id="other-gates"),
+        pytest.param(
+            pod('[{"claim":"hold-a"},{"claimTemplate":{"className":"l40s","count":1}}]'),
+            id="two-classes",
+        ),
+    ],
+)
+def test_repeated_admission_adds_the_gate_once_and_tolerations_once(
+    webhook: pods.PodWebhook, obj: Obj
+) -> None:
+    once = admitted(webhook, obj)
+    again = webhook(request(once))
+    assert again.allowed
+    assert again.patch == []
+    assert once["spec"]["schedulingGates"].count(GATE) == 1
+    keys = toleration_keys(once)
+    assert len(keys) == len(set(keys))
+
+
+def test_a_pod_already_gated_is_not_gated_twice(webhook: pods.PodWebhook) -> None:
+    out = admitted(webhook, pod(gates=[GATE]))
+    assert out["spec"]["schedulingGates"] == [GATE]
+
+
+def test_a_pod_without_spec_gets_one_spec_with_both(webhook: pods.PodWebhook) -> None:
+    obj = pod()
+    del obj["spec"]
+    admission = webhook(request(obj))
+    assert admission.allowed
+    assert admission.patch[0] == {"op": "add", "path": "/spec", "value": {}}
+    out = apply_json_patch(obj, admission.patch)
+    assert out["spec"]["schedulingGates"] == [GATE]
+    assert len(out["spec"]["tolerations"]) == 2
+
+
+def test_unknown_claims_and_classes_add_no_toleration_but_the_gate(
+    webhook: pods.PodWebhook,
+) -> None:
+    refs = (
+        '[{"claim":"ghost"},{"claim":"elsewhere"},{"claimTemplate":{"className":"gone","count":1}}]'
+    )
+    admission = webhook(request(pod(refs)))
+    assert admission.allowed
+    assert admission.patch == [{"op": "add", "path": "/spec/schedulingGates", "value": [GATE]}]
+
+
+@pytest.mark.parametrize(
+    "refs", [pytest.param(None, id="missing"), pytest.param("{oops", id="not-json")]
+)
+def test_a_launcher_pod_with_a_bad_annotation_is_refused(
+    webhook: pods.PodWebhook, refs: str | None
+) -> None:
+    admission = webhook(request(pod(refs)))
+    assert not admission.allowed
+    assert admission.code == 403
+    assert admission.message.startswith(
+        f"Pod {NS}/virt-launcher-vm1-: annotation gpu.cozystack.io/claims: "
+    )
+
+
+# -- pods left alone --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(pod(migration=True), id="migration-target"),
+        pytest.param(pod(migration=True, ephemeral=True), id="migration-target-annotated"),
+        pytest.param(pod(migration=True, refs="{oops"), id="migration-target-bad-annotation"),
+        pytest.param(pod(launcher=False), id="not-a-launcher"),
+        pytest.param(pod(labelled=False), id="launcher-without-claims-label"),
+    ],
+)
+def test_migration_targets_and_other_pods_are_admitted_untouched(
+    webhook: pods.PodWebhook, obj: Obj
+) -> None:
+    assert webhook(request(obj)) == admitting.Admission.allow()
+
+
+@pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
+def test_only_create_is_mutated(webhook: pods.PodWebhook, operation: str) -> None:
+    assert webhook(request(pod(), operation)) == admitting.Admission.allow()
+
+
+# -- registration -----------------------------------------------------------------------------
+
+
+def test_the_pod_webhook_is_registered_for_labelled_launcher_pod_creates() -> None:
+    selector = {"matchLabels": {"team": "a"}}
+    configs = registration.configurations("https://op:9443", b"PEM", namespace_selector=selector)
+    mutating = next(c for c in configs if c["kind"] == "MutatingWebhookConfiguration")
+    assert mutating["metadata"]["name"] == "gpu-operator-mutating"
+    assert [w["name"] for w in mutating["webhooks"]] == [
+        "vmis.gpu.cozystack.io",
+        "launcher-pods.gpu.cozystack.io",
+    ]
+    hook = mutating["webhooks"][1]
+    assert hook["clientConfig"]["url"] == "https://op:9443/mutate-launcher-pod"
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["objectSelector"] == {
+        "matchExpressions": [
+            {"key": "kubevirt.io", "operator": "In", "values": ["virt-launcher"]},
+            {"key": "gpu.cozystack.io/claims", "operator": "In", "values": ["true"]},
+        ]
+    }
+    assert hook["namespaceSelector"] == selector
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["sideEffects"] == "None"
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    # Each webhook carries its own selector (no YAML anchors when dumped).
+    assert hook["namespaceSelector"] is not mutating["webhooks"][0]["namespaceSelector"]

@@ -1,0 +1,991 @@
+"""The three controllers for VMs on claims, on in-memory caches: template claims (created
+once, owned by the VMI, never adopted when foreign, nothing with gpuForVMs off), attachments
+(UID filled, stale attachments cleared at once, unconfirmed ones only after the grace,
+restored when a live VMI uses the claim) and placement (pin and ungate in one write when the
+set is on one node, waiting while it is not bound, gathering a split set where it fits, a
+refused pinned pod recorded with expiry and deleted, migration targets never touched).
+
+Real ``Store``s (through the real shared-cache registration) and a real ``Inventory``; the
+API server is a small fake that keeps objects, applies merge patches, honours
+resourceVersion and UID preconditions, and records every call.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+import pykube
+import pytest
+
+from controllers import attachments, placement, template_claims
+from gpuoperator import caches as cachesmod
+from gpuoperator import names
+from gpuoperator.inventory import Inventory
+from gpuoperator.model import references, slimming
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.controlling import Result
+from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.recording import Recorder
+from gpuoperator.settings import Settings
+
+Obj = dict[str, Any]
+NS = "tenant-a"
+A10 = "nvidia.com/GA102GL_A10"
+VMI_UID = "uid-vm1"
+GATE = names.PLACEMENT_GATE
+START = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+# -- fakes ------------------------------------------------------------------------------------
+
+
+class _NoServerManager:
+    """Enough of ``Manager`` for ``caches.register``: informers that are never started."""
+
+    def informer(
+        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
+    ) -> Informer:
+        return Informer(cast("ListWatcher", object()), kind, options, name=name)
+
+
+def make_caches() -> cachesmod.Caches:
+    return cachesmod.register(cast("Manager", _NoServerManager()))
+
+
+def _merge(target: Obj, patch: Obj) -> Obj:
+    """RFC 7386 JSON merge patch."""
+    out = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class FakeApi:
+    """A tiny API server: objects by (kind, namespace, name), every call recorded."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        self.calls: list[tuple[str, str, str, Any]] = []
+        self.conflict_next: set[str] = set()  # verbs whose next call fails with 409
+        self._rv = 100
+
+    def add(self, kind: Kind, obj: Obj) -> Obj:
+        self._rv += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self._rv)
+        stored["metadata"].setdefault("uid", f"uid-{stored['metadata']['name']}")
+        self.objects[
+            (kind.kind, stored["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        ] = stored
+        return copy.deepcopy(stored)
+
+    def writes(self) -> list[tuple[str, str, str, Any]]:
+        return [c for c in self.calls if c[0] != "get"]
+
+    def _conflict(self, verb: str) -> None:
+        if verb in self.conflict_next:
+            self.conflict_next.discard(verb)
+            raise errors.ConflictError(409, "Conflict", "the object has been modified")
+
+    def _stored(self, kind: Kind, name: str, namespace: str | None) -> Obj:
+        found = self.objects.get((kind.kind, namespace or "", name))
+        if found is None:
+            raise errors.NotFoundError(404, "NotFound", f"{kind.kind} {name} not found")
+        return found
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+        self.calls.append(("get", kind.kind, name, None))
+        return copy.deepcopy(self._stored(kind, name, namespace))
+
+    def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return self.get(kind, name, namespace)
+        except errors.NotFoundError:
+            return None
+
+    def create(self, kind: Kind, obj: Obj) -> Obj:
+        self.calls.append(("create", kind.kind, obj["metadata"]["name"], copy.deepcopy(obj)))
+        key = (kind.kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if key in self.objects:
+            raise errors.AlreadyExistsError(409, "AlreadyExists", "exists")
+        return self.add(kind, obj)
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        **_: Any,
+    ) -> Obj:
+        self.calls.append(("patch", kind.kind, name, {"body": patch, "subresource": subresource}))
+        self._conflict("patch")
+        current = self._stored(kind, name, namespace)
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
+        merged = _merge(current, patch)
+        return self.add(kind, merged)
+
+    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
+        name = obj["metadata"]["name"]
+        self.calls.append(("replace_status", kind.kind, name, copy.deepcopy(obj)))
+        self._conflict("replace_status")
+        current = self._stored(kind, name, obj["metadata"].get("namespace"))
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
+        return self.add(kind, {**current, "status": copy.deepcopy(obj.get("status"))})
+
+    def delete(
+        self, kind: Kind, name: str, namespace: str | None = None, *, uid: str | None = None
+    ) -> None:
+        self.calls.append(("delete", kind.kind, name, {"uid": uid}))
+        current = self._stored(kind, name, namespace)
+        if uid and current["metadata"]["uid"] != uid:
+            raise errors.ConflictError(409, "Conflict", "uid precondition failed")
+        del self.objects[(kind.kind, namespace or "", name)]
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.events: list[Obj] = []
+
+    def event(
+        self,
+        obj: Obj,
+        type_: str,
+        reason: str,
+        message: str,
+        *,
+        kind: str | None = None,
+        api_version: str = names.API_VERSION,
+    ) -> None:
+        self.events.append(
+            {
+                "name": obj["metadata"]["name"],
+                "kind": kind,
+                "apiVersion": api_version,
+                "type": type_,
+                "reason": reason,
+                "message": message,
+            }
+        )
+
+    def reasons(self) -> list[str]:
+        return [e["reason"] for e in self.events]
+
+
+# -- objects ----------------------------------------------------------------------------------
+
+
+def vmi(
+    name: str = "vm1",
+    uid: str = VMI_UID,
+    refs: list[Obj] | None = None,
+    deleting: bool = False,
+    phase: str | None = None,
+) -> Obj:
+    refs = refs if refs is not None else [{"claim": "hold-a"}, {"claimTemplate": TEMPLATE}]
+    obj: Obj = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": uid,
+            "resourceVersion": "7",
+            "labels": {names.CLAIMS_LABEL: names.TRUE},
+            "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+        },
+        "spec": {},
+    }
+    if deleting:
+        obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+TEMPLATE: Obj = {"className": "a10", "count": 2}
+
+
+def claim(
+    name: str,
+    *,
+    count: int = 1,
+    phase: str | None = None,
+    node: str | None = None,
+    attached: Obj | None = None,
+    owner_uid: str | None = None,
+    rv: str = "11",
+) -> Obj:
+    obj: Obj = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GPU_CLAIM,
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "resourceVersion": rv,
+            "generation": 1,
+            "finalizers": [names.CLAIM_PROTECTION_FINALIZER],
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"className": "a10", "count": count},
+        "status": {},
+    }
+    if owner_uid:
+        obj["metadata"]["labels"] = {names.TEMPLATE_CLAIM_LABEL: names.TRUE}
+        obj["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": "vm1",
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    if phase:
+        obj["status"]["phase"] = phase
+    if node:
+        obj["status"]["nodeName"] = node
+    if attached:
+        obj["status"]["attachment"] = attached
+    return obj
+
+
+def gpu_node(name: str, units: int = 4) -> Obj:
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {
+            "capacity": {A10: str(units)},
+            "allocatable": {A10: str(units)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+A10_CLASS: Obj = {
+    "metadata": {"name": "a10"},
+    "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": A10}}},
+}
+
+
+def launcher_pod(
+    name: str = "virt-launcher-vm1-abcde",
+    *,
+    gated: bool = True,
+    pinned_to: str | None = None,
+    unschedulable: bool = False,
+    migration: bool = False,
+    vmi_name: str = "vm1",
+) -> Obj:
+    refs = [{"claim": "hold-a"}, {"claimTemplate": TEMPLATE}]
+    labels = {
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": VMI_UID,
+        "vm.kubevirt.io/name": vmi_name,
+        names.CLAIMS_LABEL: names.TRUE,
+    }
+    if migration:
+        labels["kubevirt.io/migrationJobUID"] = "mig-1"
+    spec: Obj = {
+        "containers": [
+            {
+                "name": "compute",
+                "resources": {"requests": {A10: "3", "cpu": "1"}, "limits": {A10: "3"}},
+            }
+        ],
+        "affinity": {
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+        },
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": "other.example.com/gate"}, {"name": GATE}]
+    if pinned_to:
+        spec["affinity"]["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "In",
+                                "values": [pinned_to],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    reason = "Unschedulable" if unschedulable else "SchedulingGated"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "labels": labels,
+            "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": vmi_name,
+                    "uid": VMI_UID,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": reason,
+                    "message": "0/2 nodes are available: 1 Insufficient nvidia.com/GA102GL_A10"
+                    if unschedulable
+                    else "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        },
+    }
+
+
+# -- a world ----------------------------------------------------------------------------------
+
+
+class World:
+    def __init__(self, *, gpu_for_vms: bool = True) -> None:
+        self.caches = make_caches()
+        self.api = FakeApi()
+        self.recorder = FakeRecorder()
+        self.clock = FakeClock(START)
+        self.settings = Settings.model_validate({"gpuForVMs": gpu_for_vms, "refusalTTL": "10m"})
+        self.inventory = Inventory()
+        self.inventory.apply_class(A10_CLASS)
+        self.inventory.apply_node(gpu_node("n1"))
+        self.inventory.apply_node(gpu_node("n2"))
+        self.caches.classes.store.put(A10_CLASS)
+
+    @property
+    def writer(self) -> Client:
+        return cast("Client", self.api)
+
+    @property
+    def events(self) -> Recorder:
+        return cast("Recorder", self.recorder)
+
+    def put_claim(self, obj: Obj) -> Obj:
+        """The claim as the API server and the caches (and so the inventory) have it."""
+        stored = self.api.add(GPUClaim, obj)
+        self.caches.claims.store.put(stored)
+        self.inventory.apply_claim(stored)
+        return stored
+
+    def sync_claim(self, name: str) -> Obj:
+        """Deliver the API server's current claim to the cache, as a watch would."""
+        stored = copy.deepcopy(self.api.objects[("GPUClaim", NS, name)])
+        self.caches.claims.store.put(stored)
+        self.inventory.apply_claim(stored)
+        return stored
+
+    def put_vmi(self, obj: Obj) -> Obj:
+        stored = self.api.add(VirtualMachineInstance, obj)
+        self.caches.vmis.store.put(stored)
+        return stored
+
+    def put_pod(self, obj: Obj) -> Obj:
+        stored = self.api.add(pykube.Pod, obj)
+        self.caches.pods.store.put(slimming.slim_pod(stored))
+        return stored
+
+    def template_claims(self) -> template_claims.TemplateClaims:
+        return template_claims.TemplateClaims(self.caches, self.writer, self.events, self.settings)
+
+    def attachments(self, grace: float = 30.0) -> attachments.Attachments:
+        return attachments.Attachments(
+            self.caches, self.writer, self.events, self.settings, clock=self.clock, grace=grace
+        )
+
+    def placement(self) -> placement.Placement:
+        return placement.Placement(
+            self.caches, self.inventory, self.writer, self.events, self.settings, clock=self.clock
+        )
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def free_units(world: World, node: str) -> int:
+    """The inventory's free units of class a10 on ``node``."""
+    view = world.inventory.node(node)
+    assert view is not None
+    [entry] = [c for c in view.classes if c["name"] == "a10"]
+    return entry["free"]
+
+
+def requeue(result: Result | None) -> float | None:
+    return None if result is None else result.requeue_after
+
+
+# -- template claims --------------------------------------------------------------------------
+
+
+def test_template_claim_is_created_once_marked_and_owned_by_the_vmi(world: World) -> None:
+    world.put_vmi(vmi())
+    controller = world.template_claims()
+
+    assert controller.reconcile((NS, "vm1")) is None
+
+    creates = [c for c in world.api.calls if c[0] == "create"]
+    assert len(creates) == 1
+    body = creates[0][3]
+    assert body["metadata"]["name"] == "vm1-gpu-1"  # the template is the second reference
+    assert body["metadata"]["labels"] == {names.TEMPLATE_CLAIM_LABEL: names.TRUE}
+    assert body["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "name": "vm1",
+            "uid": VMI_UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert body["spec"] == {"className": "a10", "count": 2}
+    assert world.recorder.events[-1]["reason"] == "TemplateClaimCreated"
+    assert world.recorder.events[-1]["kind"] == "VirtualMachineInstance"
+    assert world.recorder.events[-1]["apiVersion"] == "kubevirt.io/v1"
+
+    # The watch delivers the claim: the next passes create nothing.
+    world.caches.claims.store.put(world.api.objects[("GPUClaim", NS, "vm1-gpu-1")])
+    assert controller.reconcile((NS, "vm1")) is None
+    assert controller.reconcile((NS, "vm1")) is None
+    assert len([c for c in world.api.calls if c[0] == "create"]) == 1
+
+
+def test_template_claim_behind_the_cache_is_recognised_after_already_exists(world: World) -> None:
+    vm = world.put_vmi(vmi())
+    controller = world.template_claims()
+    controller.reconcile((NS, "vm1"))
+    world.recorder.events.clear()
+
+    # Another pass before the watch delivered the claim: AlreadyExists, then a read shows
+    # it is this VMI's own claim — no conflict reported.
+    assert controller.reconcile((NS, "vm1")) is None
+    assert world.recorder.events == []
+    assert references.is_template_claim_of(world.api.objects[("GPUClaim", NS, "vm1-gpu-1")], vm)
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        pytest.param(claim("vm1-gpu-1"), id="tenant-claim"),
+        pytest.param(claim("vm1-gpu-1", owner_uid="uid-earlier-vm1"), id="earlier-vmi"),
+    ],
+)
+def test_foreign_claim_of_the_template_name_is_never_adopted(world: World, foreign: Obj) -> None:
+    world.put_vmi(vmi())
+    stored = world.put_claim(foreign)
+
+    result = world.template_claims().reconcile((NS, "vm1"))
+
+    assert requeue(result) == template_claims.CONFLICT_RECHECK
+    assert world.api.writes() == []
+    assert world.api.objects[("GPUClaim", NS, "vm1-gpu-1")] == stored
+    event = world.recorder.events[-1]
+    assert (event["type"], event["reason"]) == ("Warning", "TemplateClaimConflict")
+    assert (event["kind"], event["apiVersion"], event["name"]) == (
+        "VirtualMachineInstance",
+        "kubevirt.io/v1",
+        "vm1",
+    )
+
+
+def test_foreign_claim_found_on_already_exists_is_not_adopted(world: World) -> None:
+    world.put_vmi(vmi())
+    world.api.add(GPUClaim, claim("vm1-gpu-1"))  # not in the cache yet
+
+    result = world.template_claims().reconcile((NS, "vm1"))
+
+    assert requeue(result) == template_claims.CONFLICT_RECHECK
+    assert [c[0] for c in world.api.writes()] == ["create"]
+    assert world.recorder.reasons() == ["TemplateClaimConflict"]
+
+
+def test_nothing_is_created_with_gpu_for_vms_off() -> None:
+    world = World(gpu_for_vms=False)
+    world.put_vmi(vmi())
+
+    assert world.template_claims().reconcile((NS, "vm1")) is None
+    assert world.api.writes() == []
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(vmi(deleting=True), id="deleting"),
+        pytest.param(vmi(phase="Failed"), id="finished"),
+        pytest.param(vmi(refs=[{"claim": "hold-a"}]), id="no-template"),
+    ],
+)
+def test_no_template_claim_for_vmis_that_need_none(world: World, obj: Obj) -> None:
+    world.put_vmi(obj)
+    assert world.template_claims().reconcile((NS, "vm1")) is None
+    assert world.api.writes() == []
+
+
+def test_claims_map_to_their_owning_vmi() -> None:
+    assert template_claims.owning_vmi(claim("vm1-gpu-1", owner_uid=VMI_UID)) == [(NS, "vm1")]
+    assert template_claims.owning_vmi(claim("hold-a")) == []
+
+
+# -- attachments ------------------------------------------------------------------------------
+
+
+def _attachment_patches(world: World) -> list[Any]:
+    return [c[3] for c in world.api.calls if c[0] == "patch" and c[1] == "GPUClaim"]
+
+
+def test_attachment_uid_is_filled_once_the_vmi_exists(world: World) -> None:
+    world.put_vmi(vmi())
+    stored = world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+
+    [patch] = _attachment_patches(world)
+    assert patch["subresource"] == "status"
+    assert patch["body"] == {
+        "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
+        "status": {"attachment": {"vmi": "vm1", "uid": VMI_UID}},
+    }
+    assert world.recorder.reasons() == ["Attached"]
+
+
+def test_confirmed_attachment_of_a_live_vmi_is_left_alone(world: World) -> None:
+    world.put_vmi(vmi())
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+    assert world.api.calls == []
+
+
+@pytest.mark.parametrize(
+    ("live", "reason"),
+    [
+        pytest.param(None, "VMDeleted", id="deleted"),
+        pytest.param(vmi(uid="uid-new"), "VMReplaced", id="other-uid"),
+        pytest.param(vmi(deleting=True), "VMDeleting", id="being-deleted"),
+    ],
+)
+def test_stale_confirmed_attachment_is_cleared(world: World, live: Obj | None, reason: str) -> None:
+    if live is not None:
+        world.put_vmi(live)
+    stored = world.put_claim(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+
+    [patch] = _attachment_patches(world)
+    assert patch["body"] == {
+        "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
+        "status": {"attachment": None},
+    }
+    assert "attachment" not in world.api.objects[("GPUClaim", NS, "hold-a")]["status"]
+    assert world.recorder.reasons() == ["Detached"]
+    assert stale_message_mentions(world, reason)
+
+
+def stale_message_mentions(world: World, reason: str) -> bool:
+    words = {
+        "VMDeleted": "no longer exists",
+        "VMReplaced": "now has uid",
+        "VMDeleting": "being deleted",
+    }
+    return words[reason] in world.recorder.events[-1]["message"]
+
+
+def test_attachment_is_kept_when_only_the_cache_lags(world: World) -> None:
+    world.api.add(VirtualMachineInstance, vmi())  # exists, not cached yet
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+    assert world.api.writes() == []
+
+
+def test_unconfirmed_attachment_is_cleared_only_after_the_grace(world: World) -> None:
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
+    controller = world.attachments()
+
+    assert requeue(controller.reconcile((NS, "hold-a"))) == 30.0
+    world.clock.advance(10)
+    assert requeue(controller.reconcile((NS, "hold-a"))) == pytest.approx(20.0)
+    assert world.api.calls == []
+
+    world.clock.advance(20)
+    assert controller.reconcile((NS, "hold-a")) is None
+
+    assert [c[0] for c in world.api.calls] == ["get", "patch"]  # a live read, then the clear
+    [patch] = _attachment_patches(world)
+    assert patch["body"]["status"] == {"attachment": None}
+    assert "was not created" in world.recorder.events[-1]["message"]
+
+
+def test_unconfirmed_attachment_is_confirmed_when_the_vmi_appears(world: World) -> None:
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
+    controller = world.attachments()
+    controller.reconcile((NS, "hold-a"))
+
+    world.put_vmi(vmi())  # the create completes within the grace
+    assert controller.reconcile((NS, "hold-a")) is None
+
+    [patch] = _attachment_patches(world)
+    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+
+
+def test_unconfirmed_attachment_restarts_its_grace_when_the_claim_changes(world: World) -> None:
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}, rv="11"))
+    controller = world.attachments()
+    controller.reconcile((NS, "hold-a"))
+    world.clock.advance(29)
+
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))  # rewritten: a new version
+    world.clock.advance(2)
+    assert requeue(controller.reconcile((NS, "hold-a"))) == 30.0
+    assert world.api.writes() == []
+
+
+def test_attachment_to_a_vmi_that_does_not_use_the_claim_is_not_confirmed(world: World) -> None:
+    world.put_vmi(vmi(refs=[{"claimTemplate": TEMPLATE}]))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
+    controller = world.attachments()
+
+    assert requeue(controller.reconcile((NS, "hold-a"))) == 30.0
+    world.clock.advance(30)
+    controller.reconcile((NS, "hold-a"))
+
+    [patch] = _attachment_patches(world)
+    assert patch["body"]["status"] == {"attachment": None}
+
+
+def test_clear_that_loses_a_race_writes_nothing_else(world: World) -> None:
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}))
+    world.api.conflict_next.add("patch")
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+    assert world.recorder.events == []
+
+
+def test_missing_attachment_of_a_live_user_is_restored(world: World) -> None:
+    world.put_vmi(vmi())
+    world.put_claim(claim("hold-a"))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+
+    [patch] = _attachment_patches(world)
+    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+
+
+def test_vmis_map_to_attached_and_referenced_claims(world: World) -> None:
+    world.put_claim(claim("other", attached={"vmi": "vm1"}))
+    world.put_claim(claim("unrelated"))
+    assert attachments.claims_of_vmi(world.caches, vmi()) == [(NS, "hold-a"), (NS, "other")]
+
+
+# -- placement --------------------------------------------------------------------------------
+
+
+def bound_set(world: World, hold_node: str = "n1", template_node: str = "n1") -> None:
+    world.put_vmi(vmi())
+    world.put_claim(
+        claim("hold-a", phase="Bound", node=hold_node, attached={"vmi": "vm1", "uid": VMI_UID})
+    )
+    world.put_claim(
+        claim("vm1-gpu-1", count=2, phase="Bound", node=template_node, owner_uid=VMI_UID)
+    )
+
+
+POD = (NS, "virt-launcher-vm1-abcde")
+
+
+def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
+    bound_set(world)
+    pod = world.put_pod(launcher_pod())
+
+    assert world.placement().reconcile(POD) is None
+
+    [write] = world.api.writes()
+    verb, kind, name, payload = write
+    assert (verb, kind, name) == ("patch", "Pod", POD[1])
+    body = payload["body"]
+    assert body["metadata"] == {"resourceVersion": pod["metadata"]["resourceVersion"]}
+    assert body["spec"]["schedulingGates"] == [{"name": "other.example.com/gate"}]
+    required = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
+            ]
+        }
+    ]
+    assert "podAntiAffinity" in body["spec"]["affinity"]  # read from the full pod, kept
+    pinned = world.api.objects[("Pod", NS, POD[1])]
+    assert references.pinned_node(pinned) == "n1"
+    assert not references.is_gated(pinned)
+    event = world.recorder.events[-1]
+    assert (event["reason"], event["kind"], event["name"]) == ("Pinned", "Pod", POD[1])
+
+
+@pytest.mark.parametrize(
+    ("setup", "words"),
+    [
+        pytest.param(
+            lambda w: w.put_claim(claim("hold-a", phase="Pending")),
+            "hold-a is Pending",
+            id="pending",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1")),
+            "vm1-gpu-1 does not exist yet",
+            id="template-claim-missing",
+        ),
+    ],
+)
+def test_pod_waits_gated_until_every_claim_is_bound(
+    world: World, setup: Callable[[World], Any], words: str
+) -> None:
+    world.put_vmi(vmi())
+    setup(world)
+    world.put_pod(launcher_pod())
+    controller = world.placement()
+
+    assert requeue(controller.reconcile(POD)) == placement.WAIT_RECHECK
+    assert requeue(controller.reconcile(POD)) == placement.WAIT_RECHECK
+
+    assert world.api.calls == []  # not even a read of the pod
+    assert world.recorder.reasons() == ["WaitingForPlacement"]  # once per message
+    assert words in world.recorder.events[0]["message"]
+
+
+def test_pod_waits_while_a_claim_is_attached_to_another_live_vm(world: World) -> None:
+    world.put_vmi(vmi())
+    world.put_vmi(vmi(name="vm2", uid="uid-vm2"))
+    world.put_claim(
+        claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm2", "uid": "uid-vm2"})
+    )
+    world.put_claim(claim("vm1-gpu-1", count=2, phase="Bound", node="n1", owner_uid=VMI_UID))
+    world.put_pod(launcher_pod())
+
+    assert requeue(world.placement().reconcile(POD)) == placement.WAIT_RECHECK
+    assert world.api.writes() == []
+    assert "attached to VM instance vm2" in world.recorder.events[-1]["message"]
+
+
+def test_pod_waits_for_its_own_template_claim_not_an_earlier_vmis(world: World) -> None:
+    world.put_vmi(vmi())
+    world.put_claim(claim("hold-a", phase="Bound", node="n1"))
+    world.put_claim(claim("vm1-gpu-1", count=2, phase="Bound", node="n1", owner_uid="uid-old"))
+    world.put_pod(launcher_pod())
+
+    assert requeue(world.placement().reconcile(POD)) == placement.WAIT_RECHECK
+    assert world.api.writes() == []
+
+
+def test_split_set_is_gathered_where_it_fits_then_pinned(world: World) -> None:
+    bound_set(world, hold_node="n1", template_node="n2")
+    world.put_pod(launcher_pod())
+    controller = world.placement()
+
+    assert requeue(controller.reconcile(POD)) == placement.WAIT_RECHECK
+
+    [(verb, _kind, name, moved)] = world.api.writes()
+    assert (verb, name) == ("replace_status", "hold-a")  # the smaller share moves
+    assert moved["status"]["nodeName"] == "n2"
+    assert moved["status"]["phase"] == "Bound"
+    assert moved["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
+    bound = next(c for c in moved["status"]["conditions"] if c["type"] == "Bound")
+    assert (bound["status"], bound["reason"]) == ("True", "Moved")
+    assert free_units(world, "n2") == 1
+    assert free_units(world, "n1") == 4
+    assert "Moved" in world.recorder.reasons()
+
+    world.sync_claim("hold-a")
+    assert controller.reconcile(POD) is None
+    assert references.pinned_node(world.api.objects[("Pod", NS, POD[1])]) == "n2"
+
+
+def test_split_set_that_fits_nowhere_waits_gated(world: World) -> None:
+    bound_set(world, hold_node="n1", template_node="n2")
+    # Fill both nodes: n1 keeps 1 free (needs 2 for the template), n2 keeps 0 (needs 1).
+    world.put_claim(claim("big-1", count=2, phase="Bound", node="n1"))
+    world.put_claim(claim("big-2", count=1, phase="Bound", node="n1"))
+    world.put_claim(claim("big-3", count=2, phase="Bound", node="n2"))
+    world.put_pod(launcher_pod())
+
+    assert requeue(world.placement().reconcile(POD)) == placement.WAIT_RECHECK
+
+    assert world.api.writes() == []
+    event = world.recorder.events[-1]
+    assert (event["type"], event["reason"]) == ("Warning", "WaitingForPlacement")
+    assert "different nodes" in event["message"]
+    assert f"1 unit of {A10} needed, 0 free" in event["message"]
+
+
+def test_split_set_is_not_moved_to_a_node_a_claim_refused(world: World) -> None:
+    bound_set(world, hold_node="n1", template_node="n2")
+    refused = world.caches.claims.store.get((NS, "hold-a"))
+    assert refused is not None
+    world.put_claim(
+        {
+            **refused,
+            "status": {
+                **refused["status"],
+                "refusedNodes": [{"nodeName": "n2", "until": "2026-01-01T00:05:00Z"}],
+            },
+        }
+    )
+    world.put_pod(launcher_pod())
+
+    world.placement().reconcile(POD)
+
+    # n2 is skipped for hold-a; the template claim moves to n1 instead (n1 has 3 free).
+    [(verb, _kind, name, moved)] = world.api.writes()
+    assert (verb, name, moved["status"]["nodeName"]) == ("replace_status", "vm1-gpu-1", "n1")
+
+
+def test_pin_that_loses_a_race_looks_again(world: World) -> None:
+    bound_set(world)
+    world.put_pod(launcher_pod())
+    world.api.conflict_next.add("patch")
+
+    assert requeue(world.placement().reconcile(POD)) == placement.RETRY
+    assert world.recorder.events == []
+
+
+def refused_world(world: World) -> None:
+    bound_set(world)
+    world.put_pod(launcher_pod(gated=False, pinned_to="n1", unschedulable=True))
+
+
+def test_refused_pinned_pod_records_the_refusal_and_is_deleted(world: World) -> None:
+    refused_world(world)
+
+    assert world.placement().reconcile(POD) is None
+
+    writes = world.api.writes()
+    statuses = {c[2]: c[3]["status"] for c in writes if c[0] == "replace_status"}
+    assert set(statuses) == {"hold-a", "vm1-gpu-1"}
+    for status in statuses.values():
+        assert status["refusedNodes"] == [{"nodeName": "n1", "until": "2026-01-01T00:10:00Z"}]
+        assert status["phase"] == "Pending"
+        assert "nodeName" not in status
+        bound = next(c for c in status["conditions"] if c["type"] == "Bound")
+        assert (bound["status"], bound["reason"]) == ("False", "RefusedByNode")
+    assert statuses["hold-a"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
+    # The claims were written before the pod went, and the pod with its UID as precondition.
+    assert writes[-1] == ("delete", "Pod", POD[1], {"uid": f"uid-{POD[1]}"})
+    assert ("Pod", NS, POD[1]) not in world.api.objects
+    # The ledger released n1 at once.
+    assert free_units(world, "n1") == 4
+    assert world.recorder.reasons().count("RefusedByNode") == 3  # two claims and the VMI
+    assert world.recorder.events[-1]["kind"] == "VirtualMachineInstance"
+
+
+def test_refusal_waits_while_the_node_releases_gpus(world: World) -> None:
+    refused_world(world)
+    leaving = launcher_pod(name="virt-launcher-vm1-old", gated=False)
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    leaving["spec"]["nodeName"] = "n1"
+    leaving["status"] = {"phase": "Running"}
+    world.put_pod(leaving)
+    controller = world.placement()
+
+    wait = requeue(controller.reconcile(POD))
+    assert wait is not None
+    assert 0 < wait <= placement.SETTLE
+    assert world.api.writes() == []
+
+    world.clock.advance(placement.SETTLE)
+    assert controller.reconcile(POD) is None
+    assert world.api.writes()[-1][0] == "delete"
+
+
+def test_refused_pod_keeps_the_binding_of_a_claim_another_vm_uses(world: World) -> None:
+    refused_world(world)
+    world.put_vmi(vmi(name="vm2", uid="uid-vm2"))
+    world.put_claim(
+        claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm2", "uid": "uid-vm2"})
+    )
+
+    world.placement().reconcile(POD)
+
+    written = [c[2] for c in world.api.writes() if c[0] == "replace_status"]
+    assert written == ["vm1-gpu-1"]
+
+
+def test_unschedulable_pod_the_operator_did_not_pin_is_left_alone(world: World) -> None:
+    bound_set(world)
+    world.put_pod(launcher_pod(gated=False, unschedulable=True))
+
+    assert world.placement().reconcile(POD) is None
+    assert world.api.writes() == []
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(launcher_pod(migration=True), id="gated-migration-target"),
+        pytest.param(
+            launcher_pod(migration=True, gated=False, pinned_to="n1", unschedulable=True),
+            id="unschedulable-migration-target",
+        ),
+    ],
+)
+def test_migration_targets_are_never_touched(world: World, pod: Obj) -> None:
+    bound_set(world)
+    stored = world.put_pod(pod)
+
+    assert world.placement().reconcile(POD) is None
+
+    assert world.api.calls == []
+    assert world.recorder.events == []
+    assert world.api.objects[("Pod", NS, POD[1])] == stored
+    assert not placement.watched(slimming.slim_pod(stored))
+
+
+def test_claims_and_vmis_map_to_the_watched_launcher_pods(world: World) -> None:
+    world.put_pod(launcher_pod())
+    world.put_pod(launcher_pod(name="virt-launcher-vm1-target", migration=True))
+    hold = claim("hold-a", attached={"vmi": "vm1"})
+    template = claim("vm1-gpu-1", owner_uid=VMI_UID)
+
+    assert placement.vmis_of_claim(hold) == {"vm1"}
+    assert placement.vmis_of_claim(template) == {"vm1"}
+    assert placement.pods_of_vmi(world.caches, NS, "vm1") == [POD]
+    assert placement.pods_of_vmi(world.caches, NS, "vm2") == []
