@@ -77,6 +77,8 @@ class StatusWriter(Protocol):
         subresource: str | None = None,
     ) -> Obj: ...
 
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj: ...
+
 
 class PermittedHostDevices(Protocol):
     """The KubeVirt CR's permitted resources (``inventory.Inventory.permitted``)."""
@@ -196,16 +198,34 @@ class VmiWebhook:
                 )
         return out
 
+    def _write_attachment(
+        self, claim_name: str, claim: Obj, vmi_name: str, namespace: str, attempts: int = 3
+    ) -> None:
+        """Patch the attachment with the claim's resourceVersion as precondition. The cache
+        may lag behind a write of the operator's own (a finalizer, a bind): on a conflict,
+        re-read the claim and try again — unless it is now attached to another VM."""
+        for attempt in range(attempts):
+            resource_version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
+            body = references.attachment_patch(vmi_name, resource_version or None)
+            try:
+                self.writer.patch(GPUClaim, claim_name, body, namespace, subresource="status")
+                return
+            except errors.ConflictError:
+                if attempt == attempts - 1:
+                    raise
+            claim = self.writer.get(GPUClaim, claim_name, namespace)
+            other = ((claim.get("status") or {}).get("attachment") or {}).get("vmi")
+            if other and other != vmi_name:
+                raise errors.ConflictError(409, "Conflict", f"attached to VM {other} meanwhile")
+
     def _attach(
         self, claim_name: str, claim: Obj, vmi_name: str, namespace: str
     ) -> tuple[str, str, int] | None:
         """Record the attachment of ``claim_name`` to the VMI; the refusal (message, reason,
         code) when the write fails."""
-        resource_version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
-        body = references.attachment_patch(vmi_name, resource_version or None)
         key = f"{namespace}/{vmi_name}"
         try:
-            self.writer.patch(GPUClaim, claim_name, body, namespace, subresource="status")
+            self._write_attachment(claim_name, claim, vmi_name, namespace)
         except (errors.ConflictError, errors.NotFoundError) as exc:
             log.info(
                 "claim attachment failed",

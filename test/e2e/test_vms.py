@@ -13,7 +13,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj, refused
 from harness.waiting import wait_for
@@ -290,3 +290,102 @@ def test_migration_targets_pass_untouched_and_a_repeated_admission_gates_once(
     )
     gated.create()
     assert gated.obj["spec"]["schedulingGates"] == [{"name": names.PLACEMENT_GATE}]
+
+
+def test_two_held_claims_on_different_nodes_are_gathered_on_one(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    first_node, second_node = fleet.node(4), fleet.node(4)
+    wait_for(
+        "both nodes published",
+        lambda: (GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("nodes"),
+        until=lambda n: n == 2,
+        timeout=CONVERGE,
+    )
+    claim(api, tenant, "a", cls, 1)
+    assert bound_node(api, tenant, "a") == first_node  # binpack tie: the first by name
+    claim(api, tenant, "filler", cls, 3)
+    assert bound_node(api, tenant, "filler") == first_node  # the tightest fit
+    claim(api, tenant, "b", cls, 2)
+    assert bound_node(api, tenant, "b") == second_node
+    GPUClaim.objects(api, namespace=tenant).get(name="filler").delete()
+    wait_for(
+        "the filler gone",
+        lambda: GPUClaim.objects(api, namespace=tenant).get_or_none(name="filler"),
+        until=lambda c: c is None,
+        timeout=CONVERGE,
+    )
+    vmi(api, tenant, "vm-ab", [{"claim": "a"}, {"claim": "b"}])
+    status = wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-ab"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    nodes = {bound_node(api, tenant, n) for n in ("a", "b")}
+    assert nodes == {status["nodeName"]}, "the movable claim joined the other"
+
+
+def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    small = fleet.node(4, memory="8Gi")
+    big = fleet.node(4, memory="64Gi")
+    claim(api, tenant, "hold", cls, 2)
+    assert bound_node(api, tenant, "hold") == small  # binpack tie: the first by name
+    vmi(
+        api,
+        tenant,
+        "vm-big",
+        [{"claim": "hold"}],
+        domain={"devices": {}, "resources": {"requests": {"memory": "16Gi"}}},
+    )
+    refused_status = wait_for(
+        "the small node recorded as refusing",
+        lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj.get("status") or {},
+        until=lambda s: any(r["nodeName"] == small for r in s.get("refusedNodes", [])),
+        timeout=CONVERGE,
+    )
+    entry = next(r for r in refused_status["refusedNodes"] if r["nodeName"] == small)
+    assert entry["until"] > refused_status.get("boundTime", "")
+    wait_for(
+        "the VMI failed (its pod was deleted)",
+        lambda: vmi_status(api, tenant, "vm-big"),
+        until=lambda s: s.get("phase") == "Failed",
+        timeout=CONVERGE,
+    )
+    assert bound_node(api, tenant, "hold") == big
+    # The VM controller would start a new VMI after its backoff: do it by hand.
+    VirtualMachineInstance.objects(api, namespace=tenant).get(name="vm-big").delete()
+    wait_for(
+        "the failed VMI gone",
+        lambda: VirtualMachineInstance.objects(api, namespace=tenant).get_or_none(name="vm-big"),
+        until=lambda o: o is None,
+        timeout=CONVERGE,
+    )
+    vmi(
+        api,
+        tenant,
+        "vm-big",
+        [{"claim": "hold"}],
+        domain={"devices": {}, "resources": {"requests": {"memory": "16Gi"}}},
+    )
+    status = wait_for(
+        "Scheduled on the big node",
+        lambda: vmi_status(api, tenant, "vm-big"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    assert status["nodeName"] == big
+
+
+def test_a_vgpu_template_needs_the_entitlement(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class(mode="vgpu", profile="G1-8Q")
+    fleet.node(2)
+    with refused(403) as r:
+        vmi(api, tenant, "vgpu", [{"claimTemplate": {"className": cls, "count": 1}}])
+    assert "vgpu-entitled" in r[0].message

@@ -26,9 +26,11 @@ class Fleet:
         self.nodes: list[pykube.Node] = []
         self.classes: list[GPUClass] = []
 
-    def node(self, units: int, *, taints: list[Obj] | None = None) -> str:
+    def node(self, units: int, *, taints: list[Obj] | None = None, memory: str = "256Gi") -> str:
         group = profile.NodeGroup(
-            name=f"n-{self.tag}-{len(self.nodes)}", resources={self.resource: units}
+            name=f"n-{self.tag}-{len(self.nodes)}",
+            resources={self.resource: units},
+            memory=memory,
         )
         manifest = profile.node_manifest(group.name, group)
         manifest["spec"]["taints"] = taints or []

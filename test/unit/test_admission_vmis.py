@@ -66,6 +66,8 @@ class FakeWriter:
     def __init__(self, failures: dict[str, Exception] | None = None) -> None:
         self.patches: list[tuple[Kind, str, Any, str | None, str | None]] = []
         self.failures = failures or {}
+        self.gets: list[str] = []
+        self.live: dict[str, Obj] = {}
 
     def patch(
         self,
@@ -80,6 +82,11 @@ class FakeWriter:
         if name in self.failures:
             raise self.failures[name]
         return {}
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+        """The live claim after a conflict: as the cache had it, with a newer version."""
+        self.gets.append(name)
+        return self.live.get(name, {"metadata": {"name": name, "resourceVersion": "fresh"}})
 
 
 class FakeInventory:
@@ -534,7 +541,45 @@ def test_a_failure_on_the_second_claim_refuses_after_the_first_was_written() -> 
     assert not admission.allowed
     assert "claim hold-b" in admission.message
     # hold-a stays attached by name; the claims controller clears it (the VMI never appears).
-    assert [p[1] for p in world.writer.patches] == ["hold-a", "hold-b"]
+    # A conflict is retried on a fresh read (the cache may lag the operator's own writes).
+    assert [p[1] for p in world.writer.patches] == ["hold-a", "hold-b", "hold-b", "hold-b"]
+    assert world.writer.gets == ["hold-b", "hold-b"]
+
+
+def test_a_conflict_from_a_stale_cache_is_retried_with_the_fresh_version() -> None:
+    class OnceStale(FakeWriter):
+        def patch(
+            self,
+            kind: Any,
+            name: str,
+            patch: Any,
+            namespace: str | None = None,
+            *,
+            subresource: str | None = None,
+        ) -> Obj:
+            if not self.gets:
+                self.patches.append((kind, name, copy.deepcopy(patch), namespace, subresource))
+                raise errors.ConflictError(409, "Conflict", "stale")
+            return super().patch(kind, name, patch, namespace, subresource=subresource)
+
+    world = World(claims=[HOLD_A])
+    world.writer.__class__ = OnceStale
+    admission = world.admit(vmi(refs='[{"claim":"hold-a"}]'))
+    assert admission.allowed, admission.message
+    versions = [p[2]["metadata"]["resourceVersion"] for p in world.writer.patches]
+    assert versions[-1] == "fresh" and len(versions) == 2
+
+
+def test_a_claim_attached_to_another_vm_meanwhile_is_not_retried() -> None:
+    conflict = errors.ConflictError(409, "Conflict", "modified")
+    world = World(claims=[HOLD_A], failures={"hold-a": conflict})
+    world.writer.live["hold-a"] = {
+        "metadata": {"name": "hold-a", "resourceVersion": "9"},
+        "status": {"attachment": {"vmi": "other"}},
+    }
+    admission = world.admit(vmi(refs='[{"claim":"hold-a"}]'))
+    assert not admission.allowed
+    assert len(world.writer.patches) == 1
 
 
 def test_an_unexpected_error_propagates_to_the_server_which_refuses() -> None:
