@@ -153,6 +153,17 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
         until=lambda uid: uid == v.obj["metadata"]["uid"],
         timeout=CONVERGE,
     )
+    # Created gated, then pinned and ungated by the placement controller in one update.
+    wait_for(
+        "a Pinned event on the launcher pod",
+        lambda: len(
+            pykube.Event.objects(api, namespace=tenant).filter(
+                field_selector={"involvedObject.name": pod.name, "reason": "Pinned"}
+            )
+        ),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
+    )
 
 
 def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
@@ -221,6 +232,12 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
         lambda: len(list(GPUClaim.objects(api, namespace=tenant))),
         until=lambda n: n == 0,
         timeout=CONVERGE + 30,
+    )
+    wait_for(
+        "the capacity returned",
+        lambda: (GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("free"),
+        until=lambda free: free == 4,
+        timeout=CONVERGE,
     )
 
 

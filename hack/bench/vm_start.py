@@ -1,0 +1,175 @@
+"""Benchmark: VM start to Running through the placement gate, beside raw ``gpus`` entries.
+
+Starts a local control plane named ``bench-vms`` (20 nodes x 8 units), the operator with
+its webhooks registered, and the KubeVirt stand-in of the test harness. Then, in one run:
+
+1. ``--vms`` VMIs each referencing a held one-unit claim (bound beforehand): the VMI webhook
+   writes the gpus entries, the pod webhook gates the launcher pod, the placement controller
+   pins and ungates it, the scheduler binds it, kwok runs it;
+2. the same number of VMIs with raw ``gpus`` entries and the class tolerations, in a
+   namespace the webhooks do not see (no references, no gate).
+
+It reports VMI create to ``Scheduled`` (the stand-in's mirror of a Running launcher pod),
+p50/p99 for each. Prints figures; asserts nothing.
+
+    PYTHONPATH=hack:test .venv/bin/python hack/bench/vm_start.py [--vms 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from typing import Any
+
+import pykube
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from harness.kubevirt import KubeVirtSimulator
+from localcluster.cluster import REPO, LocalCluster
+
+A10 = "nvidia.com/GA102GL_A10"
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def namespace(api: pykube.HTTPClient, name: str) -> None:
+    pykube.Namespace(api, {"metadata": {"name": name}}).create()
+    deadline = time.monotonic() + 60
+    while pykube.ServiceAccount.objects(api, namespace=name).get_or_none(name="default") is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no default ServiceAccount in {name}")
+        time.sleep(0.1)
+
+
+def run(api: pykube.HTTPClient, ns: str, bodies: list[dict[str, Any]]) -> list[float]:
+    """Create the VMIs from 8 threads; return each one's create-to-Scheduled seconds."""
+    created: dict[str, float] = {}
+    lock = threading.Lock()
+    todo = iter(bodies)
+
+    def create() -> None:
+        client = pykube.HTTPClient(api.config)
+        while True:
+            with lock:
+                body = next(todo, None)
+            if body is None:
+                return
+            start = time.monotonic()
+            VirtualMachineInstance(client, body).create()
+            with lock:
+                created[body["metadata"]["name"]] = start
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    scheduled: dict[str, float] = {}
+    deadline = time.monotonic() + 600
+    while len(scheduled) < len(bodies) and time.monotonic() < deadline:
+        for v in VirtualMachineInstance.objects(api, namespace=ns):
+            if (v.obj.get("status") or {}).get("phase") == "Scheduled":
+                scheduled.setdefault(v.name, time.monotonic())
+        time.sleep(0.05)  # polling the outcome of a benchmark run
+    return [scheduled[n] - created[n] for n in scheduled if n in created]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vms", type=int, default=100)
+    args = parser.parse_args()
+    cluster = LocalCluster("bench-vms")
+    cluster.up(
+        REPO / "hack" / "profiles" / "vms-20.yaml",
+        crds=[REPO / "config" / "crd", REPO / "test" / "harness" / "crds"],
+        manifests=[REPO / "config" / "samples"],
+        log=lambda m: print(m, flush=True),
+    )
+    cluster.run_operator(log=lambda m: print(m, flush=True))
+    api = pykube.HTTPClient(pykube.KubeConfig.from_file(str(cluster.kubeconfig)), timeout=60)
+    simulator = KubeVirtSimulator(api)
+    simulator.start()
+    try:
+        namespace(api, "vms-claims")
+        for i in range(args.vms):
+            GPUClaim(
+                api,
+                {
+                    "apiVersion": names.API_VERSION,
+                    "kind": names.GPU_CLAIM,
+                    "metadata": {"name": f"hold-{i}", "namespace": "vms-claims"},
+                    "spec": {"className": "a10", "count": 1},
+                },
+            ).create()
+        while (
+            sum(
+                (c.obj.get("status") or {}).get("phase") == "Bound"
+                for c in GPUClaim.objects(api, namespace="vms-claims")
+            )
+            < args.vms
+        ):
+            time.sleep(0.2)  # waiting for the holds before the measured part
+        with_claims = run(
+            api,
+            "vms-claims",
+            [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "metadata": {
+                        "name": f"vm-{i}",
+                        "namespace": "vms-claims",
+                        "labels": {names.CLAIMS_LABEL: "true"},
+                        "annotations": {
+                            names.CLAIMS_ANNOTATION: json.dumps([{"claim": f"hold-{i}"}])
+                        },
+                    },
+                    "spec": {"domain": {"devices": {}}},
+                }
+                for i in range(args.vms)
+            ],
+        )
+        for v in VirtualMachineInstance.objects(api, namespace="vms-claims"):
+            v.delete()
+        for c in GPUClaim.objects(api, namespace="vms-claims"):
+            c.delete()
+        namespace(api, "vms-raw")
+        raw = run(
+            api,
+            "vms-raw",
+            [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "metadata": {"name": f"vm-{i}", "namespace": "vms-raw"},
+                    "spec": {
+                        "tolerations": [TOLERATION],
+                        "domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": A10}]}},
+                    },
+                }
+                for i in range(args.vms)
+            ],
+        )
+        for label, values in (
+            ("through the gate (held claims)", with_claims),
+            ("raw gpus entries, no webhooks", raw),
+        ):
+            print(
+                f"{label}: {len(values)} VMs, create to Running p50 "
+                f"{quantile(values, 0.5) * 1000:.0f} ms, p99 {quantile(values, 0.99) * 1000:.0f} ms"
+            )
+    finally:
+        simulator.stop()
+        cluster.down()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
