@@ -250,16 +250,7 @@ class LocalCluster:
             ca_cert = x509.load_pem_x509_certificate(self.pki.ca_cert.read_bytes())
             ca_key = serialization.load_pem_private_key(self.pki.ca_key.read_bytes(), None)
             assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-            cert, key = pkimod.issue(
-                ca_cert,
-                ca_key,
-                "gpuoperator-webhooks",
-                server=True,
-                ips=("127.0.0.1",),
-                dns_names=("localhost",),
-            )
-            directory.mkdir(parents=True, exist_ok=True)
-            pkimod.write_pair(cert, key, directory / "tls.crt", directory / "tls.key")
+            pkimod.write_loopback_serving_pair(ca_cert, ca_key, directory)
         return directory
 
     def down(self, quiet: bool = False) -> list[str]:

@@ -188,3 +188,21 @@ def ensure_pki(directory: Path) -> Pki:
         )
     )
     return pki
+
+
+def write_loopback_serving_pair(
+    ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, directory: Path
+) -> Path:
+    """A serving certificate for a server on 127.0.0.1 (webhooks called by URL), written
+    as ``tls.crt``/``tls.key`` (cert-manager's Secret layout) into ``directory``."""
+    cert, key = issue(
+        ca_cert,
+        ca_key,
+        "gpuoperator-webhooks",
+        server=True,
+        ips=("127.0.0.1",),
+        dns_names=("localhost",),
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    write_pair(cert, key, directory / "tls.crt", directory / "tls.key")
+    return directory

@@ -40,17 +40,7 @@ def webhook_operator(
 ) -> Iterator[WebhookOperator]:
     token = uuid.uuid4().hex[:8]
     ca_cert, ca_key = pki.new_ca("webhook-test-ca")
-    cert, key = pki.issue(
-        ca_cert,
-        ca_key,
-        "gpuoperator-webhooks",
-        server=True,
-        ips=("127.0.0.1",),
-        dns_names=("localhost",),
-    )
-    certs = workdir / "certs"
-    certs.mkdir(parents=True, exist_ok=True)
-    pki.write_pair(cert, key, certs / "tls.crt", certs / "tls.key")
+    certs = pki.write_loopback_serving_pair(ca_cert, ca_key, workdir / "certs")
     ns = f"gpu-operator-{token}"
     pykube.Namespace(api, {"metadata": {"name": ns}}).create()
     op = OperatorProcess(
