@@ -188,9 +188,13 @@ def test_a_node_leaves_the_class_when_unfit_and_returns_when_fit_again(
     else:
         mutate(node, lambda o: o["spec"].__setitem__("taints", [taint]))
     wait_figures(api, cls, (4, 4, 1))
-    gpunode = GPUNode.objects(api).get(name=name)
-    if change == "cordon":
-        assert _condition(gpunode.obj, "Schedulable")["reason"] == "Cordoned"
+    if change == "cordon":  # the node inventory says why (its own controller: wait for it)
+        wait_for(
+            "Schedulable=False/Cordoned",
+            lambda: GPUNode.objects(api).get(name=name).obj,
+            until=lambda o: _condition(o, "Schedulable")["reason"] == "Cordoned",
+            timeout=CONVERGE,
+        )
     if undo == "uncordon":
         mutate(node, lambda o: o["spec"].__setitem__("unschedulable", False))
     elif undo == "ready":
