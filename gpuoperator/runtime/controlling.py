@@ -117,11 +117,6 @@ class Controller(Generic[K]):
             for key in keys:
                 queue.add(key)
 
-    def enqueue_after(self, key: K, delay: float) -> None:
-        queue = self._queue
-        if queue is not None:
-            queue.add_after(key, delay)
-
     def start(self) -> None:
         with self._lock:
             if self._queue is not None:

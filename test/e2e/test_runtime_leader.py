@@ -52,6 +52,37 @@ def leader_log_lines(p: OperatorProcess) -> int:
     return p.log_text().count('"became leader"')
 
 
+def leader_with_standby(
+    api: pykube.HTTPClient, namespace: str, replicas: Replicas
+) -> OperatorProcess:
+    """replica-a leading and replica-b ready behind it; returns replica-a."""
+    a = replicas.start("replica-a")
+    a.wait_ready()
+    wait_for("replica-a to lead", lambda: holder(api, namespace), until=lambda h: h == "replica-a")
+    replicas.start("replica-b").wait_ready()
+    return a
+
+
+def handover_after(
+    api: pykube.HTTPClient,
+    namespace: str,
+    leader: OperatorProcess,
+    sig: signal.Signals,
+    timeout: float,
+) -> float:
+    """Signal the leader; seconds until replica-b holds the Lease."""
+    start = time.monotonic()
+    leader.signal(sig)
+    wait_for(
+        "replica-b to take over",
+        lambda: holder(api, namespace),
+        until=lambda h: h == "replica-b",
+        timeout=timeout,
+        interval=0.05,
+    )
+    return time.monotonic() - start
+
+
 def test_two_replicas_yield_exactly_one_leader(
     api: pykube.HTTPClient, namespace: str, replicas: Replicas
 ) -> None:
@@ -85,21 +116,8 @@ def test_kill_9_of_the_leader_hands_over_within_lease_duration_plus_retry(
     replicas: Replicas,
     record_property: Callable[[str, object], None],
 ) -> None:
-    a = replicas.start("replica-a")
-    a.wait_ready()
-    wait_for("replica-a to lead", lambda: holder(api, namespace), until=lambda h: h == "replica-a")
-    b = replicas.start("replica-b")
-    b.wait_ready()
-    killed = time.monotonic()
-    a.signal(signal.SIGKILL)
-    wait_for(
-        "replica-b to take over",
-        lambda: holder(api, namespace),
-        until=lambda h: h == "replica-b",
-        timeout=15 + 2 + 5,
-        interval=0.05,
-    )
-    took = time.monotonic() - killed
+    a = leader_with_standby(api, namespace, replicas)
+    took = handover_after(api, namespace, a, signal.SIGKILL, timeout=15 + 2 + 5)
     record_property("handover_after_kill_s", round(took, 2))
     print(f"\nhandover after kill -9: {took:.2f}s")
     assert took <= 15 + 2 + 1, f"handover took {took:.2f}s"  # 1 s for process scheduling
@@ -111,21 +129,9 @@ def test_a_graceful_stop_releases_the_lease_and_hands_over_in_under_3s(
     replicas: Replicas,
     record_property: Callable[[str, object], None],
 ) -> None:
-    a = replicas.start("replica-a")
-    a.wait_ready()
-    wait_for("replica-a to lead", lambda: holder(api, namespace), until=lambda h: h == "replica-a")
-    b = replicas.start("replica-b")
-    b.wait_ready()
+    a = leader_with_standby(api, namespace, replicas)
     stopped = time.monotonic()
-    a.signal(signal.SIGTERM)
-    wait_for(
-        "replica-b to take over",
-        lambda: holder(api, namespace),
-        until=lambda h: h == "replica-b",
-        timeout=10,
-        interval=0.05,
-    )
-    took = time.monotonic() - stopped
+    took = handover_after(api, namespace, a, signal.SIGTERM, timeout=10)
     assert a.wait_exit(10) == 0, a.log_text()[-2000:]
     exit_after = time.monotonic() - stopped
     record_property("handover_after_sigterm_s", round(took, 2))

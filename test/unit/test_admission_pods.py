@@ -5,16 +5,14 @@ untouched. The registration selects labelled virt-launcher pod CREATEs and fails
 
 from __future__ import annotations
 
-import copy
 import json
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from admission import pods, registration
-from gpuoperator.caches import BY_CLASS, BY_NAMESPACE, Caches
-from gpuoperator.runtime import admitting, informing
-from gpuoperator.runtime.informing import Informer, Store
+from gpuoperator.runtime import admitting
+from harness.offline import apply_json_patch, store_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -25,37 +23,6 @@ L40S_TAINT = {"key": "gpu.example.com/model", "value": "l40s", "effect": "NoSche
 
 
 # -- fakes and objects ------------------------------------------------------------------------
-
-
-class FakeInformer:
-    """What the webhooks read of an informer: its store."""
-
-    def __init__(self, indexers: dict[str, informing.IndexFunc] | None = None) -> None:
-        self.store = Store(indexers)
-
-
-def make_caches(classes: list[Obj], claims: list[Obj]) -> Caches:
-    def informer(**indexers: informing.IndexFunc) -> Informer:
-        return cast(Informer, FakeInformer(indexers))
-
-    ns = informing.by_namespace
-    caches = Caches(
-        nodes=informer(),
-        pods=informer(namespace=ns),
-        classes=informer(),
-        claims=informer(**{BY_NAMESPACE: ns, BY_CLASS: informing.by_field("spec", "className")}),
-        gpunodes=informer(),
-        kubevirts=informer(),
-        namespaces=informer(),
-        quotas=informer(namespace=ns),
-        workloads=informer(namespace=ns),
-        vmis=informer(namespace=ns),
-    )
-    for cls in classes:
-        caches.classes.store.put(cls)
-    for obj in claims:
-        caches.claims.store.put(obj)
-    return caches
 
 
 def gpuclass(name: str, tolerations: list[Obj]) -> Obj:
@@ -146,26 +113,9 @@ def request(obj: Obj, operation: str = "CREATE") -> admitting.AdmissionRequest:
     return admitting.parse(json.dumps(review).encode())
 
 
-def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
-    """RFC 6902 ``add`` (all the webhook emits), on a copy."""
-    out = copy.deepcopy(obj)
-    for op in ops:
-        assert op["op"] == "add"
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
-        parent: Any = out
-        for token in tokens[:-1]:
-            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
-        last, value = tokens[-1], copy.deepcopy(op["value"])
-        if isinstance(parent, list):
-            parent.insert(len(parent) if last == "-" else int(last), value)
-        else:
-            parent[last] = value
-    return out
-
-
 @pytest.fixture
 def webhook() -> pods.PodWebhook:
-    return pods.PodWebhook(make_caches(CLASSES, CLAIMS))
+    return pods.PodWebhook(store_caches(CLASSES, CLAIMS))
 
 
 def admitted(webhook: pods.PodWebhook, obj: Obj) -> Obj:

@@ -9,19 +9,18 @@ from __future__ import annotations
 import copy
 import io
 import json
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from admission import registration, vmis
 from gpuoperator import settings
-from gpuoperator.caches import BY_CLASS, BY_NAMESPACE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime import admitting, errors, informing
+from gpuoperator.runtime import admitting, errors
 from gpuoperator.runtime.client import Client, Kind
-from gpuoperator.runtime.informing import Informer, Store
 from gpuoperator.runtime.kinds import GPUClaim
+from harness.offline import apply_json_patch, store_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -32,32 +31,6 @@ ANNOTATION = "annotation gpu.cozystack.io/claims"
 
 
 # -- fakes ------------------------------------------------------------------------------------
-
-
-class FakeInformer:
-    """What the webhooks read of an informer: its store."""
-
-    def __init__(self, indexers: dict[str, informing.IndexFunc] | None = None) -> None:
-        self.store = Store(indexers)
-
-
-def make_caches() -> Caches:
-    def informer(**indexers: informing.IndexFunc) -> Informer:
-        return cast(Informer, FakeInformer(indexers))
-
-    ns = informing.by_namespace
-    return Caches(
-        nodes=informer(),
-        pods=informer(namespace=ns),
-        classes=informer(),
-        claims=informer(**{BY_NAMESPACE: ns, BY_CLASS: informing.by_field("spec", "className")}),
-        gpunodes=informer(),
-        kubevirts=informer(),
-        namespaces=informer(),
-        quotas=informer(namespace=ns),
-        workloads=informer(namespace=ns),
-        vmis=informer(namespace=ns),
-    )
 
 
 class FakeWriter:
@@ -187,23 +160,6 @@ def request(
     return admitting.parse(json.dumps(review).encode())
 
 
-def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
-    """RFC 6902 ``add`` (all the webhook emits), on a copy."""
-    out = copy.deepcopy(obj)
-    for op in ops:
-        assert op["op"] == "add"
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
-        parent: Any = out
-        for token in tokens[:-1]:
-            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
-        last, value = tokens[-1], copy.deepcopy(op["value"])
-        if isinstance(parent, list):
-            parent.insert(len(parent) if last == "-" else int(last), value)
-        else:
-            parent[last] = value
-    return out
-
-
 class World:
     """Caches, inventory, settings and writer around one webhook."""
 
@@ -217,7 +173,7 @@ class World:
         switch: bool = True,
         failures: dict[str, Exception] | None = None,
     ) -> None:
-        self.caches = make_caches()
+        self.caches = store_caches()
         for cls in (
             gpuclass("a10"),
             gpuclass("a10-max4", maxCount=4),
