@@ -7,9 +7,18 @@ Lifecycle of ``Manager.run``:
    SubjectAccessReview) and any extra servers (webhooks run on every replica);
 2. start every informer and wait for the first lists (progress is logged);
 3. campaign for the Lease; while this replica leads, its controllers run; when it stops
-   leading they stop (in-flight reconciles finish, writes are fenced from that moment);
-4. on ``stop`` (SIGTERM): stop the controllers, release the Lease so another replica takes
-   over at once, stop the caches and servers — all within ``shutdown_timeout``.
+   leading they stop (in-flight reconciles finish, writes are fenced from that moment, and
+   each write's attempt ends before another replica may take the Lease:
+   ``LeaderElector.lease_remaining``);
+4. on ``stop`` (SIGTERM): fence, stop the controllers and wait for their in-flight
+   reconciles (all at once, within half of ``shutdown_timeout``), and only then release the
+   Lease so another replica takes over at once — if a reconcile is still running, the Lease
+   is kept and expires on its own instead; then stop the caches and servers.
+
+Why a leader killed mid-bind (SIGKILL) or stopped (SIGTERM) never lets two replicas hand out
+the same units: writes leave only while ``is_leader()`` holds, each attempt's timeout ends
+before the Lease could pass to another replica, a released Lease is released only after
+every write ended, and a kept Lease is taken only ``lease_duration`` after its last renew.
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ class Manager:
         self._servers: list[serving.Server] = []
         self._log = log.bind(identity=options.identity)
         #: Writes on behalf of controllers go through this view: refused once we stop leading.
-        self.writer = client.fenced(self.is_leader)
+        self.writer = client.fenced(self.is_leader, remaining=self._lease_remaining)
 
     # ---- wiring -------------------------------------------------------------------
     def informer(
@@ -130,6 +139,12 @@ class Manager:
         if not self.options.leader_election:
             return self._leading.is_set()
         return self._elector is not None and self._elector.is_leader()
+
+    def _lease_remaining(self) -> float:
+        """Seconds this replica may still write (unbounded without leader election)."""
+        if not self.options.leader_election:
+            return float("inf")
+        return self._elector.lease_remaining() if self._elector is not None else 0.0
 
     def ready(self) -> tuple[bool, list[str]]:
         waiting = [n for n, i in self._informers.items() if not i.has_synced()]
@@ -212,11 +227,33 @@ class Manager:
         for c in self._controllers:
             c.start()
 
-    def _stop_leading(self) -> None:
+    def _stop_leading(self) -> bool:
+        """Stop every controller at once and wait (half of ``shutdown_timeout`` in all)
+        for their in-flight reconciles; True when all of them ended."""
         self._leading.clear()
-        per = self.options.shutdown_timeout / 2 / max(1, len(self._controllers))
-        for c in self._controllers:
-            c.stop(per)
+        budget = self.options.shutdown_timeout / 2
+        results: dict[str, bool] = {}
+
+        def stop(c: Controller[Any]) -> None:
+            results[c.name] = c.stop(budget)
+
+        threads = [
+            threading.Thread(target=stop, args=(c,), name=f"stop-{c.name}", daemon=True)
+            for c in self._controllers
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + budget + 0.5
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        running = sorted(c.name for c in self._controllers if not results.get(c.name, False))
+        if running:
+            self._log.warning(
+                "controllers still running after the shutdown budget",
+                controllers=running,
+                reason="NotDrained",
+            )
+        return not running
 
     def _shutdown(self) -> None:
         start = time.monotonic()
