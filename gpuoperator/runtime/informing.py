@@ -53,6 +53,16 @@ def key_of(obj: Obj) -> Key:
     return (meta.get("namespace") or "", meta.get("name") or "")
 
 
+def resource_version(obj: Obj) -> int | None:
+    """The object's resourceVersion as a number, for "which is newer" (etcd revisions are
+    integers); ``None`` when it is absent or not a number."""
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
 # ---- index functions ----------------------------------------------------------------------
 def by_namespace(obj: Obj) -> Iterable[str]:
     ns = (obj.get("metadata") or {}).get("namespace")
@@ -169,6 +179,33 @@ class Handlers:
     on_add: Callable[[Obj], None] | None = None
     on_update: Callable[[Obj, Obj], None] | None = None
     on_delete: Callable[[Obj], None] | None = None
+
+
+class Feed:
+    """A source of change notices that are not API objects (the inventory's figures, for
+    instance), wired to controllers like an informer: each notice reaches every handler's
+    ``on_add``, in the thread that publishes it, and handlers must be quick (map the notice
+    to keys and enqueue them)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._handlers: list[Handlers] = []
+        self._lock = threading.Lock()
+
+    def add_handlers(self, handlers: Handlers) -> None:
+        with self._lock:
+            self._handlers.append(handlers)
+
+    def publish(self, notice: Obj) -> None:
+        with self._lock:
+            handlers = list(self._handlers)
+        for h in handlers:
+            if h.on_add is None:
+                continue
+            try:
+                h.on_add(notice)
+            except Exception:
+                log.exception("feed handler failed", feed=self.name, reason="HandlerError")
 
 
 class Backoff:
