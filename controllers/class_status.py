@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, own_key
-from gpuoperator.inventory import Inventory
+from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.model import conditions
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -164,6 +164,12 @@ def register(
         caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
     )
     controller = manager.controller(NAME, reconciler, workers=workers, seed=caches.class_keys)
-    inventory.on_change(lambda _nodes, classes: controller.enqueue_many(("", c) for c in classes))
-    manager.add_controller(controller, [(caches.classes, own_key), (caches.claims, class_of_claim)])
+    manager.add_controller(
+        controller,
+        [
+            (caches.classes, own_key),
+            (caches.claims, class_of_claim),
+            (inventory.changes, changed_classes),
+        ],
+    )
     return controller

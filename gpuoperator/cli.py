@@ -24,6 +24,7 @@ from controllers import (
     attachments,
     binder,
     claim_protection,
+    claim_status,
     class_status,
     license_copier,
     node_inventory,
@@ -195,18 +196,22 @@ def run(args: argparse.Namespace) -> int:
 def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:
     """The composition: shared caches, the inventory fed by them, and the controllers."""
     shared = caches.register(manager)
-    inventory = Inventory()
+    inventory = Inventory(clock=manager.clock)
     inventory.connect(shared)
     recorder = Recorder(manager.writer)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
-    binder.register(manager, shared, inventory, recorder, operator_settings)
+    # The one write-back of claim bindings, shared by the binder and placement.
+    statuses = claim_status.ClaimStatus(
+        manager.writer, inventory, recorder, registry=manager.registry
+    )
+    binder.register(manager, shared, inventory, statuses, operator_settings)
     usage_records.register(manager, shared)
     claim_protection.register(manager, shared, recorder)
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
-    placement.register(manager, shared, inventory, recorder, operator_settings)
+    placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
     return shared, inventory
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -45,6 +45,13 @@ from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, Le
 log = structlog.get_logger(__name__)
 
 Mapper = Callable[[Obj], Iterable[Key]]
+
+
+class Source(Protocol):
+    """What wakes a controller: an ``Informer`` (API objects) or a ``Feed`` (notices such
+    as the inventory's changes); each event is mapped to keys by the watch's ``Mapper``."""
+
+    def add_handlers(self, handlers: Handlers) -> None: ...
 
 
 @dataclass
@@ -114,9 +121,10 @@ class Manager:
         )
 
     def add_controller(
-        self, controller: Controller[Key], watches: Iterable[tuple[Informer, Mapper]]
+        self, controller: Controller[Key], watches: Iterable[tuple[Source, Mapper]]
     ) -> None:
-        """Run ``controller`` while leading; each informer event is mapped to keys."""
+        """Run ``controller`` while leading, woken by ``watches``: every way it is woken is
+        one ``(source, mapper)`` entry here; each event is mapped to keys."""
 
         def enqueue(mapper: Mapper) -> Handlers:
             def on_obj(obj: Obj) -> None:
