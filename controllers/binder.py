@@ -202,12 +202,12 @@ class Binder:
         status = dict(claim.get("status") or {})
         current = conditions.find(status.get("conditions"), BOUND)
         lost = _phase(claim) == binding.LOST
-        if lost:
-            # Lost is transient: a claim that cannot be bound again waits as Pending, and
-            # its condition says why and which node it lost.
-            message = f"{message}; its node {_node(claim)} is gone"
-        elif (
-            current
+        # Lost is transient: a claim that cannot be bound again waits as Pending, and its
+        # condition says why, and which node it lost until it is bound again.
+        message += _lost_note(_node(claim)) if lost else _carried_lost_note(current)
+        if (
+            not lost
+            and current
             and (current.get("reason"), current.get("message")) == (reason, message)
             and status.get("phase")
         ):
@@ -264,6 +264,22 @@ class Binder:
                 fields={"node": node},
             ),
         )
+
+
+_LOST_NOTE = "; its node {node} is gone"
+
+
+def _lost_note(node: str) -> str:
+    return _LOST_NOTE.format(node=node)
+
+
+def _carried_lost_note(condition: Obj | None) -> str:
+    """The lost-node note of a waiting claim's ``Bound`` condition ("" when none)."""
+    message = str((condition or {}).get("message") or "")
+    start = message.rfind(_LOST_NOTE.split("{", 1)[0])
+    if start < 0 or not message.endswith(_LOST_NOTE.rsplit("}", 1)[1]):
+        return ""
+    return message[start:]
 
 
 def _bound(claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:

@@ -4,6 +4,7 @@ ends with the over-allocation check."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance, Workload
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from harness.fleet import Fleet
 from harness.kube import Obj, replace
 from harness.operator import OperatorProcess
@@ -209,6 +210,110 @@ def test_a_deleted_node_makes_its_claims_lost_then_bound_elsewhere(
         until=lambda n: n >= 1,
         timeout=CONVERGE,
     )
+
+
+def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_appears(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    """The node serves nothing any more when it goes (cordoned first), so no class figure
+    changes: the deletion alone must wake the binder. With no room elsewhere the claim
+    waits as Pending, the reason on its condition; it binds once a node appears."""
+    start_operator()
+    cls = fleet.gpu_class()
+    doomed = fleet.node(4)
+    claim(api, namespace, "hold", cls, 2)
+    assert bound_node(api, namespace, "hold") == doomed
+    node = fleet.nodes.pop(0)
+    node.reload()
+    node.obj["spec"]["unschedulable"] = True
+    node.update()
+    wait_for(
+        "the class to count the cordoned node out",
+        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
+        until=lambda s: s.get("nodes") == 0,
+        timeout=CONVERGE,
+    )
+    node.delete()
+    waiting = wait_for(
+        "the claim to wait as Pending",
+        lambda: status(api, namespace, "hold"),
+        until=lambda s: s.get("phase") == "Pending",
+        timeout=CONVERGE,
+    )
+    assert "nodeName" not in waiting
+    condition = bound_condition(waiting)
+    assert condition["reason"] == "NoCapacity", condition
+    assert f"{doomed} is gone" in condition["message"]
+    reasons = [
+        e.obj["reason"]
+        for e in pykube.Event.objects(api, namespace=namespace).filter(
+            field_selector={"involvedObject.name": "hold"}
+        )
+    ]
+    assert "NodeLost" in reasons
+    spare = fleet.node(4)
+    assert bound_node(api, namespace, "hold") == spare
+
+
+def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
+    api: pykube.HTTPClient, kubeconfig: Path, fleet: Fleet, namespace: str, tmp_path: Path
+) -> None:
+    """Two replicas on one Lease; the leader gets SIGTERM while orders race in. The next
+    leader binds exactly what fits (the over-allocation check runs after the test), and
+    the old one released the Lease only after its controllers had stopped."""
+    lease_ns = f"gpu-operator-h-{tmp_path.name[-6:].lower().replace('_', '-')}"
+    pykube.Namespace(api, {"metadata": {"name": lease_ns}}).create()
+    replicas = [
+        OperatorProcess(kubeconfig, lease_ns, f"handover-{i}", tmp_path, "--metrics-address=")
+        for i in range(2)
+    ]
+    try:
+        for r in replicas:
+            r.wait_ready()
+        leader = wait_for(
+            "a leader",
+            lambda: next((r for r in replicas if '"became leader"' in r.log_text()), None),
+            timeout=CONVERGE,
+        )
+        assert leader is not None
+        cls = fleet.gpu_class()
+        fleet.node(4)
+        fleet.node(4)
+        errors: list[BaseException] = []
+
+        def create(i: int) -> None:
+            try:
+                claim(pykube.HTTPClient(api.config), namespace, f"order-{i:02d}", cls, 1 + i % 2)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        leader.signal(signal.SIGTERM)
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert leader.wait_exit(20) == 0
+        log = leader.log_text()
+        assert '"released lease"' in log, log[-3000:]
+        assert log.rindex('"controller stopped"') < log.index('"released lease"'), (
+            "the Lease was released before the controllers stopped"
+        )
+
+        def bound_units() -> int:
+            return sum(
+                c.obj["spec"]["count"]
+                for c in GPUClaim.objects(api, namespace=namespace)
+                if (c.obj.get("status") or {}).get("phase") == "Bound"
+            )
+
+        # 15 units ordered (five of 1, five of 2) on two 4-unit nodes: 8 fit at most.
+        wait_for("the new leader to fill the nodes", bound_units, until=lambda n: n == 8)
+    finally:
+        for r in replicas:
+            r.stop()
+        pykube.Namespace(api, {"metadata": {"name": lease_ns}}).delete()
 
 
 def test_a_usage_record_appears_on_bind_and_goes_with_the_claim(

@@ -429,6 +429,10 @@ def test_a_lost_claim_that_cannot_be_bound_again_waits_as_pending_with_the_reaso
     assert (bound["status"], bound["reason"]) == ("False", "NoCapacity")
     assert "n1 is gone" in bound["message"]
     assert world.events.reasons("hold") == ["Bound", "NodeLost", "NoCapacity"]
+    world.sync("hold")
+    writes = list(world.api.writes)
+    world.reconcile("a10")  # waiting on: the condition keeps naming the lost node
+    assert world.api.writes == writes
 
     world.put_node(node("n2", 4))
     world.sync("hold")
