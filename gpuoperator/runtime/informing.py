@@ -311,6 +311,7 @@ class ListWatcher(Protocol):
         field_selector: str | None = ...,
         bookmarks: bool = ...,
         stop: threading.Event | None = ...,
+        opened: Callable[[requests.Response], None] | None = ...,
     ) -> Iterator[tuple[str, Obj]]: ...
 
 
@@ -382,6 +383,8 @@ class Informer:
         return True
 
     def _opened(self, response: requests.Response) -> None:
+        """The watch's streaming response, as soon as its headers arrived: ``stop`` aborts
+        it (a watch set up after ``stop`` is aborted here)."""
         self._response = response
         if self._stop.is_set():
             abort(response)
@@ -488,6 +491,7 @@ class Informer:
             label_selector=o.label_selector,
             field_selector=o.field_selector,
             stop=self._stop,
+            opened=self._opened,  # so that stop() can abort a watch waiting for an event
         )
         for etype, obj in events:
             rv = (obj.get("metadata") or {}).get("resourceVersion")
