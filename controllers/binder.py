@@ -26,7 +26,9 @@ Never over-allocating rests on four things:
   ago (no wasted 409, no false ``NoCapacity``) nor hands its units out again;
 * a 409 on the binder's own retried write is recognised as its own (``claim_status``);
 * writes are fenced — a replica that stops leading stops writing, even between retries,
-  and each attempt ends before another replica may take the Lease.
+  and each attempt ends before another replica may take the Lease; and a replica that
+  becomes leader lists every claim afresh into the inventory before its first pass, so the
+  previous leader's last bindings count even if its watch has not delivered them yet.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings
@@ -327,6 +330,9 @@ def register(
         caches, inventory, status, settings, clock=manager.clock, registry=manager.registry
     )
     controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
+    # A new leader first reads every claim afresh: the previous leader's last bindings may
+    # not have reached this replica's watch yet.
+    manager.on_leading(lambda: inventory.catch_up(manager.client.list(GPUClaim)[0]))
 
     def every_class(_obj: Obj) -> list[Key]:
         return caches.class_keys()

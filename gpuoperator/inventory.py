@@ -195,6 +195,14 @@ class Inventory:
             changed = self._nodes_changed(self._ledger.remove_claim(key))
         self._notify(*changed)
 
+    def catch_up(self, claims: Iterable[Obj]) -> None:
+        """Count a fresh list of every claim (read from the API server when this replica
+        becomes leader): bindings the previous leader wrote just before it stopped may not
+        have reached this replica's watch yet, and the first plan must not give their
+        units away. Newer versions win as always, so nothing goes back."""
+        for claim in claims:
+            self.apply_claim(claim)
+
     # ---- assumptions ------------------------------------------------------------------
     def assume(self, claim: Obj) -> None:
         """Count ``claim`` (the state about to be written, its ``metadata.resourceVersion``

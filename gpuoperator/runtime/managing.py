@@ -87,6 +87,7 @@ class Manager:
         self.clock = clock
         self._informers: dict[str, Informer] = {}
         self._controllers: list[Controller[Any]] = []
+        self._leading_hooks: list[Callable[[], None]] = []
         self._leading = threading.Event()
         self._elector: LeaderElector | None = None
         self._servers: list[serving.Server] = []
@@ -141,6 +142,12 @@ class Manager:
         for informer, mapper in watches:
             informer.add_handlers(enqueue(mapper))
         self._controllers.append(controller)
+
+    def on_leading(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` each time this replica becomes leader, before any controller starts
+        (in the elector's thread: keep it short). A hook that raises is logged and the
+        controllers start anyway."""
+        self._leading_hooks.append(hook)
 
     # ---- state --------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -231,6 +238,15 @@ class Manager:
 
     def _start_leading(self) -> None:
         self._leading.set()
+        for hook in self._leading_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self._log.exception(
+                    "leading hook failed; starting the controllers anyway",
+                    reason=type(exc).__name__,
+                    error=str(exc),
+                )
         self._log.info("starting controllers", controllers=[c.name for c in self._controllers])
         for c in self._controllers:
             c.start()

@@ -152,3 +152,11 @@ def test_a_deleted_claim_drops_its_assumption() -> None:
     assert inventory.assumed_keys() == set()
     assert inventory.claim(KEY) is None
     assert free(inventory) == 4
+
+
+def test_a_fresh_list_at_leadership_counts_a_bind_the_watch_has_not_delivered() -> None:
+    inventory, _ = world()
+    inventory.catch_up([claim(12, "Bound")])
+    assert free(inventory) == 1
+    inventory.apply_claim(claim(11))  # the watch, still behind
+    assert free(inventory) == 1
