@@ -220,7 +220,11 @@ class Inventory:
         version = resource_version(written)
         with self._lock:
             observed = self._observed(key)
-            if observed is not None and not _older(resource_version(observed), version):
+            if observed is None:
+                # Deleted meanwhile (its delete came before this reply): nothing to hold.
+                self._assumed.pop(key, None)
+                changed = self._nodes_changed(self._ledger.remove_claim(key))
+            elif not _older(resource_version(observed), version):
                 self._assumed.pop(key, None)  # the watch was quicker: it is the truth
                 changed = self._count(observed)
             else:

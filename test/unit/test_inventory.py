@@ -160,3 +160,12 @@ def test_a_fresh_list_at_leadership_counts_a_bind_the_watch_has_not_delivered() 
     assert free(inventory) == 1
     inventory.apply_claim(claim(11))  # the watch, still behind
     assert free(inventory) == 1
+
+
+def test_a_write_confirmed_after_the_claims_deletion_holds_nothing() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.delete_claim(claim(10))  # the delete event overtook the write's reply
+    inventory.confirm(claim(12, "Bound"))
+    assert inventory.assumed_keys() == set()
+    assert free(inventory) == 4
