@@ -141,9 +141,13 @@ class Binder:
         self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
             self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
+        looks: list[float] = []
         if plan.waiting and any(_refusals(c) for c in by_key.values()):
-            return Result(requeue_after=30.0)  # a refusal expires: look again
-        return None
+            looks.append(30.0)  # a refusal expires: look again
+        expiry = self.inventory.next_expiry(class_name)
+        if expiry is not None:
+            looks.append(expiry + 0.1)  # a write with an unknown outcome is forgotten then
+        return Result(requeue_after=min(looks)) if looks else None
 
     def _bind_all(self, bindings: list[tuple[Obj, str]], now: datetime.datetime) -> None:
         """Write a plan's bindings together and return only once every write has ended.

@@ -279,6 +279,18 @@ class Inventory:
                 for k, claim in members.items()
             ]
 
+    def next_expiry(self, class_name: str) -> float | None:
+        """Seconds until the first assumption of ``class_name``'s claims expires (``None``
+        when none has a deadline): the caller looks again then."""
+        now = self._clock.monotonic()
+        with self._lock:
+            deadlines = [
+                a.expires
+                for k, a in self._assumed.items()
+                if a.expires is not None and self._claim_class.get(k) == class_name
+            ]
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
     def assumed_keys(self) -> set[Key]:
         with self._lock:
             return set(self._assumed)

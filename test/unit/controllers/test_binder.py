@@ -19,13 +19,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
-from controllers.claim_status import ClaimStatus
+from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, ListWatcher
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
@@ -366,6 +367,32 @@ def test_a_conflict_from_another_writer_forgets_the_binding(world: World) -> Non
     assert world.inventory.node("n1") is not None
     assert (world.inventory.claim((NS, "s1")) or {}).get("status") is None
     assert world.events.reasons("s1") == []
+
+
+def test_a_bind_with_an_unknown_outcome_waits_for_the_watch_then_expires_and_binds_again(
+    world: World,
+) -> None:
+    world.put_class(gpu_class("small"))
+    world.put_node(node("n1", 2))
+    world.put_claim(claim("s1", "small", 2, second=1))
+
+    def timed_out(_obj: Obj) -> None:
+        raise errors.ApiError(504, "Timeout", "the server was unable to return a response")
+
+    world.api.before["s1"] = timed_out
+    with pytest.raises(errors.ApiError):
+        world.reconcile("small")
+    assert world.inventory.node("n1") is not None
+    # It may have landed: its units stay counted, and the next pass does not resend it.
+    writes = len(world.api.writes)
+    result = world.reconcile("small")
+    assert len(world.api.writes) == writes
+    assert isinstance(result, Result) and result.requeue_after is not None
+    assert result.requeue_after > ASSUME_TTL - 1
+    world.api.before.clear()
+    world.clock.advance(result.requeue_after)
+    world.reconcile("small")
+    assert world.api.status("s1")["phase"] == "Bound"
 
 
 # -- defect: phantom re-planning right after a bind -------------------------------------------
