@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -255,13 +256,21 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
     assert bound_node(api, namespace, "hold") == spare
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
-    api: pykube.HTTPClient, kubeconfig: Path, fleet: Fleet, namespace: str, tmp_path: Path
+    api: pykube.HTTPClient,
+    kubeconfig: Path,
+    fleet: Fleet,
+    namespace: str,
+    tmp_path: Path,
+    sig: signal.Signals,
 ) -> None:
-    """Two replicas on one Lease; the leader gets SIGTERM while orders race in. The next
-    leader binds exactly what fits (the over-allocation check runs after the test), and
-    the old one released the Lease only after its controllers had stopped."""
-    lease_ns = f"gpu-operator-h-{tmp_path.name[-6:].lower().replace('_', '-')}"
+    """Two replicas on one Lease; the leader is stopped (SIGTERM, as a rolling update does)
+    or killed (SIGKILL) once it has bound some of a first wave of orders, and a second wave
+    races in during the handover. The next leader binds exactly what fits (the
+    over-allocation check runs after the test); a stopped leader released the Lease only
+    after its controllers had stopped."""
+    lease_ns = f"gpu-operator-h-{uuid.uuid4().hex[:6]}"
     pykube.Namespace(api, {"metadata": {"name": lease_ns}}).create()
     replicas = [
         OperatorProcess(kubeconfig, lease_ns, f"handover-{i}", tmp_path, "--metrics-address=")
@@ -287,19 +296,11 @@ def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(10)]
-        for t in threads:
-            t.start()
-        leader.signal(signal.SIGTERM)
-        for t in threads:
-            t.join()
-        assert errors == []
-        assert leader.wait_exit(20) == 0
-        log = leader.log_text()
-        assert '"released lease"' in log, log[-3000:]
-        assert log.rindex('"controller stopped"') < log.index('"released lease"'), (
-            "the Lease was released before the controllers stopped"
-        )
+        def wave(numbers: range) -> list[threading.Thread]:
+            threads = [threading.Thread(target=create, args=(i,)) for i in numbers]
+            for t in threads:
+                t.start()
+            return threads
 
         def bound_units() -> int:
             return sum(
@@ -308,8 +309,28 @@ def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
                 if (c.obj.get("status") or {}).get("phase") == "Bound"
             )
 
+        first = wave(range(5))
+        wait_for("the leader to bind some", bound_units, until=lambda n: n >= 1)
+        leader.signal(sig)
+        second = wave(range(5, 10))
+        for t in first + second:
+            t.join()
+        assert errors == []
+        code = leader.wait_exit(20)
+        if sig == signal.SIGTERM:
+            assert code == 0
+            log = leader.log_text()
+            assert '"released lease"' in log, log[-3000:]
+            assert log.rindex('"controller stopped"') < log.index('"released lease"'), (
+                "the Lease was released before the controllers stopped"
+            )
         # 15 units ordered (five of 1, five of 2) on two 4-unit nodes: 8 fit at most.
-        wait_for("the new leader to fill the nodes", bound_units, until=lambda n: n == 8)
+        wait_for(
+            "the new leader to fill the nodes",
+            bound_units,
+            until=lambda n: n == 8,
+            timeout=CONVERGE + 17,  # a killed leader's Lease expires first
+        )
     finally:
         for r in replicas:
             r.stop()
