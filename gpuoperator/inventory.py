@@ -103,8 +103,9 @@ class Inventory:
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
         self.changes = Feed("inventory")
         #: Held by every decision that hands out units (the binder's passes, placement's
-        #: moves) from reading the figures until its writes are applied here: two such
-        #: decisions never give the same free units away.
+        #: moves) from reading the figures until every write it started has ended (each
+        #: assumed here before it was sent): two such decisions never give the same free
+        #: units away.
         self.decisions = threading.RLock()
 
     # ---- wiring ---------------------------------------------------------------------
