@@ -29,6 +29,7 @@ from controllers import (
     license_copier,
     node_inventory,
     placement,
+    quota_usage,
     template_claims,
     usage_records,
 )
@@ -212,6 +213,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
+    # Beyond the peers (issue 14): budgets shown in ResourceQuota status.
+    quota_usage.register(manager, shared)
     return shared, inventory
 
 
