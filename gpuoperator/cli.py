@@ -26,6 +26,7 @@ from controllers import (
     claim_protection,
     claim_status,
     class_status,
+    gpu_hours,
     license_copier,
     node_inventory,
     placement,
@@ -213,8 +214,9 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
-    # Beyond the peers (issue 14): budgets shown in ResourceQuota status.
+    # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours.
     quota_usage.register(manager, shared)
+    gpu_hours.register(manager, shared, inventory, statuses)
     return shared, inventory
 
 

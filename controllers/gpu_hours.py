@@ -1,0 +1,190 @@
+"""GPU-hours: each claim's ``status.usage`` follows what its units do (``model.gpu_hours``),
+and a collector exports the totals as Prometheus counters on every replica.
+
+**The controller** (leader only; key = a claim, woken by the claim and by the VMIs it may
+serve). When the claim's state (not held, idle, in use) differs from the one its
+``status.usage`` records, the open interval is closed and the next one opened, in one write
+through the claim status write-back (``claim_status``: resourceVersion precondition, fenced
+writer), under ``Inventory.decisions``: the write-back assumes the claim into the inventory,
+and holding the lock every binding decision holds means no bind of the same claim is in
+flight meanwhile, so settling this write never rolls a concurrent assumption back. A
+conflict (the binder or placement wrote first) is decided again on the fresh claim.
+
+**The collector** (every replica, computed on each scrape from the claims cache):
+``gpuoperator_claim_gpu_unit_seconds_total{namespace, claim, uid, class, state}`` with
+``state`` ``idle`` or ``in_use``: the totals of ``model.gpu_hours.totals`` at the scrape.
+Why per claim, and why this stays a counter:
+
+* The value is a function of persisted status and the time, so a replica that becomes
+  leader, or any replica at all, reports what the last leader reported: no restart, no
+  doubling (dashboards take ``max`` over the replicas, then ``sum`` by namespace and class).
+* A deleted claim's series ends (its samples stay in Prometheus) instead of making a
+  namespace's sum go down, which Prometheus would read as a counter reset and count again in
+  full; a claim recreated under the same name is another ``uid``, another series.
+* A replica's cache can be a moment behind a write that closed an interval; each series
+  reported by this process is therefore never lower than it reported before (the next
+  write catches up within that moment).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controllers.claim_status import Announcement, ClaimStatus, Outcome
+from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.inventory import Inventory
+from gpuoperator.model import binding, gpu_hours, ordering
+from gpuoperator.runtime.client import Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Key, key_of
+from gpuoperator.runtime.managing import Manager
+
+log = structlog.get_logger(__name__)
+
+NAME = "gpu-hours"
+METRIC: Final = "gpuoperator_claim_gpu_unit_seconds"
+LABELS: Final = ("namespace", "claim", "uid", "class", "state")
+#: Seconds before a reconcile that lost a write race looks again.
+RETRY: Final = 1.0
+NOT_HELD: Final = "NotHeld"
+
+
+class GpuHours:
+    def __init__(
+        self,
+        caches: Caches,
+        inventory: Inventory,
+        statuses: ClaimStatus,
+        *,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.caches = caches
+        self.inventory = inventory
+        self.statuses = statuses
+        self.clock = clock
+
+    def reconcile(self, key: Key) -> Result | None:
+        if self.caches.claims.store.get(key) is None:
+            return None
+        with self.inventory.decisions:
+            claim = self.inventory.claim(key) or self.caches.claims.store.get(key)
+            if claim is None:
+                return None
+            vmi_name = gpu_hours.served_vmi_name(claim)
+            vmi = self.caches.vmis.store.get((key[0], vmi_name)) if vmi_name else None
+            state = gpu_hours.state_of(claim, vmi)
+            usage = gpu_hours.read(claim)
+            now = self.clock.now()
+            bound_time = binding.parse_time((claim.get("status") or {}).get("boundTime"))
+            new = gpu_hours.advance(usage, state, ordering.ordered_count(claim), now, bound_time)
+            if new == usage:
+                return None
+            status = {**(claim.get("status") or {}), "usage": gpu_hours.to_status(new)}
+            reason = state.value if state is not None else NOT_HELD
+            written = self.statuses.write(
+                claim,
+                status,
+                Announcement(
+                    "claim usage state changed",
+                    reason,
+                    f"GPU usage {reason} since {status['usage']['since']}",
+                    event=None,
+                    fields={
+                        "previous": usage.state.value if usage.state else NOT_HELD,
+                        "vmi": vmi_name or None,
+                        "idleUnitSeconds": new.idle,
+                        "inUseUnitSeconds": new.in_use,
+                    },
+                ),
+            )
+        if written.outcome is Outcome.CHANGED:
+            return Result(requeue_after=RETRY)
+        return None
+
+
+class UnitSecondsCollector(Collector):
+    """``gpuoperator_claim_gpu_unit_seconds_total`` computed on each scrape (module
+    docstring); a series never goes below what this process reported for it before."""
+
+    def __init__(self, caches: Caches, *, clock: Clock = SYSTEM) -> None:
+        self.caches = caches
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._reported: dict[tuple[str, ...], float] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            METRIC,
+            "GPU unit-seconds held per claim: idle (Bound, its VM not running) and in_use "
+            "(its VM instance running); derived from the claims' status.usage",
+            labels=LABELS,
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        now = self.clock.now()
+        with self._lock:
+            reported: dict[tuple[str, ...], float] = {}
+            for claim in self.caches.claims.store.values():
+                usage = gpu_hours.read(claim)
+                if usage.since is None:
+                    continue  # never held
+                meta = claim.get("metadata") or {}
+                totals = gpu_hours.totals(usage, ordering.ordered_count(claim), now)
+                base = (
+                    str(meta.get("namespace") or ""),
+                    str(meta.get("name") or ""),
+                    str(meta.get("uid") or ""),
+                    ordering.ordered_class(claim),
+                )
+                for state, value in (("idle", totals.idle), ("in_use", totals.in_use)):
+                    labels = (*base, state)
+                    reported[labels] = max(value, self._reported.get(labels, 0.0))
+                    family.add_metric(list(labels), reported[labels])
+            self._reported = reported
+        yield family
+
+
+def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
+    """The claims of the VMI's namespace that name it as the VM instance they serve."""
+    meta = vmi.get("metadata") or {}
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return [
+        key_of(c)
+        for c in caches.claims.store.by_index(BY_NAMESPACE, ns)
+        if name and gpu_hours.served_vmi_name(c) == name
+    ]
+
+
+def register(
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    statuses: ClaimStatus,
+    registry: CollectorRegistry | None = None,
+) -> Controller[Key]:
+    """The controller (run while leading) and the collector (on every replica)."""
+    (registry or manager.registry).register(UnitSecondsCollector(caches, clock=manager.clock))
+    controller = manager.controller(
+        NAME,
+        GpuHours(caches, inventory, statuses, clock=manager.clock),
+        workers=2,
+        seed=lambda: list(caches.claims.store),
+    )
+    manager.add_controller(
+        controller,
+        [(caches.claims, own_key), (caches.vmis, lambda vmi: claims_served_by(caches, vmi))],
+    )
+    return controller

@@ -1,0 +1,211 @@
+"""GPU-hours (issue 14): the unit-seconds a claim has held, split into **idle** (Bound, its VM
+not running) and **in use** (Bound, its VM instance running), kept in the claim's own status
+so that every replica, and every leader after the next, reads the same totals.
+
+``status.usage`` of a GPUClaim::
+
+    idleUnitSeconds: 5400      # closed intervals, in unit-seconds (seconds * spec.count)
+    inUseUnitSeconds: 1800
+    state: Idle | InUse        # the open interval (absent: the claim holds nothing now)
+    since: 2026-01-01T02:00:00Z  # when that state began (absent state: when the hold ended)
+
+The totals at time ``t`` are the closed sums plus the open interval ``(t - since) *
+count`` added to its state (:func:`totals`). Only a change of state is written
+(:func:`advance`): the open interval is closed at the moment of the write and the next one
+opened at that same moment, so nothing is counted twice and nothing is lost; a leader that
+takes over later reads the open interval from the status and goes on counting from
+``since``. The sum idle + in use is the time the claim was Bound, exactly; where the split
+lies between the two depends on when the change is written (a VM that started while no
+replica led is counted idle until the new leader writes the change, seconds later).
+
+Choices where the issue is silent:
+
+* **In use** means the VM instance the claim serves has a running launcher pod: phase
+  ``Scheduled`` (the pod runs on the node and holds the GPU; KubeVirt's handler then moves it
+  to ``Running``) or ``Running``, a VMI being deleted included (its pod may still hold the
+  GPU). A template claim serves the VMI that owns it (same UID); a held claim the VMI its
+  ``status.attachment`` names (with that UID, once recorded).
+* **Held** means phase ``Bound`` with a node, a claim being deleted included: its units stay
+  held until the claim is gone.
+* Moments are whole seconds (the precision of the API's timestamps); a ``since`` in the
+  future (a clock step) counts as now, so totals never go back.
+
+Every function is pure and idempotent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+from collections.abc import Mapping
+from typing import Any, Final
+
+from gpuoperator.model import conditions, ordering, references
+
+Obj = dict[str, Any]
+
+BOUND: Final = "Bound"
+#: VMI phases in which the launcher pod runs on its node (and so holds the GPU).
+RUNNING_PHASES: Final = frozenset({"Scheduled", "Running"})
+
+
+class State(enum.StrEnum):
+    IDLE = "Idle"
+    IN_USE = "InUse"
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """A claim's ``status.usage``: closed unit-seconds and the open interval."""
+
+    idle: int = 0
+    in_use: int = 0
+    state: State | None = None
+    #: when ``state`` began (with no state: when the last hold ended)
+    since: datetime.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """Unit-seconds up to a moment."""
+
+    idle: float
+    in_use: float
+
+    @property
+    def held(self) -> float:
+        return self.idle + self.in_use
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _parse(value: Any) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+def _second(moment: datetime.datetime) -> datetime.datetime:
+    return moment.astimezone(datetime.UTC).replace(microsecond=0)
+
+
+def read(claim: Mapping[str, Any]) -> Usage:
+    """The claim's ``status.usage`` (unreadable parts read as absent)."""
+    found = _mapping(_mapping(claim.get("status")).get("usage"))
+    try:
+        state: State | None = State(str(found.get("state")))
+    except ValueError:
+        state = None
+    since = _parse(found.get("since"))
+    if since is None:
+        state = None
+    return Usage(
+        _whole(found.get("idleUnitSeconds")), _whole(found.get("inUseUnitSeconds")), state, since
+    )
+
+
+def to_status(usage: Usage) -> Obj:
+    """``usage`` as ``status.usage``."""
+    out: Obj = {"idleUnitSeconds": usage.idle, "inUseUnitSeconds": usage.in_use}
+    if usage.state is not None:
+        out["state"] = usage.state.value
+    if usage.since is not None:
+        out["since"] = conditions.stamp(usage.since)
+    return out
+
+
+def _owner_vmi_name(claim: Mapping[str, Any]) -> str:
+    owners = _mapping(claim.get("metadata")).get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else ():
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("controller") is True
+            and owner.get("kind") == references.VMI_KIND
+        ):
+            return str(owner.get("name") or "")
+    return ""
+
+
+def served_vmi_name(claim: Mapping[str, Any]) -> str:
+    """The name of the VM instance the claim serves: its owner for a template claim, else
+    the one its attachment names (``""``: none)."""
+    if ordering.is_template_claim(claim):
+        return _owner_vmi_name(claim)
+    attachment = _mapping(_mapping(claim.get("status")).get("attachment"))
+    return str(attachment.get("vmi") or "")
+
+
+def _serves(claim: Mapping[str, Any], vmi: Mapping[str, Any]) -> bool:
+    meta = _mapping(vmi.get("metadata"))
+    if str(meta.get("name") or "") != served_vmi_name(claim) or not meta.get("name"):
+        return False
+    if ordering.is_template_claim(claim):
+        return references.is_template_claim_of(claim, vmi)
+    uid = _mapping(_mapping(claim.get("status")).get("attachment")).get("uid")
+    return not uid or uid == meta.get("uid")
+
+
+def state_of(claim: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> State | None:
+    """What the claim's units are doing now: ``None`` when it holds none (not Bound), else
+    in use when ``vmi`` (the cached VMI named by :func:`served_vmi_name`) is the one it
+    serves and runs, else idle."""
+    status = _mapping(claim.get("status"))
+    if status.get("phase") != BOUND or not status.get("nodeName"):
+        return None
+    running = vmi is not None and _mapping(vmi.get("status")).get("phase") in RUNNING_PHASES
+    if running and vmi is not None and _serves(claim, vmi):
+        return State.IN_USE
+    return State.IDLE
+
+
+def _open_seconds(usage: Usage, now: datetime.datetime) -> float:
+    if usage.state is None or usage.since is None:
+        return 0.0
+    return max(0.0, (now - usage.since).total_seconds())
+
+
+def advance(
+    usage: Usage,
+    state: State | None,
+    count: int,
+    now: datetime.datetime,
+    bound_time: datetime.datetime | None = None,
+) -> Usage:
+    """The usage after the claim's units turned to ``state`` at ``now`` (``usage`` itself
+    when the state did not change): the open interval is closed at ``now``, in whole
+    seconds, and the next one opened there.
+
+    A hold that starts (no state before) starts at ``bound_time`` (``status.boundTime``)
+    when that lies between the last change and ``now``: the time between the binding and
+    this write, or all of it for a claim bound before its usage was first recorded, is
+    held time too."""
+    if state == usage.state:
+        return usage
+    moment = _second(now)
+    closed = int(_open_seconds(usage, moment)) * max(count, 0)
+    idle = usage.idle + (closed if usage.state is State.IDLE else 0)
+    in_use = usage.in_use + (closed if usage.state is State.IN_USE else 0)
+    start = moment
+    if usage.state is None and state is not None and bound_time is not None:
+        start = min(moment, max(_second(bound_time), usage.since or _second(bound_time)))
+    return Usage(idle, in_use, state, start)
+
+
+def totals(usage: Usage, count: int, now: datetime.datetime) -> Totals:
+    """Unit-seconds idle and in use up to ``now``."""
+    running = _open_seconds(usage, now) * max(count, 0)
+    return Totals(
+        usage.idle + (running if usage.state is State.IDLE else 0.0),
+        usage.in_use + (running if usage.state is State.IN_USE else 0.0),
+    )
