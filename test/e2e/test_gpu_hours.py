@@ -1,0 +1,139 @@
+"""GPU-hours on the real control plane: a claim's ``status.usage`` follows its VM (idle while
+the VM is off, in use while its launcher pod runs) and the replica exports the totals."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykube
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from harness.fleet import Fleet
+from harness.kube import Obj
+from harness.waiting import wait_for
+from harness.webhooks import WebhookOperator, webhook_operator
+
+CONVERGE = 30.0
+
+
+@pytest.fixture(scope="module")
+def hooks(
+    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookOperator]:
+    with webhook_operator(
+        api, kubeconfig, tmp_path_factory.mktemp("gpuhours"), "--metrics-insecure"
+    ) as w:
+        yield w
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
+    f = Fleet(api)
+    yield f
+    f.cleanup()
+
+
+@pytest.fixture
+def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
+    ns = hooks.tenant(api)
+    wait_for(
+        "the default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
+    )
+    return ns
+
+
+def usage(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
+    status = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
+    found: Obj = {**(status.get("usage") or {}), "boundTime": status.get("boundTime")}
+    return found
+
+
+def scraped(port: int, ns: str, claim: str) -> dict[str, float]:
+    """``{state: value}`` of the claim's unit-seconds series."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != "gpuoperator_claim_gpu_unit_seconds_total":
+                continue
+            if sample.labels.get("namespace") == ns and sample.labels.get("claim") == claim:
+                out[sample.labels["state"]] = sample.value
+    return out
+
+
+def test_a_claim_counts_idle_then_in_use_while_its_vm_runs(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": "hold", "namespace": tenant},
+            "spec": {"className": cls, "count": 2},
+        },
+    ).create()
+    idle = wait_for(
+        "the hold counted idle from its binding",
+        lambda: usage(api, tenant, "hold"),
+        until=lambda u: u.get("state") == "Idle",
+        timeout=CONVERGE,
+    )
+    assert idle["since"] == idle["boundTime"]
+
+    refs: list[dict[str, Any]] = [{"claim": "hold"}]
+    vm = VirtualMachineInstance(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": "vm-1",
+                "namespace": tenant,
+                "labels": {names.CLAIMS_LABEL: "true"},
+                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+            },
+            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
+        },
+    )
+    vm.create()
+    in_use = wait_for(
+        "the hold counted in use once the VM's pod runs",
+        lambda: usage(api, tenant, "hold"),
+        until=lambda u: u.get("state") == "InUse",
+        timeout=CONVERGE,
+    )
+    assert in_use["since"] >= idle["since"]
+    port = hooks.operator.metrics_port
+    series = wait_for(
+        "the replica to export the hold's series",
+        lambda: scraped(port, tenant, "hold"),
+        until=lambda s: set(s) == {"idle", "in_use"},
+        timeout=CONVERGE,
+    )
+    assert series["idle"] >= in_use["idleUnitSeconds"]
+
+    vm.delete()
+    stopped = wait_for(
+        "the hold counted idle again once the VM is gone",
+        lambda: usage(api, tenant, "hold"),
+        until=lambda u: u.get("state") == "Idle" and u["since"] >= in_use["since"],
+        timeout=CONVERGE,
+    )
+    # Two units: every closed interval is an even number of unit-seconds.
+    assert stopped["inUseUnitSeconds"] % 2 == 0
+    assert stopped["idleUnitSeconds"] == in_use["idleUnitSeconds"]
+    after = scraped(port, tenant, "hold")
+    assert after["in_use"] >= stopped["inUseUnitSeconds"]
+    assert after["idle"] >= series["idle"]
