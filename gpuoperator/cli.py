@@ -26,6 +26,7 @@ from controllers import (
     claim_protection,
     claim_status,
     class_status,
+    draining,
     gpu_hours,
     license_copier,
     node_inventory,
@@ -38,6 +39,7 @@ from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import admitting, errors, logs, serving
 from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
 
@@ -59,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("version", help="print the version")
     st = sub.add_parser("status", help="print the GPU catalog and the nodes' GPU figures")
     st.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    st.add_argument(
+        "--node", help="what holds this node: its claims, and the tenants' VMs that block a drain"
+    )
     run = sub.add_parser("run", help="run one replica of the operator")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, or in-cluster)")
     run.add_argument(
@@ -105,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--refusal-ttl", dest="refusalTTL")
     s.add_argument("--operator-service-account", dest="operatorServiceAccount")
     s.add_argument("--gpu-for-vms", dest="gpuForVMs", type=_bool, metavar="BOOL")
+    s.add_argument("--drain-moves", dest="drainMoves", type=_bool, metavar="BOOL")
     return p
 
 
@@ -116,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         try:
             client = Client(lambda: load_config(args.kubeconfig))
-            print(status.report(*status.collect(client)))
+            if args.node:
+                print(node_status(client, args.node))
+            else:
+                print(status.report(*status.collect(client)))
         except (FileNotFoundError, errors.ApiError) as exc:
             print(f"gpuoperator status: {exc}", file=sys.stderr)
             return 1
@@ -132,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("startup failed", reason=type(exc).__name__, error=str(exc))
         print(f"gpuoperator: {exc}", file=sys.stderr)
         return 2
+
+
+def node_status(client: Client, node: str) -> str:
+    """``gpuoperator status --node N``."""
+    inventory, classes = status.collect(client)
+    claims, _ = client.list(GPUClaim, field_selector=f"status.nodeName={node}")
+    return status.node_report(inventory, classes, node, claims, status.collect_vmis(client))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,9 +230,11 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
-    # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours.
+    # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,
+    # idle holds moved off cordoned nodes.
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, inventory, statuses)
+    draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
     return shared, inventory
 
 

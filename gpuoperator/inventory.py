@@ -439,6 +439,12 @@ class Inventory:
                 claims, cls, self._nodes.values(), self._ledger, policy, now, bypass
             )
 
+    def candidates(self, claim: Obj, cls: Obj, now: datetime.datetime) -> list[tuple[str, int]]:
+        """The nodes ``claim`` could be bound to now (``model.binding.candidates``: eligible,
+        free >= count, not refused), on the current figures."""
+        with self._lock:
+            return binding.candidates(claim, cls, self._nodes.values(), self._ledger, now)
+
     def load(
         self,
         *,

@@ -24,6 +24,7 @@ OVERRIDES = {
     "refusalTTL": ("GPUOP_REFUSAL_TTL", "refusal-ttl"),
     "operatorServiceAccount": ("GPUOP_OPERATOR_SERVICE_ACCOUNT", "operator-service-account"),
     "gpuForVMs": ("GPUOP_GPU_FOR_VMS", "gpu-for-vms"),
+    "drainMoves": ("GPUOP_DRAIN_MOVES", "drain-moves"),
 }
 
 
@@ -68,6 +69,11 @@ class Settings(BaseModel):
         description="the operator's service account (system:serviceaccount:<ns>:<name>)",
     )
     gpu_for_vms: bool = Field(True, alias="gpuForVMs")
+    drain_moves: bool = Field(
+        True,
+        alias="drainMoves",
+        description="move the idle holds of a cordoned node to other eligible nodes",
+    )
 
     @field_validator("refusal_ttl", mode="before")
     @classmethod

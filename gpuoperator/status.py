@@ -3,6 +3,11 @@
 It lists nodes, pods, classes, claims and the KubeVirt CR once, feeds them to the same
 Inventory the operator runs on, and prints what the operator would publish, plus why each
 node is not eligible for a class. Read-only.
+
+``gpuoperator status --node N`` tells what holds node N (before a drain): each claim bound
+there with what a drain does with it (``model.draining``): an idle hold and the nodes with
+room for it now, or that it fits nowhere else; a claim serving a VM, which blocks the drain
+(GPU VMs cannot live-migrate), with the tenant and the VM; and which tenants to ask.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ import pykube
 
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import slimming
+from gpuoperator.model import draining, slimming
+from gpuoperator.model.draining import Role
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, KubeVirt
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, KubeVirt, VirtualMachineInstance
 
 
 def collect(client: Client) -> tuple[Inventory, dict[str, Obj]]:
@@ -95,3 +102,81 @@ def report(inventory: Inventory, classes: dict[str, Obj]) -> str:
             )
     out.append(_table(rows) if len(rows) > 1 else "(no node with GPU resources)")
     return "\n".join(out)
+
+
+def collect_vmis(client: Client) -> dict[tuple[str, str], Obj]:
+    """The VM instances by ``(namespace, name)`` (none when KubeVirt is not installed)."""
+    try:
+        vmis, _ = client.list(VirtualMachineInstance)
+    except errors.NotFoundError:
+        return {}
+    return {(v["metadata"]["namespace"], v["metadata"]["name"]): v for v in vmis}
+
+
+def node_report(
+    inventory: Inventory,
+    classes: dict[str, Obj],
+    node_name: str,
+    claims: list[Obj],
+    vmis: dict[tuple[str, str], Obj],
+    *,
+    clock: Clock = SYSTEM,
+) -> str:
+    """What holds ``node_name``: ``claims`` are the claims bound there (or more: others are
+    skipped), ``vmis`` the VM instances by ``(namespace, name)``."""
+    node = next((n for n in _nodes(inventory, node_name)), None)
+    if node is None:
+        return f"node {node_name}: not found"
+    cordoned = draining.draining(node)
+    out = [f"NODE {node_name}: {'cordoned' if cordoned else 'not cordoned'}"]
+    holds = draining.holds_on(node_name, claims, vmis)
+    by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+    rows = [["NAMESPACE", "CLAIM", "CLASS", "UNITS", "VM", "DRAIN"]]
+    for h in holds:
+        rows.append(
+            [
+                h.key[0],
+                h.key[1],
+                h.class_name,
+                str(h.count),
+                h.vmi or "-",
+                _drain(h, by_key, inventory, classes, clock),
+            ]
+        )
+    out.append(_table(rows) if len(rows) > 1 else "(no claim bound to this node)")
+    blocking = sorted({f"{h.key[0]}/{h.vmi}" for h in holds if h.role is Role.BLOCKING})
+    out.append("")
+    if blocking:
+        tenants = sorted({h.key[0] for h in holds if h.role is Role.BLOCKING})
+        out.append(f"BLOCKING THE DRAIN: {len(blocking)} VM(s) of tenant(s) {', '.join(tenants)}: ")
+        out[-1] += ", ".join(blocking)
+    else:
+        out.append("BLOCKING THE DRAIN: no VM")
+    return "\n".join(out)
+
+
+def _nodes(inventory: Inventory, name: str) -> list[Obj]:
+    view = inventory.node(name)
+    if view is not None:
+        return [view.node]
+    return []
+
+
+def _drain(
+    h: draining.Hold,
+    claims: dict[tuple[str, str], Obj],
+    inventory: Inventory,
+    classes: dict[str, Obj],
+    clock: Clock,
+) -> str:
+    if h.role is Role.RELEASING:
+        return "released (being deleted)"
+    if h.role is Role.BLOCKING:
+        return f"BLOCKS: VM {'running' if h.running else 'not running'}"
+    cls = classes.get(h.class_name)
+    if cls is None:
+        return f"idle hold; class {h.class_name} not found"
+    room = [n for n, _ in inventory.candidates(claims[h.key], cls, clock.now())]
+    if not room:
+        return "idle hold; fits on no other eligible node now"
+    return f"idle hold; room on {', '.join(room)}"

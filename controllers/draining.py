@@ -1,0 +1,307 @@
+"""Draining: the idle holds of a cordoned node move to other nodes; the rest is reported
+(``model.draining`` says which claim is which).
+
+Key = a node name; woken by the node (cordoned, uncordoned, gone), by the claims bound to it,
+and by every change of the inventory's figures while some node is cordoned (room may have
+freed elsewhere for a hold that could not move). One pass, for one cordoned node:
+
+* **movable holds** are moved one decision at a time, in order of creation, under
+  ``Inventory.decisions`` (the lock every binder pass and placement move holds): each
+  target is chosen on the inventory's current figures by the binding model's rules
+  (``Inventory.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
+  goes through the claim status write-back (``claim_status``: assumed into the inventory
+  before it is sent, resourceVersion precondition, fenced writer), so the next choice
+  already counts it — moves obey the same allocation guarantees as binding. The ``Bound``
+  condition says ``Moved`` and an Event on the claim says "moved from N1 to N2: node
+  cordoned".
+* **a movable hold that fits nowhere** stays; the claim's ``NodeCordoned`` condition
+  (``CannotMove``) and a Warning Event say why, once per message. The condition is removed
+  once the claim is no longer on a cordoned node.
+* **blocking claims** (serving a VM instance) stay; the node gets a Warning Event
+  ``DrainBlocked`` naming the tenants' VMs, once per change, and a log line.
+  ``gpuoperator status --node N`` lists the same.
+
+With the ``drainMoves`` setting off nothing is moved and no condition is set (conditions
+already set are removed); the node Event and ``gpuoperator status`` still tell the hoster
+what holds the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from controllers.claim_status import Announcement, ClaimStatus
+from gpuoperator.caches import BY_NODE, Caches, own_key
+from gpuoperator.inventory import Inventory
+from gpuoperator.model import binding, conditions, draining, gpu_hours
+from gpuoperator.model import classes as gpuclasses
+from gpuoperator.model.draining import Hold, Role
+from gpuoperator.runtime.client import Obj
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.recording import Recorder
+from gpuoperator.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+NAME = "draining"
+BOUND: Final = "Bound"
+DRAIN_BLOCKED: Final = "DrainBlocked"
+#: Seconds before a pass that lost a write race looks again.
+RETRY: Final = 1.0
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.holds = Gauge(
+            "gpuoperator_cordoned_node_holds",
+            "Claims bound to a cordoned node by what the drain does with them (Movable: "
+            "waiting to move or fitting nowhere, Blocking: serving a VM, Releasing: deleted)",
+            ["node", "role"],
+            registry=registry,
+        )
+        self.moves = Counter(
+            "gpuoperator_drain_moves_total",
+            "Holds moved off cordoned nodes",
+            registry=registry,
+        )
+
+
+_metrics = per_registry(_Metrics)
+
+
+class Draining:
+    def __init__(
+        self,
+        caches: Caches,
+        inventory: Inventory,
+        statuses: ClaimStatus,
+        recorder: Recorder,
+        settings: Settings,
+        *,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.caches = caches
+        self.inventory = inventory
+        self.statuses = statuses
+        self.recorder = recorder
+        self.settings = settings
+        self.clock = clock
+        self._metrics = _metrics(registry)
+        self._lock = threading.Lock()
+        #: node -> the blocking text last told (a change is told once)
+        self._told: dict[str, str] = {}
+
+    def reconcile(self, key: Key) -> Result | None:
+        name = key[1]
+        node = self.caches.nodes.store.get(key)
+        with self.inventory.decisions:
+            claims = [
+                self.inventory.claim(_key(c)) or c
+                for c in self.caches.claims.store.by_index(BY_NODE, name)
+            ]
+            holds = draining.holds_on(name, claims, self._vmis(claims))
+            if not draining.draining(node):
+                self._settle(name, claims)
+                return None
+            moves = self.settings.drain_moves
+            retry = False
+            for h in holds:
+                if moves and h.role is Role.MOVABLE:
+                    retry = self._move(name, h) is None or retry
+            # Only a movable hold that stays carries the condition.
+            movable = {h.key for h in holds if moves and h.role is Role.MOVABLE}
+            self._clear_conditions([c for c in claims if _key(c) not in movable])
+        fresh = draining.holds_on(
+            name,
+            [self.inventory.claim(h.key) or {} for h in holds],
+            self._vmis(claims),
+        )
+        self._report(node or {}, name, fresh)
+        return Result(requeue_after=RETRY) if retry else None
+
+    # ---- decisions ------------------------------------------------------------------------
+    def _move(self, source: str, h: Hold) -> bool | None:
+        """Move one hold, or report it stuck: True moved, False stuck, None lost a race."""
+        claim = self.inventory.claim(h.key)
+        if claim is None or not draining.bound_to(claim, source):
+            return True
+        cls = self.caches.classes.store.get(("", h.class_name))
+        if cls is None:
+            return False
+        now = self.clock.now()
+        candidates = self.inventory.candidates(claim, cls, now)
+        target = binding.choose(candidates, self.settings.placement_policy)
+        if target is None:
+            message = draining.stuck_message(source, h.count, gpuclasses.resource_name(cls))
+            return False if self._mark_stuck(claim, message) else None
+        message = draining.moved_message(source, target)
+        generation = (claim.get("metadata") or {}).get("generation")
+        status = dict(claim.get("status") or {})
+        status.update(
+            phase=BOUND,
+            nodeName=target,
+            boundTime=conditions.stamp(now),
+            conditions=_without(
+                conditions.set_condition(
+                    status.get("conditions"),
+                    BOUND,
+                    True,
+                    draining.MOVED,
+                    message,
+                    now=now,
+                    observed_generation=generation,
+                ),
+                draining.CONDITION,
+            ),
+        )
+        written = self.statuses.write(
+            claim,
+            status,
+            Announcement(
+                "hold moved off a cordoned node",
+                draining.MOVED,
+                message,
+                fields={"source": source, "node": target, "count": h.count},
+            ),
+        )
+        if written.ok:
+            self._metrics.moves.inc()
+            return True
+        return None
+
+    def _mark_stuck(self, claim: Obj, message: str) -> bool:
+        status = dict(claim.get("status") or {})
+        current = conditions.find(status.get("conditions"), draining.CONDITION)
+        if current and current.get("message") == message and current.get("status") == "True":
+            return True
+        status["conditions"] = conditions.set_condition(
+            status.get("conditions"),
+            draining.CONDITION,
+            True,
+            draining.CANNOT_MOVE,
+            message,
+            now=self.clock.now(),
+            observed_generation=(claim.get("metadata") or {}).get("generation"),
+        )
+        return self.statuses.write(
+            claim,
+            status,
+            Announcement(
+                "hold cannot leave its cordoned node",
+                draining.CANNOT_MOVE,
+                message,
+                event="Warning",
+                level="warning",
+                fields={"node": (claim.get("status") or {}).get("nodeName")},
+            ),
+        ).ok
+
+    def _settle(self, name: str, claims: list[Obj]) -> None:
+        """The node is not cordoned (any more): no condition of ours stays, nothing is told."""
+        self._clear_conditions(claims)
+        with self._lock:
+            self._told.pop(name, None)
+        for role in Role:
+            with contextlib.suppress(KeyError):
+                self._metrics.holds.remove(name, role.value)
+
+    def _clear_conditions(self, claims: list[Obj]) -> None:
+        for claim in claims:
+            status = dict(claim.get("status") or {})
+            if conditions.find(status.get("conditions"), draining.CONDITION) is None:
+                continue
+            status["conditions"] = _without(status.get("conditions"), draining.CONDITION)
+            self.statuses.write(claim, status)
+
+    # ---- reporting ------------------------------------------------------------------------
+    def _report(self, node: Obj, name: str, holds: list[Hold]) -> None:
+        for role in Role:
+            self._metrics.holds.labels(name, role.value).set(
+                sum(1 for h in holds if h.role is role)
+            )
+        text = draining.blocking_text(holds)
+        with self._lock:
+            if self._told.get(name) == text:
+                return
+            self._told[name] = text
+        if not text:
+            return
+        message = f"VMs block the drain of node {name} (GPU VMs cannot live-migrate): {text}"
+        log.info("drain blocked", reason=DRAIN_BLOCKED, node=name, blocking=text)
+        self.recorder.event(node, "Warning", DRAIN_BLOCKED, message, kind="Node", api_version="v1")
+
+    def _vmis(self, claims: list[Obj]) -> dict[Key, Obj]:
+        out: dict[Key, Obj] = {}
+        for claim in claims:
+            served = gpu_hours.served_vmi_name(claim)
+            if not served:
+                continue
+            key = (str((claim.get("metadata") or {}).get("namespace") or ""), served)
+            vmi = self.caches.vmis.store.get(key)
+            if vmi is not None:
+                out[key] = vmi
+        return out
+
+
+def _key(claim: Obj) -> Key:
+    meta = claim.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _without(items: list[Obj] | None, type_: str) -> list[Obj]:
+    return [c for c in items or [] if c.get("type") != type_]
+
+
+def register(
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    statuses: ClaimStatus,
+    recorder: Recorder,
+    settings: Settings,
+) -> Controller[Key]:
+    controller = manager.controller(
+        NAME,
+        Draining(
+            caches,
+            inventory,
+            statuses,
+            recorder,
+            settings,
+            clock=manager.clock,
+            registry=manager.registry,
+        ),
+        workers=1,
+        seed=lambda: [("", n) for _, n in caches.nodes.store],
+    )
+
+    def node_of_claim(claim: Obj) -> list[Key]:
+        node = (claim.get("status") or {}).get("nodeName")
+        return [("", str(node))] if node else []
+
+    def cordoned_nodes(_notice: Obj) -> list[Key]:
+        return [
+            ("", str(n["metadata"]["name"]))
+            for n in caches.nodes.store.values()
+            if draining.draining(n)
+        ]
+
+    manager.add_controller(
+        controller,
+        [
+            (caches.nodes, own_key),
+            (caches.claims, node_of_claim),
+            (inventory.changes, cordoned_nodes),
+        ],
+    )
+    return controller

@@ -1,0 +1,200 @@
+"""Drain-aware holds on the real control plane: cordoning a node moves its idle holds to
+other nodes with room, leaves (and reports) the claims of running VMs, and reports a hold
+that fits nowhere; the suite's over-allocation check closes every test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pykube
+import pytest
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from harness.fleet import Fleet
+from harness.kube import Obj
+from harness.waiting import wait_for
+from harness.webhooks import WebhookOperator, webhook_operator
+
+CONVERGE = 30.0
+
+
+@pytest.fixture(scope="module")
+def hooks(
+    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookOperator]:
+    with webhook_operator(api, kubeconfig, tmp_path_factory.mktemp("draining")) as w:
+        yield w
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
+    f = Fleet(api)
+    yield f
+    f.cleanup()
+
+
+@pytest.fixture
+def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
+    ns = hooks.tenant(api)
+    wait_for(
+        "the default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
+    )
+    return ns
+
+
+def order(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> str:
+    GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"className": cls, "count": count},
+        },
+    ).create()
+    return bound_node(api, ns, name)
+
+
+def status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
+    found: Obj = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
+    return found
+
+
+def bound_node(api: pykube.HTTPClient, ns: str, name: str, node: str | None = None) -> str:
+    s = wait_for(
+        f"{ns}/{name} Bound" + (f" to {node}" if node else ""),
+        lambda: status(api, ns, name),
+        until=lambda s: s.get("phase") == "Bound" and node in (None, s.get("nodeName")),
+        timeout=CONVERGE,
+    )
+    return str(s["nodeName"])
+
+
+def start_vm(api: pykube.HTTPClient, ns: str, name: str, claim: str) -> None:
+    refs: list[dict[str, Any]] = [{"claim": claim}]
+    VirtualMachineInstance(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {names.CLAIMS_LABEL: "true"},
+                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+            },
+            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
+        },
+    ).create()
+    wait_for(
+        f"VM {name} running",
+        lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,
+        until=lambda v: (v.get("status") or {}).get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+
+
+def cordon(api: pykube.HTTPClient, node: str) -> None:
+    obj = pykube.Node.objects(api).get(name=node)
+    obj.patch({"spec": {"unschedulable": True}})
+
+
+def events(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> list[str]:
+    found = pykube.Event.objects(api, namespace=ns).filter(
+        field_selector={"involvedObject.name": name, "reason": reason}
+    )
+    return [str(e.obj.get("message")) for e in found]
+
+
+def node_status(kubeconfig: Path, node: str) -> str:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuoperator.cli",
+            "status",
+            f"--kubeconfig={kubeconfig}",
+            f"--node={node}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return proc.stdout
+
+
+def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
+    api: pykube.HTTPClient, kubeconfig: Path, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    first, other = fleet.node(4), fleet.node(4)
+    # Binpack puts all three on the first node (least free that fits, ties by name).
+    assert [order(api, tenant, n, cls, 1) for n in ("idle-1", "idle-2", "run")] == [first] * 3
+    start_vm(api, tenant, "vm-1", "run")
+
+    cordon(api, first)
+    for name in ("idle-1", "idle-2"):
+        bound_node(api, tenant, name, other)
+        moved = wait_for(
+            f"the Moved event on {name}",
+            lambda name=name: events(api, tenant, name, "Moved"),
+            timeout=CONVERGE,
+        )
+        assert moved == [f"moved from {first} to {other}: node cordoned"]
+    assert status(api, tenant, "run")["nodeName"] == first
+
+    blocked = wait_for(
+        "the DrainBlocked event on the node",
+        lambda: events(api, "default", first, "DrainBlocked"),
+        timeout=CONVERGE,
+    )
+    assert f"{tenant}/vm-1 (running; claim run, 1 unit(s))" in blocked[0]
+    report = node_status(kubeconfig, first)
+    assert f"NODE {first}: cordoned" in report
+    row = next(line.split() for line in report.splitlines() if line.startswith(tenant))
+    assert row[:5] == [tenant, "run", cls, "1", "vm-1"]
+    assert "BLOCKS: VM running" in " ".join(row)
+    assert f"BLOCKING THE DRAIN: 1 VM(s) of tenant(s) {tenant}: {tenant}/vm-1" in report
+
+
+def test_a_hold_that_fits_nowhere_stays_and_says_why_then_moves_when_room_frees(
+    api: pykube.HTTPClient, kubeconfig: Path, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    first, other = fleet.node(4), fleet.node(4)
+    assert order(api, tenant, "big", cls, 3) == first
+    assert order(api, tenant, "filler", cls, 2) == other  # 1 free on the first: it goes on
+    cordon(api, first)
+    stuck = wait_for(
+        "the NodeCordoned condition",
+        lambda: next(
+            (
+                c
+                for c in status(api, tenant, "big").get("conditions", [])
+                if c["type"] == "NodeCordoned"
+            ),
+            None,
+        ),
+        until=lambda c: c is not None,
+        timeout=CONVERGE,
+    )
+    assert stuck["reason"] == "CannotMove"
+    assert (
+        f"node {first} is cordoned and no other eligible node has 3 free units" in stuck["message"]
+    )
+    assert status(api, tenant, "big")["nodeName"] == first
+    assert "fits on no other eligible node now" in node_status(kubeconfig, first)
+    assert events(api, tenant, "big", "CannotMove")
+
+    GPUClaim.objects(api, namespace=tenant).get(name="filler").delete()
+    bound_node(api, tenant, "big", other)
+    conditions = status(api, tenant, "big").get("conditions", [])
+    assert all(c["type"] != "NodeCordoned" for c in conditions)
