@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
         bound_node(api, tenant, name, other)
         moved = wait_for(
             f"the Moved event on {name}",
-            lambda name=name: events(api, tenant, name, "Moved"),
+            partial(events, api, tenant, name, "Moved"),
             timeout=CONVERGE,
         )
         assert moved == [f"moved from {first} to {other}: node cordoned"]
@@ -165,6 +166,11 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
     assert f"BLOCKING THE DRAIN: 1 VM(s) of tenant(s) {tenant}: {tenant}/vm-1" in report
 
 
+def cordoned_condition(api: pykube.HTTPClient, ns: str, name: str) -> Obj | None:
+    found = status(api, ns, name).get("conditions", [])
+    return next((c for c in found if c["type"] == "NodeCordoned"), None)
+
+
 def test_a_hold_that_fits_nowhere_stays_and_says_why_then_moves_when_room_frees(
     api: pykube.HTTPClient, kubeconfig: Path, fleet: Fleet, tenant: str
 ) -> None:
@@ -173,19 +179,13 @@ def test_a_hold_that_fits_nowhere_stays_and_says_why_then_moves_when_room_frees(
     assert order(api, tenant, "big", cls, 3) == first
     assert order(api, tenant, "filler", cls, 2) == other  # 1 free on the first: it goes on
     cordon(api, first)
-    stuck = wait_for(
+    found = wait_for(
         "the NodeCordoned condition",
-        lambda: next(
-            (
-                c
-                for c in status(api, tenant, "big").get("conditions", [])
-                if c["type"] == "NodeCordoned"
-            ),
-            None,
-        ),
-        until=lambda c: c is not None,
+        partial(cordoned_condition, api, tenant, "big"),
         timeout=CONVERGE,
     )
+    assert found is not None
+    stuck = found
     assert stuck["reason"] == "CannotMove"
     assert (
         f"node {first} is cordoned and no other eligible node has 3 free units" in stuck["message"]
