@@ -1,0 +1,241 @@
+"""The draining controller on in-memory caches, a real ``Inventory`` and an API server double
+with resourceVersion preconditions: idle holds leave a cordoned node one decision at a time,
+never onto more than a node has free; a hold that fits nowhere is reported; the setting turns
+moves off.
+
+The over-allocation oracle is the double's stored claims summed here per node.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+
+from controllers import draining as drainingmod
+from controllers.claim_status import ClaimStatus
+from gpuoperator import caches as cachesmod
+from gpuoperator import names
+from gpuoperator.inventory import Inventory
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.recording import Recorder
+from gpuoperator.settings import Settings
+
+Obj = dict[str, Any]
+NS = "tenant-a"
+RESOURCE = "nvidia.com/GA102GL_A10"
+
+
+class _NoServerManager:
+    def informer(
+        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
+    ) -> Informer:
+        return Informer(cast("ListWatcher", object()), kind, options, name=name)
+
+
+class Api:
+    def __init__(self) -> None:
+        self.claims: dict[str, Obj] = {}
+        self.writes = 0
+        self._rv = 10
+
+    def store(self, obj: Obj) -> Obj:
+        self._rv += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self._rv)
+        self.claims[stored["metadata"]["name"]] = stored
+        return copy.deepcopy(stored)
+
+    def replace_status(self, _kind: Kind, obj: Obj) -> Obj:
+        self.writes += 1
+        current = self.claims.get(obj["metadata"]["name"])
+        if current is None:
+            raise errors.NotFoundError(404, "NotFound", "gone")
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise errors.ConflictError(409, "Conflict", "the object has been modified")
+        return self.store({**current, "status": copy.deepcopy(obj["status"])})
+
+    def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
+        return copy.deepcopy(self.claims[name])
+
+    def held(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.claims.values():
+            if c["status"].get("phase") == "Bound":
+                out[c["status"]["nodeName"]] = out.get(c["status"]["nodeName"], 0) + int(
+                    c["spec"]["count"]
+                )
+        return out
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def event(self, obj: Obj, _type: str, reason: str, message: str, **_: Any) -> None:
+        self.seen.append((obj["metadata"]["name"], reason, message))
+
+
+def node(name: str, units: int, *, cordoned: bool = False) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {
+            "capacity": {RESOURCE: str(units)},
+            "allocatable": {RESOURCE: str(units)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def claim(name: str, count: int, second: int, node_name: str, **status: Any) -> Obj:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GPU_CLAIM,
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "creationTimestamp": f"2026-01-01T00:00:{second:02d}Z",
+        },
+        "spec": {"className": "a10", "count": count},
+        "status": {"phase": "Bound", "nodeName": node_name, **status},
+    }
+
+
+class World:
+    def __init__(self, **settings: Any) -> None:
+        self.clock = FakeClock()
+        self.caches = cachesmod.register(cast("Manager", _NoServerManager()))
+        self.inventory = Inventory(clock=self.clock)
+        self.api = Api()
+        self.events = Events()
+        statuses = ClaimStatus(
+            cast("Client", self.api),
+            self.inventory,
+            cast("Recorder", self.events),
+            registry=CollectorRegistry(),
+        )
+        self.controller = drainingmod.Draining(
+            self.caches,
+            self.inventory,
+            statuses,
+            cast("Recorder", self.events),
+            Settings.model_validate(settings),
+            clock=self.clock,
+            registry=CollectorRegistry(),
+        )
+        cls = {
+            "metadata": {"name": "a10"},
+            "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
+        }
+        self.caches.classes.store.put(cls)
+        self.inventory.apply_class(cls)
+
+    def put_node(self, obj: Obj) -> None:
+        self.caches.nodes.store.put(obj)
+        self.inventory.apply_node(obj)
+
+    def put_claim(self, obj: Obj) -> None:
+        self.api.store(obj)
+        self.sync()
+
+    def sync(self) -> None:
+        for stored in self.api.claims.values():
+            self.caches.claims.store.put(copy.deepcopy(stored))
+            self.inventory.apply_claim(copy.deepcopy(stored))
+
+    def drain(self, name: str) -> None:
+        self.controller.reconcile(("", name))
+        self.sync()
+
+    def where(self, name: str) -> str:
+        return str(self.api.claims[name]["status"]["nodeName"])
+
+
+def test_idle_holds_move_one_decision_at_a_time_and_never_overfill() -> None:
+    w = World()
+    w.put_node(node("n1", 8, cordoned=True))
+    w.put_node(node("roomy", 3))
+    w.put_node(node("tight", 2))
+    w.put_claim(claim("older", 2, 1, "n1"))
+    w.put_claim(claim("younger", 2, 2, "n1"))
+    w.put_claim(claim("vm", 1, 0, "n1", attachment={"vmi": "vm-1", "uid": "v1"}))
+
+    w.drain("n1")
+
+    # Binpack: the older hold takes the node with the least free that fits (tight: 2); the
+    # younger then fits only on roomy (3). The attached claim stays.
+    assert (w.where("older"), w.where("younger"), w.where("vm")) == ("tight", "roomy", "n1")
+    held = w.api.held()
+    assert held == {"n1": 1, "tight": 2, "roomy": 2}
+    assert all(held[n] <= units for n, units in (("tight", 2), ("roomy", 3)))
+    moved = [(who, msg) for who, reason, msg in w.events.seen if reason == "Moved"]
+    assert moved == [
+        ("older", "moved from n1 to tight: node cordoned"),
+        ("younger", "moved from n1 to roomy: node cordoned"),
+    ]
+    blocked = [msg for who, reason, msg in w.events.seen if reason == "DrainBlocked"]
+    assert len(blocked) == 1
+    assert f"{NS}/vm-1 (not running; claim vm, 1 unit(s))" in blocked[0]
+    bound = next(c for c in w.api.claims["older"]["status"]["conditions"] if c["type"] == "Bound")
+    assert (bound["status"], bound["reason"]) == ("True", "Moved")
+
+    writes = w.api.writes
+    w.drain("n1")  # nothing left to do: no write, nothing told again
+    assert w.api.writes == writes
+    assert len([r for _, r, _ in w.events.seen if r == "DrainBlocked"]) == 1
+
+
+def test_a_hold_that_fits_nowhere_stays_with_a_condition_until_the_node_is_uncordoned() -> None:
+    w = World()
+    w.put_node(node("n1", 4, cordoned=True))
+    w.put_node(node("small", 1))
+    w.put_claim(claim("big", 3, 1, "n1"))
+
+    w.drain("n1")
+    assert w.where("big") == "n1"
+    cond = next(
+        c for c in w.api.claims["big"]["status"]["conditions"] if c["type"] == "NodeCordoned"
+    )
+    assert (cond["status"], cond["reason"]) == ("True", "CannotMove")
+    assert "no other eligible node has 3 free units" in cond["message"]
+    assert [r for _, r, _ in w.events.seen] == ["CannotMove"]
+    writes = w.api.writes
+    w.drain("n1")
+    assert w.api.writes == writes, "the same report is not written again"
+
+    w.put_node(node("n1", 4))
+    w.drain("n1")
+    assert all(c["type"] != "NodeCordoned" for c in w.api.claims["big"]["status"]["conditions"])
+    assert w.where("big") == "n1"
+
+
+def test_with_moves_off_nothing_moves() -> None:
+    w = World(drainMoves="false")
+    w.put_node(node("n1", 4, cordoned=True))
+    w.put_node(node("n2", 4))
+    w.put_claim(claim("idle", 1, 1, "n1"))
+    w.drain("n1")
+    assert w.where("idle") == "n1"
+    assert w.api.writes == 0
+
+
+def test_a_move_never_takes_units_another_decision_assumed() -> None:
+    w = World()
+    w.put_node(node("n1", 4, cordoned=True))
+    w.put_node(node("n2", 2))
+    w.put_claim(claim("idle", 2, 1, "n1"))
+    # A binding of the binder's, assumed into the inventory and not yet written, takes n2.
+    pending = claim("new", 2, 5, "n2")
+    w.api.store({**pending, "status": {"phase": "Pending"}})
+    w.sync()
+    w.inventory.assume({**w.api.claims["new"], "status": pending["status"]})
+    w.drain("n1")
+    assert w.where("idle") == "n1"
