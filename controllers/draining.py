@@ -104,15 +104,12 @@ class Draining:
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
         node = self.caches.nodes.store.get(key)
+        if not draining.draining(node):
+            self._settle(name)
+            return None
         with self.inventory.decisions:
-            claims = [
-                self.inventory.claim(_key(c)) or c
-                for c in self.caches.claims.store.by_index(BY_NODE, name)
-            ]
+            claims = self._claims_on(name)
             holds = draining.holds_on(name, claims, self._vmis(claims))
-            if not draining.draining(node):
-                self._settle(name, claims)
-                return None
             moves = self.settings.drain_moves
             retry = False
             for h in holds:
@@ -128,6 +125,13 @@ class Draining:
         )
         self._report(node or {}, name, fresh)
         return Result(requeue_after=RETRY) if retry else None
+
+    def _claims_on(self, name: str) -> list[Obj]:
+        """The claims the cache files under node ``name``, as the inventory counts them."""
+        return [
+            self.inventory.claim(_key(c)) or c
+            for c in self.caches.claims.store.by_index(BY_NODE, name)
+        ]
 
     # ---- decisions ------------------------------------------------------------------------
     def _move(self, source: str, h: Hold) -> bool | None:
@@ -206,9 +210,12 @@ class Draining:
             ),
         ).ok
 
-    def _settle(self, name: str, claims: list[Obj]) -> None:
-        """The node is not cordoned (any more): no condition of ours stays, nothing is told."""
-        self._clear_conditions(claims)
+    def _settle(self, name: str) -> None:
+        """The node is not cordoned (any more): no condition of ours stays, nothing is told.
+        The lock is taken only when a claim there still carries the condition."""
+        if any(flagged(c) for c in self.caches.claims.store.by_index(BY_NODE, name)):
+            with self.inventory.decisions:
+                self._clear_conditions(self._claims_on(name))
         with self._lock:
             self._told.pop(name, None)
         for role in Role:
@@ -217,9 +224,9 @@ class Draining:
 
     def _clear_conditions(self, claims: list[Obj]) -> None:
         for claim in claims:
-            status = dict(claim.get("status") or {})
-            if conditions.find(status.get("conditions"), draining.CONDITION) is None:
+            if not flagged(claim):
                 continue
+            status = dict(claim.get("status") or {})
             status["conditions"] = _without(status.get("conditions"), draining.CONDITION)
             self.statuses.write(claim, status)
 
@@ -251,6 +258,12 @@ class Draining:
             if vmi is not None:
                 out[key] = vmi
         return out
+
+
+def flagged(claim: Obj) -> bool:
+    """Whether the claim carries the ``NodeCordoned`` condition."""
+    found = (claim.get("status") or {}).get("conditions")
+    return conditions.find(found, draining.CONDITION) is not None
 
 
 def _key(claim: Obj) -> Key:
@@ -286,8 +299,12 @@ def register(
     )
 
     def node_of_claim(claim: Obj) -> list[Key]:
+        """A claim's node when it drains, or when the claim still carries our condition."""
         node = (claim.get("status") or {}).get("nodeName")
-        return [("", str(node))] if node else []
+        if not node:
+            return []
+        key = ("", str(node))
+        return [key] if flagged(claim) or draining.draining(caches.nodes.store.get(key)) else []
 
     def cordoned_nodes(_notice: Obj) -> list[Key]:
         return [

@@ -72,21 +72,15 @@ class GpuHours:
         self.clock = clock
 
     def reconcile(self, key: Key) -> Result | None:
-        if self.caches.claims.store.get(key) is None:
-            return None
+        cached = self.caches.claims.store.get(key)
+        if cached is None or self._change(cached) is None:
+            return None  # the common case, decided without waiting for the lock
         with self.inventory.decisions:
-            claim = self.inventory.claim(key) or self.caches.claims.store.get(key)
-            if claim is None:
+            claim = self.inventory.claim(key) or cached
+            change = self._change(claim)
+            if change is None:
                 return None
-            vmi_name = gpu_hours.served_vmi_name(claim)
-            vmi = self.caches.vmis.store.get((key[0], vmi_name)) if vmi_name else None
-            state = gpu_hours.state_of(claim, vmi)
-            usage = gpu_hours.read(claim)
-            now = self.clock.now()
-            bound_time = binding.parse_time((claim.get("status") or {}).get("boundTime"))
-            new = gpu_hours.advance(usage, state, ordering.ordered_count(claim), now, bound_time)
-            if new == usage:
-                return None
+            usage, new, state, vmi_name = change
             status = {**(claim.get("status") or {}), "usage": gpu_hours.to_status(new)}
             reason = state.value if state is not None else NOT_HELD
             written = self.statuses.write(
@@ -108,6 +102,23 @@ class GpuHours:
         if written.outcome is Outcome.CHANGED:
             return Result(requeue_after=RETRY)
         return None
+
+    def _change(
+        self, claim: Obj
+    ) -> tuple[gpu_hours.Usage, gpu_hours.Usage, gpu_hours.State | None, str] | None:
+        """``(recorded usage, usage to write, state, VMI name)``, or None: nothing changed."""
+        namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+        vmi_name = gpu_hours.served_vmi_name(claim)
+        vmi = self.caches.vmis.store.get((namespace, vmi_name)) if vmi_name else None
+        state = gpu_hours.state_of(claim, vmi)
+        usage = gpu_hours.read(claim)
+        if state == usage.state:
+            return None
+        bound_time = binding.parse_time((claim.get("status") or {}).get("boundTime"))
+        new = gpu_hours.advance(
+            usage, state, ordering.ordered_count(claim), self.clock.now(), bound_time
+        )
+        return usage, new, state, vmi_name
 
 
 class UnitSecondsCollector(Collector):
