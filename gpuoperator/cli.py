@@ -87,9 +87,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--webhook-cert-dir",
         type=Path,
-        help="directory with tls.crt and tls.key (cert-manager's Secret layout; re-read when "
-        "they change; default: self-signed, for local use)",
+        help="--certificates=mounted: directory with tls.crt and tls.key (cert-manager's Secret "
+        f"layout; re-read when they change; default {names.WEBHOOK_CERT_DIR})",
     )
+    add_certificate_arguments(run)
     run.add_argument("--log-format", choices=("json", "console"), default="json")
     run.add_argument("--log-level", default="info")
     run.add_argument("--qps", type=float, default=200.0, help="client-side API request rate")
@@ -103,6 +104,69 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--operator-service-account", dest="operatorServiceAccount")
     s.add_argument("--gpu-for-vms", dest="gpuForVMs", type=_bool, metavar="BOOL")
     return p
+
+
+CERTIFICATE_MODES = ("self-managed", "mounted")
+
+
+def _names(value: str) -> list[str]:
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{value!r} names nothing (a comma-separated list)")
+    return items
+
+
+def add_certificate_arguments(run: argparse.ArgumentParser) -> None:
+    """The webhooks' certificate: issued and rotated by the operator, or mounted."""
+    c = run.add_argument_group(
+        "certificates",
+        "where the webhooks' serving certificate comes from. self-managed (the default, for "
+        "clusters without cert-manager): the leader keeps a CA and a serving certificate in "
+        "--cert-secret, renews them before they expire and keeps the caBundle of every webhook "
+        "in --webhook-configurations equal to the CA; every replica serves the certificate it "
+        "reads from that Secret. mounted: the certificate is read from --webhook-cert-dir "
+        "(cert-manager's Secret mounted by the kubelet; cert-manager's CA injector keeps the "
+        "caBundle).",
+    )
+    c.add_argument(
+        "--certificates",
+        choices=CERTIFICATE_MODES,
+        default="self-managed",
+        help="self-managed (default) or mounted",
+    )
+    c.add_argument(
+        "--cert-secret",
+        default=names.WEBHOOK_CERT_SECRET,
+        metavar="NAME",
+        help="self-managed: the Secret in the operator's namespace holding ca.crt, ca.key, "
+        f"tls.crt and tls.key (default {names.WEBHOOK_CERT_SECRET}; it must exist, the operator "
+        "only reads and updates it)",
+    )
+    c.add_argument(
+        "--webhook-service",
+        default=names.WEBHOOK_SERVICE,
+        metavar="NAME",
+        help="self-managed: the webhooks' Service; the serving certificate names <svc>, "
+        "<svc>.<ns>, <svc>.<ns>.svc and <svc>.<ns>.svc.cluster.local "
+        f"(default {names.WEBHOOK_SERVICE})",
+    )
+    c.add_argument(
+        "--webhook-configurations",
+        type=_names,
+        default=[names.VALIDATING_WEBHOOK_CONFIGURATION, names.MUTATING_WEBHOOK_CONFIGURATION],
+        metavar="NAME,...",
+        help="self-managed: the Validating/MutatingWebhookConfigurations whose webhooks' "
+        "caBundle the leader keeps equal to the CA (default "
+        f"{names.VALIDATING_WEBHOOK_CONFIGURATION},{names.MUTATING_WEBHOOK_CONFIGURATION})",
+    )
+    c.add_argument(
+        "--cert-extra-sans",
+        type=_names,
+        default=[],
+        metavar="SAN,...",
+        help="self-managed: more DNS names or IP addresses for the serving certificate, e.g. "
+        "127.0.0.1 for a webhook registered with a loopback URL (default none)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
     shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
         cert_dir = args.webhook_cert_dir
+        if args.certificates == "mounted":
+            cert_dir = cert_dir or Path(names.WEBHOOK_CERT_DIR)
         webhook_tls = (
             (cert_dir / "tls.crt", cert_dir / "tls.key") if cert_dir else serving.self_signed()
         )
