@@ -215,6 +215,7 @@ class LocalCluster:
                 f"--health-address=127.0.0.1:{health}",
                 f"--metrics-address=127.0.0.1:{metrics}",
                 f"--webhook-address=127.0.0.1:{webhooks}",
+                "--certificates=mounted",
                 f"--webhook-cert-dir={certs}",
                 "--log-format=json",
                 *extra,

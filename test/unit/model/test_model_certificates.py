@@ -176,7 +176,7 @@ def test_too_short_a_validity_is_refused_naming_the_flag() -> None:
 
 
 def test_ca_bundle_injection_touches_only_webhooks_whose_bundle_differs() -> None:
-    config = {
+    config: certificates.Obj = {
         "metadata": {"name": "v"},
         "webhooks": [
             {"name": "a", "clientConfig": {"url": "https://x/a", "caBundle": "T0xE"}},
