@@ -175,6 +175,7 @@ class LocalCluster:
         ports = Ports(*free_ports(6))
         (self.dir / "ports.json").write_text(json.dumps(asdict(ports)))
         self._write_kubeconfig(ports.apiserver)
+        self._link_kubectl(bindir)
         log(f"starting cluster {self.name!r} (state in {self.dir})")
         try:
             self._start_etcd(bindir, ports, log)
@@ -207,13 +208,21 @@ class LocalCluster:
     def deploy(self, rendered: deployment.Rendered, log: Any = print) -> None:
         deploy_to(self.kubeconfig, rendered, log)
 
-    def run_operator(self, log: Any = print, extra: tuple[str, ...] = ()) -> None:
+    def run_operator(
+        self,
+        log: Any = print,
+        extra: tuple[str, ...] = (),
+        rendered: deployment.Rendered | None = None,
+    ) -> None:
         """(Re)start the operator from this checkout as the dev overlay's Deployment runs
         it (its args and env, a token of its ServiceAccount), wait until it is ready (caches
         synced, serving certificate issued), register its webhooks with the API server (by
-        URL on loopback) and wait until it injected their caBundle."""
+        URL on loopback) and wait until it injected their caBundle. ``rendered``: the overlay
+        as already deployed (by default it is rendered and deployed first)."""
         self.operator.stop()
-        rendered = deployment.render(kubectl_binary())
+        if rendered is None:
+            rendered = deployment.render(kubectl_binary())
+            self.deploy(rendered, log)
         token = deployment.token_kubeconfig(
             kubectl_binary(), self.kubeconfig, rendered, self.dir / "gpuoperator.kubeconfig"
         )
@@ -485,6 +494,13 @@ class LocalCluster:
         for path in manifests:
             self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
             log(f"  applied {_show(path)}")
+
+    def _link_kubectl(self, bindir: Path) -> None:
+        """``<state>/bin/kubectl``: the pinned kubectl under its plain name, for PATH."""
+        link = self.dir / "bin" / "kubectl"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(self._bin(bindir, "kubectl"))
 
     def _write_kubeconfig(self, port: int) -> None:
         p = self.pki
