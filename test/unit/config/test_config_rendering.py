@@ -96,6 +96,7 @@ def test_production_swaps_self_managed_certificates_for_cert_manager_and_adds_mo
         ("ServiceMonitor", NAMESPACE, "gpu-operator"),
         ("PrometheusRule", NAMESPACE, "gpu-operator"),
         ("NetworkPolicy", NAMESPACE, "gpu-operator"),
+        ("ConfigMap", NAMESPACE, "gpu-operator-dashboard"),
     }
     assert _ids("overlays/production") == (DEFAULT_OBJECTS - self_managed) | added
 
