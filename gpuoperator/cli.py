@@ -7,12 +7,14 @@ controllers on the one that holds the Lease.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
 import socket
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,11 @@ from controllers import (
     placement,
     template_claims,
     usage_records,
+    webhook_certificates,
 )
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
+from gpuoperator.model import certificates
 from gpuoperator.runtime import admitting, errors, logs, serving
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
@@ -116,6 +120,13 @@ def _names(value: str) -> list[str]:
     return items
 
 
+def _duration(value: str) -> datetime.timedelta:
+    try:
+        return datetime.timedelta(seconds=settings.parse_duration(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def add_certificate_arguments(run: argparse.ArgumentParser) -> None:
     """The webhooks' certificate: issued and rotated by the operator, or mounted."""
     c = run.add_argument_group(
@@ -166,6 +177,22 @@ def add_certificate_arguments(run: argparse.ArgumentParser) -> None:
         metavar="SAN,...",
         help="self-managed: more DNS names or IP addresses for the serving certificate, e.g. "
         "127.0.0.1 for a webhook registered with a loopback URL (default none)",
+    )
+    c.add_argument(
+        "--ca-validity",
+        type=_duration,
+        default=certificates.CA_VALIDITY,
+        metavar="DURATION",
+        help="self-managed: lifetime of a new CA (default 87600h, 10 years; renewed a third of "
+        "its lifetime, at most 90 days, before it expires; shorten only to try rotation)",
+    )
+    c.add_argument(
+        "--cert-validity",
+        type=_duration,
+        default=certificates.SERVING_VALIDITY,
+        metavar="DURATION",
+        help="self-managed: lifetime of a serving certificate (default 8760h, 1 year; renewed "
+        "likewise)",
     )
 
 
@@ -231,20 +258,17 @@ def run(args: argparse.Namespace) -> int:
     )
     shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
-        cert_dir = args.webhook_cert_dir
-        if args.certificates == "mounted":
-            cert_dir = cert_dir or Path(names.WEBHOOK_CERT_DIR)
-        webhook_tls = (
-            (cert_dir / "tls.crt", cert_dir / "tls.key") if cert_dir else serving.self_signed()
-        )
         routes = admitting.app(
             webhooks(shared, inventory, operator_settings, client),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
-        manager.options.extra_servers.append(
-            serving.Server("webhooks", args.webhook_address, routes, tls=webhook_tls, threads=16)
+        server = serving.Server(
+            "webhooks", args.webhook_address, routes, tls=webhook_tls(args), threads=16
         )
+        manager.options.extra_servers.append(server)
+        if args.certificates == "self-managed":
+            self_managed_certificates(args, manager, namespace, server.reload)
 
     stop = threading.Event()
 
@@ -256,6 +280,37 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     manager.run(stop)
     return 0
+
+
+def webhook_tls(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The files the webhook server starts with: the mounted pair, or (self-managed) a
+    throwaway one it never serves while ready, replaced from the Secret."""
+    if args.certificates == "mounted":
+        cert_dir = args.webhook_cert_dir or Path(names.WEBHOOK_CERT_DIR)
+        return cert_dir / "tls.crt", cert_dir / "tls.key"
+    return serving.self_signed()
+
+
+def self_managed_certificates(
+    args: argparse.Namespace,
+    manager: Manager,
+    namespace: str,
+    serve: Callable[[bytes, bytes], None],
+) -> None:
+    """The leader issues and rotates the certificates in the Secret and injects the
+    caBundle; every replica serves what the Secret holds (and is ready once it does)."""
+    options = webhook_certificates.Options(
+        namespace=namespace,
+        secret=args.cert_secret,
+        service=args.webhook_service,
+        configurations=tuple(args.webhook_configurations),
+        extra_sans=tuple(args.cert_extra_sans),
+        policy=certificates.Policy(
+            ca_validity=args.ca_validity, serving_validity=args.cert_validity
+        ),
+    )
+    options.wanted_names()  # a bad extra SAN fails here, at startup
+    webhook_certificates.register(manager, Recorder(manager.writer), options, serve)
 
 
 def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from harness.waiting import wait_for
+from localcluster import pki
 from localcluster.cluster import free_ports
 
 
@@ -22,6 +23,10 @@ class OperatorProcess:
         self.identity = identity
         self.health_port, self.metrics_port, self.webhook_port = free_ports(3)
         self.log = log_dir / f"{identity}.log"
+        if not any(a.startswith("--certificates") for a in extra):
+            ca_cert, ca_key = pki.new_ca("operator-test-ca")
+            certs = pki.write_loopback_serving_pair(ca_cert, ca_key, log_dir / f"{identity}-certs")
+            extra = ("--certificates=mounted", f"--webhook-cert-dir={certs}", *extra)
         argv = [
             sys.executable,
             "-m",

@@ -44,7 +44,13 @@ def webhook_operator(
     ns = f"gpu-operator-{token}"
     pykube.Namespace(api, {"metadata": {"name": ns}}).create()
     op = OperatorProcess(
-        kubeconfig, ns, f"webhooks-{token}", workdir, f"--webhook-cert-dir={certs}", *extra
+        kubeconfig,
+        ns,
+        f"webhooks-{token}",
+        workdir,
+        "--certificates=mounted",
+        f"--webhook-cert-dir={certs}",
+        *extra,
     )
     label = ("gpuoperator.test/webhooks", token)
     configs = registration.configurations(
