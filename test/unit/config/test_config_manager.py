@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import tomllib
 from typing import Any
 
 import pytest
@@ -284,3 +285,10 @@ def test_settings_write_out_every_setting_with_its_default(variant: str) -> None
     defaults = settings.Settings.model_validate({})
     operator = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
     assert loaded == defaults.model_copy(update={"operator_service_account": operator})
+
+
+def test_the_deployment_runs_the_image_of_this_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert manager_container(render("default"))["image"] == f"gpuoperator:{version}"
+    assert manager_container(render("overlays/kind"))["image"] == "gpuoperator:e2e"
+    assert manager_container(render("overlays/kind"))["imagePullPolicy"] == "Never"
