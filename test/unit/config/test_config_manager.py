@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import tomllib
 from typing import Any
 
 import pytest
@@ -284,3 +285,32 @@ def test_settings_write_out_every_setting_with_its_default(variant: str) -> None
     defaults = settings.Settings.model_validate({})
     operator = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
     assert loaded == defaults.model_copy(update={"operator_service_account": operator})
+
+
+def test_the_deployment_runs_the_image_of_this_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert manager_container(render("default"))["image"] == f"gpuoperator:{version}"
+    assert manager_container(render("overlays/kind"))["image"] == "gpuoperator:e2e"
+    assert manager_container(render("overlays/kind"))["imagePullPolicy"] == "Never"
+
+
+def test_the_build_stage_copies_everything_the_wheel_is_built_from() -> None:
+    """No Docker here: check statically that the build context holds what pyproject.toml
+    packages (its packages, its readme) and that .dockerignore keeps none of it out."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    build = re.split(r"(?m)^FROM ", DOCKERFILE)[1]
+    copied = {
+        src.rstrip("/")
+        for line in build.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for src in line.split()[1:-1]
+    }
+    assert packages | {"pyproject.toml", project["project"]["readme"]} <= copied
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert not copied & ignored
+    assert "RUN pip wheel" in build

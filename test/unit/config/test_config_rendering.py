@@ -3,8 +3,13 @@ and keeps the namespaces consistent."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
+import yaml
 from unit.config.manifests import (
+    CONFIG,
     DEPLOYMENT,
     METRICS_SERVICE,
     NAMESPACE,
@@ -12,6 +17,7 @@ from unit.config.manifests import (
     SERVICE_ACCOUNT,
     VARIANTS,
     find,
+    kustomize,
     render,
 )
 
@@ -61,6 +67,8 @@ DEFAULT_OBJECTS = {
     ("PodDisruptionBudget", NAMESPACE, PDB),
     ("ValidatingAdmissionPolicy", "", "gpu-operator-template-claim-mark"),
     ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-template-claim-mark"),
+    ("ValidatingAdmissionPolicy", "", "gpu-operator-secret-writes"),
+    ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-secret-writes"),
     ("ValidatingWebhookConfiguration", "", names.VALIDATING_WEBHOOK_CONFIGURATION),
     ("MutatingWebhookConfiguration", "", names.MUTATING_WEBHOOK_CONFIGURATION),
 }
@@ -96,6 +104,7 @@ def test_production_swaps_self_managed_certificates_for_cert_manager_and_adds_mo
         ("ServiceMonitor", NAMESPACE, "gpu-operator"),
         ("PrometheusRule", NAMESPACE, "gpu-operator"),
         ("NetworkPolicy", NAMESPACE, "gpu-operator"),
+        ("ConfigMap", NAMESPACE, "gpu-operator-dashboard"),
     }
     assert _ids("overlays/production") == (DEFAULT_OBJECTS - self_managed) | added
 
@@ -137,3 +146,39 @@ def test_the_tamper_policy_reads_the_settings_that_name_the_operator(variant: st
 def test_crds_are_shipped_as_they_are() -> None:
     for crd in (o for o in render("default") if o["kind"] == "CustomResourceDefinition"):
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_changing_the_namespace_of_default_carries_it_everywhere(tmp_path: Path) -> None:
+    """config/default says: change `namespace` there and everything follows."""
+    copy = tmp_path / "config"
+    shutil.copytree(CONFIG, copy)
+    default = copy / "default" / "kustomization.yaml"
+    text = default.read_text()
+    assert f"\nnamespace: {NAMESPACE}\n" in text
+    default.write_text(text.replace(f"\nnamespace: {NAMESPACE}\n", "\nnamespace: gpus\n"))
+    objs = kustomize(copy / "default")
+    rendered = yaml.safe_dump_all(objs)
+    assert NAMESPACE not in rendered
+    user = f"system:serviceaccount:gpus:{SERVICE_ACCOUNT}"
+    assert (
+        find(objs, "ConfigMap", names.SETTINGS_CONFIGMAP)["data"]["operatorServiceAccount"] == user
+    )
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "gpu-operator-template-claim-mark")
+    assert binding["spec"]["paramRef"]["namespace"] == "gpus"
+    policy = find(objs, "ValidatingAdmissionPolicy", "gpu-operator-secret-writes")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["operatorUser"] == f"'{user}'"
+
+
+def test_the_secret_writes_policy_compares_the_operator_username() -> None:
+    objs = render("default")
+    policy = find(objs, "ValidatingAdmissionPolicy", "gpu-operator-secret-writes")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    user = find(objs, "ConfigMap", names.SETTINGS_CONFIGMAP)["data"]["operatorServiceAccount"]
+    assert variables["operatorUser"] == f"'{user}'"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "gpu-operator-secret-writes")
+    assert binding["spec"] == {
+        "policyName": "gpu-operator-secret-writes",
+        "validationActions": ["Deny"],
+    }
