@@ -6,6 +6,7 @@ answering."""
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import socket
 import ssl
@@ -20,8 +21,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from gpuoperator import names
-from harness.operator import Deployed
+from gpuoperator import names, pki
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, ca_bundle, secret_name, webhook_operator
 from localcluster.cluster import apply_docs, kubectl
@@ -200,3 +201,30 @@ def configured_bundle(api: pykube.HTTPClient, deployed: Deployed) -> str:
     bundles = {w["clientConfig"].get("caBundle", "") for w in config.obj["webhooks"]}
     assert len(bundles) == 1, bundles
     return str(bundles.pop())
+
+
+def test_mounted_certificates_are_served_as_mounted_and_the_secret_is_left_alone(
+    api: pykube.HTTPClient, fresh: Deployed, tmp_path: Path
+) -> None:
+    """``--certificates=mounted`` (the cert-manager component): the replica serves the files
+    in ``--webhook-cert-dir`` and neither issues nor injects anything."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca = pki.new_ca(now, datetime.timedelta(days=30))
+    pair = pki.issue_serving(ca, {"127.0.0.1"}, now, datetime.timedelta(days=30))
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "tls.crt").write_bytes(pair.cert_pem)
+    (certs / "tls.key").write_bytes(pair.key_pem)
+    op = OperatorProcess(
+        fresh, "mounted-replica", tmp_path, "--certificates=mounted", f"--webhook-cert-dir={certs}"
+    )
+    try:
+        op.wait_ready()
+        bundle = base64.b64encode(ca.cert_pem).decode()
+        assert fingerprint(served(op.webhook_port, bundle, "127.0.0.1")) == pki.fingerprint(
+            pair.cert_pem
+        )
+        secret = pykube.Secret.objects(api, namespace=fresh.namespace).get(name=secret_name(fresh))
+        assert not secret.obj.get("data"), "mounted mode leaves the Secret as shipped"
+    finally:
+        op.stop()
