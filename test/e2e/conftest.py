@@ -43,15 +43,25 @@ from localcluster.cluster import (
 )
 
 TEST_CRDS = KUBEVIRT_CRDS
+KIND_OVERLAY = REPO / "config" / "overlays" / "kind"
+#: ``E2E_OPERATOR=deployed`` (with ``E2E_KUBECONFIG``): use the operator deployed in the
+#: cluster instead of starting replicas (tests marked ``operator_process`` are skipped).
+IN_CLUSTER = os.environ.get("E2E_OPERATOR", "process") == "deployed"
 PROFILE = REPO / "hack" / "profiles" / "default.yaml"
 
 _timings: dict[str, float] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(
+        reason="E2E_OPERATOR=deployed: the test starts or controls the operator's own "
+        "processes, and the suite uses the operator deployed in the cluster"
+    )
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.e2e)
+            if IN_CLUSTER and item.get_closest_marker("operator_process"):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -80,15 +90,20 @@ def deployed(
         admin = Path(os.environ["E2E_KUBECONFIG"])
         kubectl(admin, "apply", "--server-side", "--force-conflicts", "-k", str(TEST_CRDS))
         kubectl(admin, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    rendered = deployment.render(kubectl_binary())
-    start = time.monotonic()
-    deploy_to(admin, rendered, log=lambda _msg: None)
-    wait_servable(admin)
-    _timings["deploying config/overlays/dev"] = time.monotonic() - start
+    if IN_CLUSTER:
+        # The operator runs in the cluster, deployed from the kind overlay by whoever made
+        # the cluster (make e2e-kind): read its names, deploy nothing.
+        rendered = deployment.render(kubectl_binary(), KIND_OVERLAY)
+    else:
+        rendered = deployment.render(kubectl_binary())
+        start = time.monotonic()
+        deploy_to(admin, rendered, log=lambda _msg: None)
+        wait_servable(admin)
+        _timings["deploying config/overlays/dev"] = time.monotonic() - start
     token = deployment.token_kubeconfig(
         kubectl_binary(), admin, rendered, tmp_path_factory.mktemp("operator") / "kubeconfig"
     )
-    return Deployed(rendered, admin, token, local_cluster)
+    return Deployed(rendered, admin, token, local_cluster, in_cluster=IN_CLUSTER)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ from harness.kube import Obj, replace
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
+
 CONVERGE = 20.0
 Start = Callable[..., OperatorProcess]
 

@@ -20,6 +20,8 @@ from harness.kube import Obj, mutate
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
+
 CONVERGE = 15.0  # seconds: status must follow a change well within this
 
 

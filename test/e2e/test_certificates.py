@@ -27,6 +27,8 @@ from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, ca_bundle, secret_name, webhook_operator
 from localcluster.cluster import apply_docs, kubectl
 
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
+
 ORDER_WEBHOOK = f"orders.{names.DOMAIN}"
 
 
@@ -103,7 +105,7 @@ def test_a_fresh_install_issues_its_certificate_and_decides_orders_through_its_w
         assert set(secret.obj["data"]) == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
         bundle = ca_bundle(api, fresh, secret_name(fresh))
         service = f"{names.WEBHOOK_SERVICE}.{fresh.namespace}.svc"
-        port = hooks.operator.webhook_port
+        port = hooks.replica.webhook_port
         # The name the API server checks for a Service clientConfig, and the loopback IP.
         assert fingerprint(served(port, bundle, service)) == fingerprint(
             served(port, bundle, "127.0.0.1")
@@ -149,7 +151,7 @@ def test_certificates_rotate_while_the_webhooks_keep_answering(
     extra = ("--ca-validity=40s", "--cert-validity=40s")
     with webhook_operator(api, fresh, tmp_path, *extra) as hooks:
         secret = secret_name(fresh)
-        port = hooks.operator.webhook_port
+        port = hooks.replica.webhook_port
         tenant = hooks.tenant(api)
         first_bundle = ca_bundle(api, fresh, secret)
         first_serving = fingerprint(served(port, first_bundle, "127.0.0.1"))
@@ -188,7 +190,7 @@ def test_certificates_rotate_while_the_webhooks_keep_answering(
         assert prober.answered > 20
         assert seen.serving[-1] != first_serving
         assert first_ca(seen.bundles[-1]).subject != first_ca(first_bundle).subject
-        log = hooks.operator.log_text()
+        log = hooks.replica.log_text()
         assert '"reason": "CARotated"' in log
 
 

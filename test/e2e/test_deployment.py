@@ -74,6 +74,7 @@ def test_the_api_server_accepts_the_rendered_webhook_configurations(deployed: De
     )
 
 
+@pytest.mark.operator_process
 def test_a_replica_runs_the_deployments_args_as_its_service_account(
     deployed: Deployed, tmp_path: Path
 ) -> None:
@@ -127,6 +128,7 @@ def stray(deployed: Deployed, tmp_path: Path) -> Iterator[OperatorProcess]:
     op.stop()
 
 
+@pytest.mark.operator_process
 @pytest.mark.skipif(
     bool(os.environ.get("E2E_KUBECONFIG")),
     reason="reads the local control plane's audit log; E2E_KUBECONFIG names another cluster",

@@ -21,6 +21,8 @@ from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, Le
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
+
 
 class Replicas:
     """Operator replicas of one test, all stopped afterwards (and the Lease of a killed

@@ -15,6 +15,8 @@ import pytest
 from gpuoperator.runtime.client import Client, load_config
 from harness.operator import Deployed, OperatorProcess
 
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
+
 
 @pytest.fixture
 def operator(deployed: Deployed, tmp_path: Path) -> Iterator[OperatorProcess]:

@@ -38,6 +38,9 @@ class Deployed:
     kubeconfig: Path
     #: The local control plane, or None under ``E2E_KUBECONFIG``.
     cluster: LocalCluster | None
+    #: ``E2E_OPERATOR=deployed``: the operator runs in the cluster (users' CI on kind); the
+    #: suite starts no replica of its own and uses that one's webhooks.
+    in_cluster: bool = False
 
     @property
     def namespace(self) -> str:
@@ -76,6 +79,11 @@ class OperatorProcess:
     """One replica, with its own health, metrics and webhook ports and its log in ``log``."""
 
     def __init__(self, deployed: Deployed, identity: str, log_dir: Path, *extra: str) -> None:
+        if deployed.in_cluster:
+            raise AssertionError(
+                "E2E_OPERATOR=deployed: the suite starts no replica; a test that needs its own "
+                "is marked operator_process"
+            )
         self.identity = identity
         self.deployed = deployed
         self.health_port, self.metrics_port, self.webhook_port = free_ports(3)

@@ -27,8 +27,15 @@ from localcluster.cluster import register_webhooks, unregister_webhooks
 
 @dataclass
 class WebhookOperator:
-    operator: OperatorProcess
+    #: The replica serving the webhooks (None: the operator deployed in the cluster).
+    operator: OperatorProcess | None
     namespace: str  # the operator's own namespace (Lease, settings, certificate Secret)
+
+    @property
+    def replica(self) -> OperatorProcess:
+        """The replica the suite started (tests that need it are marked operator_process)."""
+        assert self.operator is not None, "the webhooks are the deployed operator's"
+        return self.operator
 
     def tenant(self, api: pykube.HTTPClient, *, entitled: bool = False) -> str:
         """A fresh tenant namespace."""
@@ -80,6 +87,14 @@ def secret_name(deployed: Deployed) -> str:
 def webhook_operator(
     api: pykube.HTTPClient, deployed: Deployed, workdir: Path, *extra: str
 ) -> Iterator[WebhookOperator]:
+    """A replica serving the webhooks, registered; or, with ``E2E_OPERATOR=deployed``, the
+    deployed operator's webhooks once their caBundle is injected (``extra`` must be empty:
+    that operator runs with its Deployment's args)."""
+    if deployed.in_cluster:
+        assert not extra, f"E2E_OPERATOR=deployed runs the Deployment's args, not {extra}"
+        wait_injected(api, deployed, deployed.rendered.webhook_configurations)
+        yield WebhookOperator(None, deployed.namespace)
+        return
     op = OperatorProcess(deployed, f"webhooks-{uuid.uuid4().hex[:6]}", workdir, *extra)
     try:
         op.wait_ready()
