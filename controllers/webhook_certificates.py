@@ -217,7 +217,9 @@ class WebhookCertificates:
         now: datetime.datetime,
     ) -> dict[str, bytes]:
         policy = self.options.policy
-        existing = {pki.fingerprint(p): p for p in pki.split(data.get("ca.crt", b""))}
+        existing = {
+            pki.fingerprint(p): p for p in pki.split(data.get(certificates.CA_CERT_KEY, b""))
+        }
         kept = [existing[f] for f in plan.bundle if f in existing]
         out = dict(data)
         if plan.issue_ca:
@@ -241,20 +243,24 @@ class WebhookCertificates:
             "data": {k: _b64(v) for k, v in out.items()},
         }
         self.writer.replace(pykube.Secret, body)
-        what = [
-            w
-            for w, done in (("CA", plan.issue_ca), ("serving certificate", plan.issue_serving))
-            if done
-        ]
-        message = (
-            f"issued {' and '.join(what)}" if what else "CA bundle rewritten"
-        ) + f" ({'; '.join(plan.reasons)})"
-        reason = "CARotated" if plan.issue_ca and facts.ca is not None else "CertificateIssued"
-        if not what:
-            reason = "CABundlePruned"
-        log.info(message, reason=reason, secret=self._ref, issued=what)
+        reason, message = _describe(plan, rotated=facts.ca is not None)
+        log.info(message, reason=reason, secret=self._ref)
         self.recorder.event(secret, "Normal", reason, message, kind="Secret", api_version="v1")
         return out
+
+
+def _describe(plan: certificates.Plan, *, rotated: bool) -> tuple[str, str]:
+    """The reason and message of a write to the Secret (log line and Event)."""
+    issued = [
+        what
+        for what, done in (("a CA", plan.issue_ca), ("a serving certificate", plan.issue_serving))
+        if done
+    ]
+    why = "; ".join(plan.reasons)
+    if not issued:
+        return "CABundlePruned", f"expired CA dropped from ca.crt ({why})"
+    reason = "CARotated" if plan.issue_ca and rotated else "CertificateIssued"
+    return reason, f"issued {' and '.join(issued)} ({why})"
 
 
 def register(
