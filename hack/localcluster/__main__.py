@@ -50,16 +50,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             started = time.monotonic()
             cluster.up(args.profile, crds=args.crds or [KUBEVIRT_CRDS])
-            cluster.deploy(deployment.render(kubectl_binary()))
+            rendered = deployment.render(kubectl_binary())
+            cluster.deploy(rendered)
             cluster.apply([], args.apply or [SAMPLES])
             if args.operator:
-                cluster.run_operator()
+                cluster.run_operator(rendered=rendered)
                 cluster.run_kubevirt_standin()
             print(
                 f"cluster {args.name!r} is up ({time.monotonic() - started:.1f}s); "
                 f"operator log: {cluster.operator.log}\n"
-                f"Point kubectl at it with:\n"
-                f"  export KUBECONFIG={cluster.kubeconfig}\n"
+                f"Point kubectl (the pinned one) at it with:\n"
+                f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.dir / 'bin'}:$PATH\n"
                 f"  kubectl get nodes,gpuclasses,gpunodes\n"
                 f"Stop it with: make down"
             )

@@ -175,6 +175,7 @@ class LocalCluster:
         ports = Ports(*free_ports(6))
         (self.dir / "ports.json").write_text(json.dumps(asdict(ports)))
         self._write_kubeconfig(ports.apiserver)
+        self._link_kubectl(bindir)
         log(f"starting cluster {self.name!r} (state in {self.dir})")
         try:
             self._start_etcd(bindir, ports, log)
@@ -205,47 +206,23 @@ class LocalCluster:
         return took
 
     def deploy(self, rendered: deployment.Rendered, log: Any = print) -> None:
-        """Server-side apply every rendered object (CRDs first); the webhook configurations
-        only as a server-side dry run here (``register_webhooks`` applies them once an
-        operator serves them)."""
-        self._apply_docs(rendered.crds)
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        wait_servable(self.kubeconfig)
-        self._apply_docs(rendered.rest())
-        self._apply_docs(rendered.webhook_configurations, "--dry-run=server")
-        log(f"  applied config/overlays/dev ({len(rendered.objects)} objects)")
+        deploy_to(self.kubeconfig, rendered, log)
 
-    def register_webhooks(self, rendered: deployment.Rendered, port: int) -> list[deployment.Obj]:
-        """Apply the rendered webhook configurations with their URL on ``port``; return
-        them."""
-        configs = deployment.loopback_webhooks(rendered, port)
-        self._apply_docs(configs)
-        return configs
-
-    def unregister_webhooks(self, rendered: deployment.Rendered) -> None:
-        for config in rendered.webhook_configurations:
-            self.kubectl("delete", config["kind"], config["metadata"]["name"], "--ignore-not-found")
-
-    def _apply_docs(self, docs: Iterable[deployment.Obj], *flags: str) -> None:
-        docs = list(docs)
-        if docs:
-            self.kubectl(
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                *flags,
-                "-f",
-                "-",
-                stdin=yaml.safe_dump_all(docs),
-            )
-
-    def run_operator(self, log: Any = print, extra: tuple[str, ...] = ()) -> None:
+    def run_operator(
+        self,
+        log: Any = print,
+        extra: tuple[str, ...] = (),
+        rendered: deployment.Rendered | None = None,
+    ) -> None:
         """(Re)start the operator from this checkout as the dev overlay's Deployment runs
         it (its args and env, a token of its ServiceAccount), wait until it is ready (caches
         synced, serving certificate issued), register its webhooks with the API server (by
-        URL on loopback) and wait until it injected their caBundle."""
+        URL on loopback) and wait until it injected their caBundle. ``rendered``: the overlay
+        as already deployed (by default it is rendered and deployed first)."""
         self.operator.stop()
-        rendered = deployment.render(kubectl_binary())
+        if rendered is None:
+            rendered = deployment.render(kubectl_binary())
+            self.deploy(rendered, log)
         token = deployment.token_kubeconfig(
             kubectl_binary(), self.kubeconfig, rendered, self.dir / "gpuoperator.kubeconfig"
         )
@@ -263,7 +240,7 @@ class LocalCluster:
             f"  gpuoperator: ready after {took:.1f}s (metrics on https://127.0.0.1:{ports.metrics}"
             "/metrics, authorised by bearer token)"
         )
-        configs = self.register_webhooks(rendered, ports.webhook)
+        configs = register_webhooks(self.kubeconfig, rendered, ports.webhook)
         took = wait_until(
             "the operator to inject its webhooks' caBundle",
             lambda: all(self._injected(c) for c in configs),
@@ -386,7 +363,11 @@ class LocalCluster:
 
     def forbidden(self, username: str, offset: int = 0) -> tuple[int, list[str]]:
         """The requests of ``username`` the API server answered 403 in its audit log from
-        byte ``offset`` on, and the offset to read from next time."""
+        byte ``offset`` on, and the offset to read from next time.
+
+        One 403 is not counted: a write into a namespace being deleted (cause
+        ``NamespaceTerminating``), which RBAC allowed and namespace lifecycle refused; a
+        controller racing a namespace's deletion meets it, whatever its permissions."""
         try:
             with self.audit_log.open("rb") as f:
                 f.seek(offset)
@@ -397,11 +378,14 @@ class LocalCluster:
         found = []
         for line in complete.splitlines():
             event = json.loads(line)
-            if (
-                event.get("user", {}).get("username") == username
-                and event.get("responseStatus", {}).get("code") == 403
-            ):
-                found.append(f"{event.get('verb')} {event.get('requestURI')}")
+            status = event.get("responseStatus") or {}
+            if event.get("user", {}).get("username") != username or status.get("code") != 403:
+                continue
+            causes = (status.get("details") or {}).get("causes") or []
+            if any(c.get("reason") == "NamespaceTerminating" for c in causes):
+                continue
+            decision = (event.get("annotations") or {}).get("authorization.k8s.io/decision")
+            found.append(f"{event.get('verb')} {event.get('requestURI')} ({decision or '?'})")
         return offset + len(complete), found
 
     def _start_controller_manager(self, bindir: Path, ports: Ports, log: Any) -> None:
@@ -511,6 +495,13 @@ class LocalCluster:
             self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
             log(f"  applied {_show(path)}")
 
+    def _link_kubectl(self, bindir: Path) -> None:
+        """``<state>/bin/kubectl``: the pinned kubectl under its plain name, for PATH."""
+        link = self.dir / "bin" / "kubectl"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(self._bin(bindir, "kubectl"))
+
     def _write_kubeconfig(self, port: int) -> None:
         p = self.pki
         config = {
@@ -541,6 +532,50 @@ class LocalCluster:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.kubeconfig.chmod(0o600)
+
+
+def apply_docs(kubeconfig: Path, docs: Iterable[deployment.Obj], *flags: str) -> None:
+    """Server-side apply ``docs`` (kubectl, taking over fields other managers set)."""
+    docs = list(docs)
+    if docs:
+        kubectl(
+            kubeconfig,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            *flags,
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(docs),
+        )
+
+
+def deploy_to(kubeconfig: Path, rendered: deployment.Rendered, log: Any = print) -> None:
+    """Server-side apply every rendered object (CRDs first, then the rest); the webhook
+    configurations only as a server-side dry run (``register_webhooks`` applies them once
+    an operator serves them: they fail closed)."""
+    apply_docs(kubeconfig, rendered.crds)
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    wait_servable(kubeconfig)
+    apply_docs(kubeconfig, rendered.rest())
+    apply_docs(kubeconfig, rendered.webhook_configurations, "--dry-run=server")
+    log(f"  applied config/overlays/dev ({len(rendered.objects)} objects)")
+
+
+def register_webhooks(
+    kubeconfig: Path, rendered: deployment.Rendered, port: int
+) -> list[deployment.Obj]:
+    """Apply the rendered webhook configurations with their URL on ``port``; return them."""
+    configs = deployment.loopback_webhooks(rendered, port)
+    apply_docs(kubeconfig, configs)
+    return configs
+
+
+def unregister_webhooks(kubeconfig: Path, rendered: deployment.Rendered) -> None:
+    for config in rendered.webhook_configurations:
+        kubectl(
+            kubeconfig, "delete", config["kind"], config["metadata"]["name"], "--ignore-not-found"
+        )
 
 
 def wait_servable(kubeconfig: Path, timeout: float = 60) -> None:

@@ -15,7 +15,7 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance, Workload
 from harness.fleet import Fleet
 from harness.kube import Obj, replace
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 
 CONVERGE = 20.0
@@ -23,21 +23,19 @@ Start = Callable[..., OperatorProcess]
 
 
 @pytest.fixture
-def start_operator(kubeconfig: Path, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[tuple[OperatorProcess, str]] = []
+def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
+    started: list[OperatorProcess] = []
 
     def start(*extra: str) -> OperatorProcess:
-        ns = f"gpu-operator-b{len(started)}-{tmp_path.name[-6:].lower().replace('_', '-')}"
-        pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-        op = OperatorProcess(kubeconfig, ns, f"binder-{len(started)}", tmp_path, *extra)
-        started.append((op, ns))
+        op = OperatorProcess(deployed, f"binder-{len(started)}", tmp_path, *extra)
+        started.append(op)
         op.wait_ready()
         return op
 
     yield start
-    for op, ns in started:
+    for op in started:
         op.stop()
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+    deployed.release_lease(api)
 
 
 @pytest.fixture
