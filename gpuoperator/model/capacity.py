@@ -22,6 +22,12 @@ so callers recompute only those. Choices where DESIGN.md is silent:
 * A pod counts on its ``spec.nodeName`` while it is not terminated (scheduled-but-pending
   pods included: the scheduler has already given them the units), with
   :func:`gpuoperator.model.pods.pod_usage`; pods without GPU use are not stored at all.
+* "No claim accounts for" is decided by ownership (DESIGN.md §5, §10): the launcher pods a
+  VMI controls on node N (:func:`gpuoperator.model.pods.launcher_vmi`) are covered, per
+  resource and all together, by at most the units that VMI's Bound claims hold on N
+  (:func:`gpuoperator.model.claims.covering_vmi`); whatever they use beyond that counts like
+  any pod's. A label never covers anything, a migration target is an ordinary pod, and two
+  pods claiming one VMI share its cover instead of each getting it.
 * Pods and claims are kept per node name even when the node itself is unknown or removed
   (a node's object can go before the pods on it): free on an unknown node is 0, and the
   figures come back consistent if a node of that name reappears.
@@ -36,16 +42,14 @@ setters can be replayed (setting the same object twice changes nothing).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
+from gpuoperator.model import claims, pods, scheduling, slimming
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import pods, scheduling, slimming
 
 Obj = dict[str, Any]
-Key = tuple[str, str]
-
-BOUND = "Bound"
+Key = claims.Key
 
 
 class Device(TypedDict):
@@ -66,9 +70,8 @@ class ClassFree(TypedDict):
 
 
 def object_key(obj: Obj) -> Key:
-    """The ``(namespace, name)`` key of a namespaced object."""
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    """The ``(namespace, name)`` key of a namespaced object (:func:`claims.key`)."""
+    return claims.key(obj)
 
 
 def _counts(resources: Any) -> dict[str, int]:
@@ -83,28 +86,56 @@ def _counts(resources: Any) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class _Hold:
-    """Where a claim holds units: ``count`` of ``resource`` on ``node``."""
+    """Where a claim holds units: ``count`` of ``resource`` on ``node``, covering the pods of
+    the VMI ``user`` (``(namespace, uid)``; ``None``: no pod)."""
 
     node: str
     resource: str
     count: int
+    user: Key | None
 
 
 @dataclasses.dataclass(frozen=True)
 class _Use:
-    """Where a pod takes units: ``usage`` (resource → units, none at 0) on ``node``."""
+    """Where a pod takes units: ``usage`` (resource → units, none at 0) on ``node``; ``vmi``
+    is the ``(namespace, uid)`` of the VMI controlling it when it is a launcher pod."""
 
     node: str
     usage: tuple[tuple[str, int], ...]
+    vmi: Key | None
+
+
+@dataclasses.dataclass
+class _Group:
+    """The launcher pods of one VMI on one node and the units its claims hold there.
+
+    Invariants: ``usage[R]`` is the sum of usage of R over ``pods``; ``cover[R]`` the sum of
+    ``count`` over the VMI's claims holding R on this node; the group's contribution to the
+    node's ``requested`` is ``Σ_R max(0, usage[R] - cover[R])`` (its pods together get at
+    most what its claims hold, whatever the number of pods). Kept while it has a pod or a
+    claim."""
+
+    pods: set[Key] = dataclasses.field(default_factory=set)
+    claims: int = 0
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)
+    cover: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def excess(self) -> dict[str, int]:
+        return {
+            r: units - self.cover.get(r, 0)
+            for r, units in self.usage.items()
+            if units > self.cover.get(r, 0)
+        }
 
 
 @dataclasses.dataclass
 class _NodeFigures:
     """The figures of one node name.
 
-    Invariants: ``claimed[R]`` is the sum of ``count`` over the claims holding R here and
-    ``requested[R]`` the sum of usage of R over ``pods``; no entry is kept at 0. The record
-    exists while the node is known or anything is held on it (then it is dropped).
+    Invariants: ``claimed[R]`` is the sum of ``count`` over the claims holding R here;
+    ``requested[R]`` the sum of usage of R over the ``pods`` no VMI group covers plus each
+    group's excess of R (:class:`_Group`); no entry is kept at 0. The record exists while the
+    node is known or anything is held on it (then it is dropped).
     """
 
     known: bool = False
@@ -113,10 +144,25 @@ class _NodeFigures:
     claimed: dict[str, int] = dataclasses.field(default_factory=dict)
     requested: dict[str, int] = dataclasses.field(default_factory=dict)
     pods: dict[Key, dict[str, int]] = dataclasses.field(default_factory=dict)
+    groups: dict[Key, _Group] = dataclasses.field(default_factory=dict)
     claims: int = 0
 
     def empty(self) -> bool:
         return not self.known and not self.pods and not self.claims
+
+    def change_group(self, vmi: Key, change: Callable[[_Group], None]) -> None:
+        """Apply ``change`` to the VMI's group, keeping ``requested`` equal to the sum
+        described in the class docstring."""
+        group = self.groups.get(vmi)
+        if group is None:
+            group = self.groups[vmi] = _Group()
+        for resource, units in group.excess().items():
+            _shift(self.requested, resource, -units)
+        change(group)
+        for resource, units in group.excess().items():
+            _shift(self.requested, resource, units)
+        if not group.pods and not group.claims:
+            del self.groups[vmi]
 
 
 def _shift(figures: dict[str, int], resource: str, delta: int) -> None:
@@ -186,12 +232,14 @@ class Ledger:
 
     def set_pod(self, pod: Obj) -> set[str]:
         """Record a pod's current use (see :func:`gpuoperator.model.pods.pod_usage`) on its
-        node, replacing what it used before. Returns the nodes whose figures changed: none,
-        its node, or its old and new node when it moved."""
+        node, replacing what it used before; a launcher pod's units are covered by what its
+        VMI's claims hold on that node (:func:`gpuoperator.model.pods.launcher_vmi`). Returns
+        the nodes whose figures changed: none, its node, or its old and new node when it
+        moved."""
         key = object_key(pod)
         node = pods.node_name(pod)
         usage = pods.pod_usage(pod) if node else {}
-        new = _Use(node, tuple(sorted(usage.items()))) if usage else None
+        new = _Use(node, tuple(sorted(usage.items())), pods.launcher_vmi(pod)) if usage else None
         old = self._pods.get(key)
         if old == new:
             return set()
@@ -200,8 +248,17 @@ class Ledger:
             self._pods[key] = new
             figures = self._figures(new.node)
             figures.pods[key] = dict(new.usage)
-            for resource, units in new.usage:
-                _shift(figures.requested, resource, units)
+            if new.vmi is None:
+                for resource, units in new.usage:
+                    _shift(figures.requested, resource, units)
+            else:
+
+                def join(group: _Group) -> None:
+                    group.pods.add(key)
+                    for resource, units in new.usage:
+                        _shift(group.usage, resource, units)
+
+                figures.change_group(new.vmi, join)
             changed.add(new.node)
         return changed
 
@@ -215,8 +272,17 @@ class Ledger:
             return set()
         figures = self._nodes[old.node]
         del figures.pods[key]
-        for resource, units in old.usage:
-            _shift(figures.requested, resource, -units)
+        if old.vmi is None:
+            for resource, units in old.usage:
+                _shift(figures.requested, resource, -units)
+        else:
+
+            def leave(group: _Group) -> None:
+                group.pods.discard(key)
+                for resource, units in old.usage:
+                    _shift(group.usage, resource, -units)
+
+            figures.change_group(old.vmi, leave)
         self._tidy(old.node)
         return {old.node}
 
@@ -224,15 +290,16 @@ class Ledger:
         """Record a claim's hold: ``spec.count`` units of ``resource_name`` (its class's
         resource; ``None``/``""`` when the class is unknown, which holds nothing) on
         ``status.nodeName`` while ``status.phase`` is ``Bound``, even while the claim is
-        being deleted (see the module docstring). Returns the nodes whose figures changed:
-        none, the claim's node, or its old and new node when it was rebound."""
+        being deleted (see the module docstring); the hold covers the launcher pods of the
+        VMI it serves there (:func:`gpuoperator.model.claims.covering_vmi`). Returns the
+        nodes whose figures changed: none, the claim's node, or its old and new node when it
+        was rebound."""
         key = object_key(claim)
-        status = claim.get("status") or {}
-        node = str(status.get("nodeName") or "")
+        node = claims.node_name(claim)
         count = pods.parse_count((claim.get("spec") or {}).get("count"))
         new = None
-        if status.get("phase") == BOUND and node and resource_name and count:
-            new = _Hold(node, resource_name, count)
+        if claims.is_bound(claim) and resource_name and count:
+            new = _Hold(node, resource_name, count, claims.covering_vmi(claim))
         old = self._claims.get(key)
         if old == new:
             return set()
@@ -242,6 +309,13 @@ class Ledger:
             figures = self._figures(new.node)
             figures.claims += 1
             _shift(figures.claimed, new.resource, new.count)
+            if new.user is not None:
+
+                def join(group: _Group) -> None:
+                    group.claims += 1
+                    _shift(group.cover, new.resource, new.count)
+
+                figures.change_group(new.user, join)
             changed.add(new.node)
         return changed
 
@@ -256,6 +330,13 @@ class Ledger:
         figures = self._nodes[old.node]
         figures.claims -= 1
         _shift(figures.claimed, old.resource, -old.count)
+        if old.user is not None:
+
+            def leave(group: _Group) -> None:
+                group.claims -= 1
+                _shift(group.cover, old.resource, -old.count)
+
+            figures.change_group(old.user, leave)
         self._tidy(old.node)
         return {old.node}
 
@@ -331,11 +412,20 @@ class Ledger:
         ]
 
     def overcommitting_pods(self, node: str, resource: str) -> list[Key]:
-        """The pods (no claim accounts for them) using ``resource`` on ``node`` when the
-        node's figures for it are overrun, sorted; empty when they are not."""
+        """The pods using ``resource`` on ``node`` that no claim fully accounts for (the
+        pods of a VMI whose claims there hold less than they use count too), when the node's
+        figures for it are overrun, sorted; empty when they are not."""
         if not self.overrun(node, resource):
             return []
-        return sorted(key for key, usage in self._node(node).pods.items() if resource in usage)
+        figures = self._node(node)
+
+        def uncovered(key: Key) -> bool:
+            vmi = self._pods[key].vmi
+            return vmi is None or resource in figures.groups[vmi].excess()
+
+        return sorted(
+            key for key, usage in figures.pods.items() if resource in usage and uncovered(key)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
