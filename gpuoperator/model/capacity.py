@@ -243,7 +243,9 @@ class Ledger:
         old = self._pods.get(key)
         if old == new:
             return set()
-        changed = self._drop_pod(key)
+        touched = {u.node for u in (old, new) if u is not None}
+        before = {n: self._fingerprint(n) for n in touched}
+        self._drop_pod(key)
         if new is not None:
             self._pods[key] = new
             figures = self._figures(new.node)
@@ -259,12 +261,16 @@ class Ledger:
                         _shift(group.usage, resource, units)
 
                 figures.change_group(new.vmi, join)
-            changed.add(new.node)
-        return changed
+        return {n for n in touched if self._fingerprint(n) != before[n]}
 
     def remove_pod(self, key: Key) -> set[str]:
-        """Forget a pod (deleted). Returns its node if it used anything there."""
-        return self._drop_pod(key)
+        """Forget a pod (deleted). Returns its node if its figures changed."""
+        old = self._pods.get(key)
+        if old is None:
+            return set()
+        before = self._fingerprint(old.node)
+        self._drop_pod(key)
+        return {old.node} if self._fingerprint(old.node) != before else set()
 
     def _drop_pod(self, key: Key) -> set[str]:
         old = self._pods.pop(key, None)
@@ -303,7 +309,9 @@ class Ledger:
         old = self._claims.get(key)
         if old == new:
             return set()
-        changed = self._drop_claim(key)
+        touched = {h.node for h in (old, new) if h is not None}
+        before = {n: self._fingerprint(n) for n in touched}
+        self._drop_claim(key)
         if new is not None:
             self._claims[key] = new
             figures = self._figures(new.node)
@@ -316,12 +324,16 @@ class Ledger:
                     _shift(group.cover, new.resource, new.count)
 
                 figures.change_group(new.user, join)
-            changed.add(new.node)
-        return changed
+        return {n for n in touched if self._fingerprint(n) != before[n]}
 
     def remove_claim(self, key: Key) -> set[str]:
         """Forget a claim (deleted). Returns its node if it held units there."""
-        return self._drop_claim(key)
+        old = self._claims.get(key)
+        if old is None:
+            return set()
+        before = self._fingerprint(old.node)
+        self._drop_claim(key)
+        return {old.node} if self._fingerprint(old.node) != before else set()
 
     def _drop_claim(self, key: Key) -> set[str]:
         old = self._claims.pop(key, None)
@@ -339,6 +351,27 @@ class Ledger:
             figures.change_group(old.user, leave)
         self._tidy(old.node)
         return {old.node}
+
+    def _fingerprint(self, node: str) -> tuple[Any, ...]:
+        """Every figure a reader can see on ``node``: updates report the node only when
+        this changed (a launcher pod whose claims cover all it uses can change without
+        changing anything visible)."""
+        figures = self._nodes.get(node) or _NodeFigures()
+        return (
+            dict(figures.claimed),
+            dict(figures.requested),
+            {
+                (key, resource)
+                for key, usage in figures.pods.items()
+                for resource in usage
+                if self._uncovered(figures, key, resource)
+            },
+        )
+
+    def _uncovered(self, figures: _NodeFigures, key: Key, resource: str) -> bool:
+        """Whether the pod's use of ``resource`` is not (fully) covered by claims."""
+        vmi = self._pods[key].vmi
+        return vmi is None or resource in figures.groups[vmi].excess()
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -418,13 +451,10 @@ class Ledger:
         if not self.overrun(node, resource):
             return []
         figures = self._node(node)
-
-        def uncovered(key: Key) -> bool:
-            vmi = self._pods[key].vmi
-            return vmi is None or resource in figures.groups[vmi].excess()
-
         return sorted(
-            key for key, usage in figures.pods.items() if resource in usage and uncovered(key)
+            key
+            for key, usage in figures.pods.items()
+            if resource in usage and self._uncovered(figures, key, resource)
         )
 
 

@@ -42,7 +42,7 @@ def vmi(name: str = "vm", uid: str = "u1", *, deleting: bool = False, phase: str
 
 def test_the_phases_are_the_contracts() -> None:
     assert [p.value for p in claims.Phase] == ["Pending", "Bound", "Lost"]
-    assert claims.Phase.BOUND == "Bound"
+    assert str(claims.Phase.BOUND) == "Bound"
 
 
 @pytest.mark.parametrize(
