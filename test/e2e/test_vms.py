@@ -13,7 +13,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj, refused
 from harness.waiting import wait_for
@@ -164,6 +164,33 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
         until=lambda n: n >= 1,
         timeout=CONVERGE,
     )
+    # The running launcher pod is accounted by its VMI's claim: its units count once.
+    wait_for(
+        "the launcher pod running",
+        lambda: pykube.Pod.objects(api, namespace=tenant).get(name=pod.name).obj["status"],
+        until=lambda s: s.get("phase") == "Running",
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the class counting the VM's units once",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 8 - 2,
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the GPUNode counting the VM's units once",
+        lambda: [
+            (d["allocated"], d["free"])
+            for d in GPUNode.objects(api).get(name=node).obj["status"]["devices"]
+            if d["resourceName"] == fleet.resource
+        ],
+        until=lambda figures: figures == [(2, 2)],
+        timeout=CONVERGE,
+    )
+
+
+def class_free(api: pykube.HTTPClient, cls: str) -> int:
+    return int((GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("free", -1))
 
 
 def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
