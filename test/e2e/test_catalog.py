@@ -247,13 +247,16 @@ def test_a_plain_gpu_pod_labelled_as_claim_backed_still_counts(
     )
     wait_for("the pod placed", lambda: _node_of(pod), until=lambda n: n == name, timeout=CONVERGE)
     wait_figures(api, cls, (4, 4, 1))
-    device = wait_for(
+    wait_for(
         "the GPUNode counting the pod",
-        lambda: (GPUNode.objects(api).get(name=name).obj.get("status") or {}).get("devices"),
-        until=lambda d: bool(d) and d[0]["allocated"] == 2,
+        lambda: [
+            (d["allocatable"], d["allocated"], d["free"])
+            for d in (GPUNode.objects(api).get(name=name).obj.get("status") or {}).get("devices")
+            or []
+        ],
+        until=lambda figures: figures == [(6, 2, 4)],
         timeout=CONVERGE,
-    )[0]
-    assert (device["allocatable"], device["allocated"], device["free"]) == (6, 2, 4)
+    )
 
 
 @pytest.mark.overcommits
