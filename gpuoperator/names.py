@@ -85,3 +85,6 @@ EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
 #: VMI phases after which the VMI never runs again.
 VMI_SUCCEEDED: Final = "Succeeded"
 VMI_FAILED: Final = "Failed"
+#: The finalizer the API server sets on an object deleted with foreground propagation: the
+#: garbage collector deletes its blocking dependents first (Kubernetes' name).
+FOREGROUND_DELETION_FINALIZER: Final = "foregroundDeletion"

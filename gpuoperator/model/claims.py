@@ -140,6 +140,23 @@ def is_live_user(ref: VmiRef | None, vmi: Mapping[str, Any] | None) -> bool:
     return not ref.uid or str(_meta(vmi).get("uid") or "") == ref.uid
 
 
+def protects(ref: VmiRef | None, vmi: Mapping[str, Any] | None, *, pods_left: bool) -> bool:
+    """Whether a claim serving ``ref`` must keep its protection finalizer, ``vmi`` being the
+    cached VMI of that name and ``pods_left`` whether a pod that VMI controls has not
+    terminated yet.
+
+    While the VMI is a live user (:func:`is_live_user`), with one exception: a VMI deleted
+    with foreground propagation (finalizer ``foregroundDeletion``) waits for its blocking
+    dependents, a template claim among them; once its pods are gone nothing holds the GPU,
+    and waiting for the VMI would deadlock with the garbage collector waiting for the claim.
+    """
+    if not is_live_user(ref, vmi):
+        return False
+    meta = _meta(vmi)
+    foreground = names.FOREGROUND_DELETION_FINALIZER in (meta.get("finalizers") or [])
+    return not (meta.get("deletionTimestamp") and foreground and not pods_left)
+
+
 def serves_live_vmi(claim: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> bool:
     """Whether the claim serves ``vmi`` (the cached VMI named by :func:`user`) and that VMI
     is still a live user: the claim's units are in use, or about to be."""

@@ -15,7 +15,7 @@ import pytest
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
 from harness.fleet import Fleet
-from harness.kube import Obj, refused
+from harness.kube import Obj, mutate, refused
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 
@@ -141,7 +141,9 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     terms = pod.obj["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert any(e["values"] == [node] for t in terms for e in t["matchExpressions"])
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    ]
     wait_for(
         "the attachment uid",
         lambda: (
@@ -264,6 +266,130 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
         "the capacity returned",
         lambda: (GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("free"),
         until=lambda free: free == 4,
+        timeout=CONVERGE,
+    )
+
+
+def events(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> int:
+    return len(
+        pykube.Event.objects(api, namespace=ns).filter(
+            field_selector={"involvedObject.name": name, "reason": reason}
+        )
+    )
+
+
+def settled(api: pykube.HTTPClient, cls: str, fleet: Fleet, free: int) -> None:
+    """Wait until the class publishes ``free`` units and the scheduler can use the fleet's
+    nodes: the node lifecycle controller lifts its ``not-ready`` taint a moment after a new
+    node turns Ready, and a pod pinned before that would be refused."""
+    wait_for(
+        "the node's units published",
+        lambda: class_free(api, cls),
+        until=lambda n: n == free,
+        timeout=CONVERGE,
+    )
+
+    def not_ready_tainted() -> list[str]:
+        return [
+            node.name
+            for node in pykube.Node.objects(api)
+            if node.name in {n.name for n in fleet.nodes}
+            and any(
+                t.get("key") == "node.kubernetes.io/not-ready"
+                for t in node.obj["spec"].get("taints") or []
+            )
+        ]
+
+    wait_for(
+        "the fleet's nodes without the not-ready taint",
+        not_ready_tainted,
+        until=lambda tainted: not tainted,
+        timeout=CONVERGE,
+    )
+
+
+def refusal(api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj]) -> str:
+    """The VMI webhook's refusal of a VMI (it must be refused)."""
+    with refused(403) as r:
+        vmi(api, ns, name, refs)
+    return r[0].message
+
+
+def test_a_running_vms_template_claim_stays_until_the_vmi_is_gone(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    settled(api, cls, fleet, 4)
+    v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
+    wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-t"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    [made] = list(GPUClaim.objects(api, namespace=tenant))
+    made.delete()
+    wait_for(
+        "the deletion held (DeletionHeld event)",
+        lambda: events(api, tenant, made.name, "DeletionHeld"),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
+    )
+    held = GPUClaim.objects(api, namespace=tenant).get(name=made.name).obj
+    assert held["metadata"]["deletionTimestamp"]
+    assert names.CLAIM_PROTECTION_FINALIZER in held["metadata"]["finalizers"]
+    assert held["status"]["phase"] == "Bound", "the running VM keeps its units"
+    assert [c.name for c in GPUClaim.objects(api, namespace=tenant)] == [made.name]
+    assert class_free(api, cls) == 1, "nobody else is promised the VM's units"
+    v.delete()
+    wait_for(
+        "the template claim gone with its VMI",
+        lambda: len(list(GPUClaim.objects(api, namespace=tenant))),
+        until=lambda n: n == 0,
+        timeout=CONVERGE + 30,
+    )
+
+
+def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    settled(api, cls, fleet, 4)
+    claim(api, tenant, "hold", cls, 1)
+    bound_node(api, tenant, "hold")
+    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    wait_for(
+        "the attachment confirmed",
+        lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
+        until=lambda s: (s.get("attachment") or {}).get("uid") == v.obj["metadata"]["uid"],
+        timeout=CONVERGE,
+    )
+    hold_finalizer = "test.gpu.cozystack.io/hold"
+    mutate(v, lambda o: o["metadata"].setdefault("finalizers", []).append(hold_finalizer))
+    v.delete()  # graceful shutdown: the VMI stays, with a deletionTimestamp
+    wait_for(
+        "another VM refused the claim of the VM being deleted",
+        lambda: refusal(api, tenant, "vm-2", [{"claim": "hold"}]),
+        until=lambda message: "attached to VM vm-1, which is being deleted" in message,
+        timeout=CONVERGE,
+    )
+    GPUClaim.objects(api, namespace=tenant).get(name="hold").delete()
+    wait_for(
+        "the claim's deletion held",
+        lambda: events(api, tenant, "hold", "DeletionHeld"),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
+    )
+    status = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
+    assert status["attachment"] == {"vmi": "vm-1", "uid": v.obj["metadata"]["uid"]}
+    assert status["phase"] == "Bound"
+    mutate(v, lambda o: o["metadata"].__setitem__("finalizers", []))
+    wait_for(
+        "the claim gone once the VMI is",
+        lambda: GPUClaim.objects(api, namespace=tenant).get_or_none(name="hold"),
+        until=lambda c: c is None,
         timeout=CONVERGE,
     )
 
@@ -423,6 +549,48 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
         timeout=CONVERGE,
     )
     assert status["nodeName"] == big
+
+
+def test_a_vm_is_pinned_by_node_name_where_the_hostname_label_differs(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    """The pin selects the Node by ``metadata.name``: on a node whose hostname label is not
+    its name, and next to the VM's own required node affinity (the API server accepts the
+    added requirement only because the pod is still gated), the real scheduler places it."""
+    cls = fleet.gpu_class()
+    node = fleet.node(4)
+    settled(api, cls, fleet, 4)
+    mutate(
+        pykube.Node.objects(api).get(name=node),
+        lambda o: o["metadata"]["labels"].__setitem__("kubernetes.io/hostname", f"host-{node}"),
+    )
+    claim(api, tenant, "hold", cls, 1)
+    assert bound_node(api, tenant, "hold") == node
+    own = {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}
+    vmi(
+        api,
+        tenant,
+        "vm-renamed",
+        [{"claim": "hold"}],
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [own]}
+            }
+        },
+    )
+    status = wait_for(
+        "Scheduled on the node whose hostname label differs",
+        lambda: vmi_status(api, tenant, "vm-renamed"),
+        until=lambda s: s.get("phase") in ("Scheduled", "Failed"),
+        timeout=CONVERGE,
+    )
+    assert (status["phase"], status.get("nodeName")) == ("Scheduled", node)
+    pod = launcher(api, tenant)
+    terms = pod.obj["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    assert terms == [{**own, "matchFields": [pin]}]
 
 
 def test_a_vgpu_template_needs_the_entitlement(
