@@ -127,3 +127,30 @@ def test_bound_needs_a_node() -> None:
     del unbound["status"]["nodeName"]
     assert not claims.is_bound(unbound)
     assert claims.key(claim()) == ("ns", "c")
+
+
+@pytest.mark.parametrize(
+    ("found", "pods_left", "protected"),
+    [
+        pytest.param(vmi(), False, True, id="running-vmi"),
+        pytest.param(vmi(deleting=True), True, True, id="being-deleted-with-its-pod"),
+        pytest.param(vmi(deleting=True), False, True, id="being-deleted-in-the-background"),
+        pytest.param(None, False, False, id="gone"),
+        pytest.param(vmi(uid="u2"), True, False, id="replaced"),
+    ],
+)
+def test_a_claim_is_protected_while_its_vmi_is_a_live_user(
+    found: Obj | None, pods_left: bool, protected: bool
+) -> None:
+    ref = claims.VmiRef("vm", "u1")
+    assert claims.protects(ref, found, pods_left=pods_left) is protected
+
+
+@pytest.mark.parametrize(("pods_left", "protected"), [(True, True), (False, False)])
+def test_a_foreground_deleted_vmi_releases_its_claims_once_its_pods_are_gone(
+    pods_left: bool, protected: bool
+) -> None:
+    found = vmi(deleting=True)
+    found["metadata"]["finalizers"] = ["foregroundDeletion"]
+    ref = claims.VmiRef("vm", "u1")
+    assert claims.protects(ref, found, pods_left=pods_left) is protected
