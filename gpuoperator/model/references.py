@@ -33,6 +33,9 @@ Choices where DESIGN.md is silent:
   :data:`MAX_TEMPLATE_COUNT` (the webhook writes one ``gpus`` entry per unit, so an unbounded
   count would be an unbounded response); the class's maxCount is checked separately.
 * A held claim may be referenced once per VMI; the same template may appear twice (two claims).
+* ``hostDevices`` beside references are refused when they name the resourceName of any
+  class (DESIGN.md §10), judged on the classes that exist at admission; other host devices
+  (NICs, USB...) stay allowed.
 * Besides the refusals DESIGN.md lists, :func:`vmi_refusals` refuses a held claim that is
   being deleted, a held claim whose class no longer exists, a held claim named by another
   live VMI's annotation even when its attachment is not recorded (yet), and held references
@@ -619,6 +622,16 @@ def vmi_refusals(
             f"spec.domain.devices.gpus: {_plural(len(raw), 'entry', 'entries')} ({shown}) next "
             f"to claim references in {where}; allowed: either gpus entries or claim references, "
             "not both (the operator writes the gpus entries of claim references itself)"
+        )
+    gpu_resources = {gpuclasses.resource_name(c) for c in classes.values()} - {""}
+    host_gpus = hostdevices.gpu_host_devices(vmi, gpu_resources)
+    if host_gpus:
+        shown = _listed(f"{name or '(unnamed)'} ({device})" for name, device in host_gpus)
+        refusals.append(
+            f"spec.domain.devices.hostDevices: {_plural(len(host_gpus), 'entry', 'entries')} "
+            f"({shown}) name a GPU resource next to claim references in {where}; allowed: "
+            "GPUs through claim references only (hostDevices that name no GPU class's resource "
+            "stay allowed)"
         )
     if not vmi_name and any(isinstance(ref, HeldRef) for ref in refs):
         refusals.append(

@@ -414,6 +414,16 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
             domain={"devices": {"gpus": [{"name": "mine", "deviceName": fleet.resource}]}},
         )
     assert "gpus" in r[0].message
+    with refused(403) as r:
+        vmi(
+            api,
+            tenant,
+            "host-gpu",
+            [{"claim": "hold"}],
+            domain={"devices": {"hostDevices": [{"name": "extra", "deviceName": fleet.resource}]}},
+        )
+    assert "spec.domain.devices.hostDevices" in r[0].message
+    assert fleet.resource in r[0].message
     vmi(api, tenant, "first", [{"claim": "hold"}])
     with refused(403) as r:
         vmi(api, tenant, "second", [{"claim": "hold"}])

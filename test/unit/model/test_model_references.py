@@ -80,6 +80,7 @@ def vmi(
     uid: str | None = None,
     refs: str | None = None,
     gpus: list[Obj] | None = None,
+    host_devices: list[Obj] | None = None,
     deleting: bool = False,
 ) -> Obj:
     meta: Obj = {"name": name, "namespace": NS}
@@ -93,6 +94,8 @@ def vmi(
     devices: Obj = {"disks": []}
     if gpus is not None:
         devices["gpus"] = gpus
+    if host_devices is not None:
+        devices["hostDevices"] = host_devices
     return {"metadata": meta, "spec": {"domain": {"devices": devices}}}
 
 
@@ -547,6 +550,32 @@ OTHER_LIVE = vmi("other", uid="u-other")
             id="raw-gpus-and-references",
         ),
         pytest.param(
+            {
+                "refs": [HeldRef("hold-a")],
+                "claims": [HOLD],
+                "obj": vmi(host_devices=[{"name": "extra", "deviceName": A10_RES}]),
+            },
+            [
+                f"spec.domain.devices.hostDevices: 1 entry (extra ({A10_RES})) name a GPU "
+                "resource next to claim references",
+                "allowed: GPUs through claim references only",
+            ],
+            id="gpu-host-devices-and-references",
+        ),
+        pytest.param(
+            {
+                "refs": [TemplateRef("a10", 1)],
+                "obj": vmi(
+                    host_devices=[
+                        {"name": "nic", "deviceName": "intel.com/sriov"},
+                        {"name": "vgpu", "deviceName": L40S_RES},
+                    ]
+                ),
+            },
+            [f"spec.domain.devices.hostDevices: 1 entry (vgpu ({L40S_RES}))"],
+            id="host-device-of-any-classes-resource",
+        ),
+        pytest.param(
             {"refs": [TemplateRef("nope", 1)]},
             [
                 f"{ANNOTATION}: item 1: claimTemplate.className: class nope does not exist",
@@ -705,6 +734,13 @@ def test_vmi_refusals_name_the_field_and_what_is_allowed(
                 "obj": vmi(gpus=[{"name": "gpuop-0", "deviceName": A10_RES}]),
             },
             id="own-entries-of-an-earlier-pass-are-not-raw",
+        ),
+        pytest.param(
+            {
+                "refs": [TemplateRef("a10", 1)],
+                "obj": vmi(host_devices=[{"name": "nic", "deviceName": "intel.com/sriov"}]),
+            },
+            id="host-devices-that-are-no-gpu",
         ),
         pytest.param(
             {
