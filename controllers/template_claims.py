@@ -150,15 +150,8 @@ class TemplateClaims:
 
 def owning_vmi(claim: Obj) -> list[Key]:
     """The key of the VMI that controls a claim (template claims), if any."""
-    meta = claim.get("metadata") or {}
-    return [
-        (str(meta.get("namespace") or ""), str(owner["name"]))
-        for owner in meta.get("ownerReferences") or []
-        if owner.get("kind") == references.VMI_KIND
-        and str(owner.get("apiVersion") or "").startswith("kubevirt.io/")
-        and owner.get("controller")
-        and owner.get("name")
-    ]
+    owner = claims.controlling_vmi(claim)
+    return [] if owner is None else [(claims.key(claim)[0], owner.name)]
 
 
 def register(

@@ -90,15 +90,13 @@ EXAMPLE: Final = '[{"claim":"hold-a"},{"claimTemplate":{"className":"a10","count
 #: Prefix of the ``gpus`` entries the operator writes (:func:`gpu_entries`).
 GPU_ENTRY_PREFIX: Final = "gpuop-"
 
-KUBEVIRT_API_VERSION: Final = "kubevirt.io/v1"
-VMI_KIND: Final = "VirtualMachineInstance"
-#: Launcher-pod label and value KubeVirt sets on the pods it renders for a VMI.
-KUBEVIRT_LABEL: Final = "kubevirt.io"
-VIRT_LAUNCHER: Final = "virt-launcher"
-#: Annotation on KubeVirt's temporary pod for WaitForFirstConsumer volumes.
-EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
-#: Label on migration target pods (rendered afresh from the VMI; never touched).
-MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+# KubeVirt's names, spelt in names.py; re-exported for the callers that read them here.
+KUBEVIRT_API_VERSION: Final = names.KUBEVIRT_API_VERSION
+VMI_KIND: Final = names.VMI_KIND
+KUBEVIRT_LABEL: Final = names.KUBEVIRT_LABEL
+VIRT_LAUNCHER: Final = names.VIRT_LAUNCHER
+EPHEMERAL_ANNOTATION: Final = names.EPHEMERAL_ANNOTATION
+MIGRATION_LABEL: Final = names.MIGRATION_LABEL
 #: The node field the pin selects on (a node's own name, not a label that may differ).
 NODE_NAME_FIELD: Final = "metadata.name"
 #: The label earlier versions pinned on (still read by :func:`pinned_node`).
@@ -477,14 +475,8 @@ def is_template_claim_of(claim: Mapping[str, Any], vmi: Mapping[str, Any]) -> bo
     uid = _meta(vmi).get("uid")
     if not uid or not ordering.is_template_claim(claim):
         return False
-    owners = _meta(claim).get("ownerReferences")
-    return isinstance(owners, list) and any(
-        isinstance(o, Mapping)
-        and o.get("controller") is True
-        and o.get("kind") == VMI_KIND
-        and o.get("uid") == uid
-        for o in owners
-    )
+    owner = claims.controlling_vmi(claim)
+    return owner is not None and owner.uid == uid
 
 
 # -- the VMI webhook --------------------------------------------------------------------------
