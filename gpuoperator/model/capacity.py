@@ -244,7 +244,8 @@ class Ledger:
         if old == new:
             return set()
         touched = {u.node for u in (old, new) if u is not None}
-        before = {n: self._fingerprint(n) for n in touched}
+        groups = {u.vmi for u in (old, new) if u is not None and u.vmi is not None}
+        before = {n: self._fingerprint(n, groups) for n in touched}
         self._drop_pod(key)
         if new is not None:
             self._pods[key] = new
@@ -261,16 +262,17 @@ class Ledger:
                         _shift(group.usage, resource, units)
 
                 figures.change_group(new.vmi, join)
-        return {n for n in touched if self._fingerprint(n) != before[n]}
+        return {n for n in touched if self._fingerprint(n, groups) != before[n]}
 
     def remove_pod(self, key: Key) -> set[str]:
         """Forget a pod (deleted). Returns its node if its figures changed."""
         old = self._pods.get(key)
         if old is None:
             return set()
-        before = self._fingerprint(old.node)
+        groups = {old.vmi} if old.vmi is not None else set()
+        before = self._fingerprint(old.node, groups)
         self._drop_pod(key)
-        return {old.node} if self._fingerprint(old.node) != before else set()
+        return {old.node} if self._fingerprint(old.node, groups) != before else set()
 
     def _drop_pod(self, key: Key) -> set[str]:
         old = self._pods.pop(key, None)
@@ -310,7 +312,8 @@ class Ledger:
         if old == new:
             return set()
         touched = {h.node for h in (old, new) if h is not None}
-        before = {n: self._fingerprint(n) for n in touched}
+        groups = {h.user for h in (old, new) if h is not None and h.user is not None}
+        before = {n: self._fingerprint(n, groups) for n in touched}
         self._drop_claim(key)
         if new is not None:
             self._claims[key] = new
@@ -324,16 +327,17 @@ class Ledger:
                     _shift(group.cover, new.resource, new.count)
 
                 figures.change_group(new.user, join)
-        return {n for n in touched if self._fingerprint(n) != before[n]}
+        return {n for n in touched if self._fingerprint(n, groups) != before[n]}
 
     def remove_claim(self, key: Key) -> set[str]:
         """Forget a claim (deleted). Returns its node if it held units there."""
         old = self._claims.get(key)
         if old is None:
             return set()
-        before = self._fingerprint(old.node)
+        groups = {old.user} if old.user is not None else set()
+        before = self._fingerprint(old.node, groups)
         self._drop_claim(key)
-        return {old.node} if self._fingerprint(old.node) != before else set()
+        return {old.node} if self._fingerprint(old.node, groups) != before else set()
 
     def _drop_claim(self, key: Key) -> set[str]:
         old = self._claims.pop(key, None)
@@ -352,26 +356,26 @@ class Ledger:
         self._tidy(old.node)
         return {old.node}
 
-    def _fingerprint(self, node: str) -> tuple[Any, ...]:
-        """Every figure a reader can see on ``node``: updates report the node only when
-        this changed (a launcher pod whose claims cover all it uses can change without
-        changing anything visible)."""
+    def _fingerprint(self, node: str, groups: set[Key]) -> tuple[Any, ...]:
+        """The figures a reader can see on ``node`` that an update touching the VMI
+        ``groups`` there can change: updates report the node only when this changed (a
+        launcher pod whose claims cover all it uses can change without changing anything
+        visible). A plain pod's use is always visible in ``requested``, so only the pods of
+        ``groups`` are looked at: the cost stays that of the pods of one VMI."""
         figures = self._nodes.get(node) or _NodeFigures()
-        return (
-            dict(figures.claimed),
-            dict(figures.requested),
-            {
+        uncovered = set()
+        for vmi in groups:
+            group = figures.groups.get(vmi)
+            if group is None:
+                continue
+            excess = group.excess()
+            uncovered |= {
                 (key, resource)
-                for key, usage in figures.pods.items()
-                for resource in usage
-                if self._uncovered(figures, key, resource)
-            },
-        )
-
-    def _uncovered(self, figures: _NodeFigures, key: Key, resource: str) -> bool:
-        """Whether the pod's use of ``resource`` is not (fully) covered by claims."""
-        vmi = self._pods[key].vmi
-        return vmi is None or resource in figures.groups[vmi].excess()
+                for key in group.pods
+                for resource in figures.pods[key]
+                if resource in excess
+            }
+        return (dict(figures.claimed), dict(figures.requested), uncovered)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -451,10 +455,13 @@ class Ledger:
         if not self.overrun(node, resource):
             return []
         figures = self._node(node)
+
+        def uncovered(key: Key) -> bool:
+            vmi = self._pods[key].vmi
+            return vmi is None or resource in figures.groups[vmi].excess()
+
         return sorted(
-            key
-            for key, usage in figures.pods.items()
-            if resource in usage and self._uncovered(figures, key, resource)
+            key for key, usage in figures.pods.items() if resource in usage and uncovered(key)
         )
 
 
