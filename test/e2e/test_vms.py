@@ -195,6 +195,77 @@ def class_free(api: pykube.HTTPClient, cls: str) -> int:
     return int((GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("free", -1))
 
 
+def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    """Ownership, not labels, decides what a claim accounts for, and a VM's claims cover its
+    pods together: a second pod with the launcher label and a controller reference to the
+    VMI still counts the units the claim does not hold."""
+    cls = fleet.gpu_class()
+    node = fleet.node(4)
+    settled(api, cls, fleet, 4)
+    claim(api, tenant, "hold", cls, 2)
+    assert bound_node(api, tenant, "hold") == node
+    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-1"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the VM's units counted once",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 2,
+        timeout=CONVERGE,
+    )
+    meta = v.obj["metadata"]
+    twin = pykube.Pod(
+        api,
+        {
+            "metadata": {
+                "name": "twin",
+                "namespace": tenant,
+                "labels": {"kubevirt.io": "virt-launcher"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "kubevirt.io/v1",
+                        "kind": "VirtualMachineInstance",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "nodeName": node,
+                "automountServiceAccountToken": False,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {"name": "c", "image": "x", "resources": {"limits": {fleet.resource: "2"}}}
+                ],
+            },
+        },
+    )
+    twin.create()
+    wait_for(
+        "the twin's units counted",
+        lambda: [
+            (d["allocated"], d["free"])
+            for d in GPUNode.objects(api).get(name=node).obj["status"]["devices"]
+            if d["resourceName"] == fleet.resource
+        ],
+        until=lambda figures: figures == [(4, 0)],
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the class without free units",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 0,
+        timeout=CONVERGE,
+    )
+
+
 def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     api: pykube.HTTPClient, fleet: Fleet, tenant: str
 ) -> None:
