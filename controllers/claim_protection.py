@@ -7,7 +7,8 @@ once the VMI it serves (``model.claims.user``: a template claim's owner, a held 
 attachment) is no longer a live user (``model.claims.is_live_user``): it no longer exists,
 or has another UID than the one recorded. A VMI being deleted is still a user — its launcher
 pod may hold the GPU during the VM's graceful shutdown — so the claim, and the units it
-holds, stay until the VMI is gone. Until then an Event says why. One exception
+holds, stay until the VMI is gone. Until then an Event says why (once per state: a VMI
+that changes while it is being deleted does not repeat it). One exception
 (``model.claims.protects``): a VMI deleted with foreground propagation waits for its template
 claims (their ownerReference blocks its deletion), so once none of its pods is left, they are
 released rather than wait for each other.
@@ -17,6 +18,8 @@ server: a cache behind a VMI created a moment ago must not release that VMI's cl
 """
 
 from __future__ import annotations
+
+import threading
 
 import structlog
 
@@ -43,9 +46,14 @@ class ClaimProtection:
         self.caches = caches
         self.writer = writer
         self.recorder = recorder
+        #: claim key -> the hold last reported (log line and Event only when it changes)
+        self._held: dict[Key, str] = {}
+        self._lock = threading.Lock()
 
     def reconcile(self, key: Key) -> Result | None:
         claim = self.caches.claims.store.get(key)
+        if claim is None or not (claim.get("metadata") or {}).get("deletionTimestamp"):
+            self._forget(key)
         if claim is None:
             return None
         meta = claim["metadata"]
@@ -72,8 +80,11 @@ class ClaimProtection:
                     f"deletion waits for VM instance {user.name}, which uses this claim and "
                     f"{how}; the claim is removed once that VM instance is gone"
                 )
-                log.info("claim deletion held", reason="UsedByLiveVMI", vmi=user.name)
-                self.recorder.event(claim, "Normal", HELD, message, kind=names.GPU_CLAIM)
+                if self._report(key, message):
+                    log.info("claim deletion held", reason="UsedByLiveVMI", vmi=user.name)
+                    self.recorder.event(claim, "Normal", HELD, message, kind=names.GPU_CLAIM)
+                else:
+                    log.debug("claim deletion still held", reason="UsedByLiveVMI", vmi=user.name)
                 return None  # the VMI's deletion enqueues this claim again
         self.writer.replace(
             GPUClaim,
@@ -82,8 +93,20 @@ class ClaimProtection:
                 "metadata": {**meta, "finalizers": [f for f in finalizers if f != FINALIZER]},
             },
         )
+        self._forget(key)
         log.info("claim released", reason="NoLiveVMI", vmi=user.name if user else None)
         return None
+
+    def _report(self, key: Key, message: str) -> bool:
+        """Whether ``message`` is news for the claim (then it is remembered)."""
+        with self._lock:
+            news = self._held.get(key) != message
+            self._held[key] = message
+        return news
+
+    def _forget(self, key: Key) -> None:
+        with self._lock:
+            self._held.pop(key, None)
 
     def _pods_left(self, namespace: str, vmi: Obj | None) -> bool:
         """Whether a pod the VMI controls has not terminated yet."""

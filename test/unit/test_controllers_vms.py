@@ -633,6 +633,21 @@ def test_a_deleted_claim_keeps_its_finalizer_while_its_vmi_is_not_gone(
     assert "vm1" in world.recorder.events[0]["message"]
 
 
+def test_a_held_deletion_is_reported_once_per_state(world: World) -> None:
+    world.put_vmi(vmi())
+    world.put_claim(deleting(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID})))
+    protection = world.protection()
+
+    protection.reconcile((NS, "hold-a"))
+    protection.reconcile((NS, "hold-a"))
+    assert world.recorder.reasons() == ["DeletionHeld"]
+
+    world.put_vmi(vmi(deleting=True))  # the VM starts its shutdown: news
+    protection.reconcile((NS, "hold-a"))
+    assert world.recorder.reasons() == ["DeletionHeld", "DeletionHeld"]
+    assert "is being deleted" in world.recorder.events[-1]["message"]
+
+
 def test_a_deleted_claim_is_held_when_only_the_cache_lags_behind_its_vmi(world: World) -> None:
     world.api.add(VirtualMachineInstance, vmi())  # exists, not cached yet
     world.put_claim(deleting(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID})))
