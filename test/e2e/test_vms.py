@@ -122,6 +122,7 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     cls = fleet.gpu_class()
     fleet.node(4)
     fleet.node(4)
+    settled(api, cls, fleet, 8)
     claim(api, tenant, "hold", cls, 2)
     node = bound_node(api, tenant, "hold")
     v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
@@ -272,6 +273,7 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     cls = fleet.gpu_class()
     fleet.node(4)
     fleet.node(4)
+    settled(api, cls, fleet, 8)
     claim(api, tenant, "hold", cls, 1)
     node = bound_node(api, tenant, "hold")
     first = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
@@ -311,6 +313,7 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
 ) -> None:
     cls = fleet.gpu_class()
     fleet.node(4)
+    settled(api, cls, fleet, 4)
     v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
     status = wait_for(
         "Scheduled",
@@ -468,6 +471,7 @@ def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
 def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenant: str) -> None:
     cls = fleet.gpu_class(maxCount=2)
     fleet.node(4)
+    settled(api, cls, fleet, 4)
     claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
     with refused(403) as r:
@@ -548,6 +552,7 @@ def test_two_held_claims_on_different_nodes_are_gathered_on_one(
 ) -> None:
     cls = fleet.gpu_class()
     first_node, second_node = fleet.node(4), fleet.node(4)
+    settled(api, cls, fleet, 8)
     wait_for(
         "both nodes published",
         lambda: (GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("nodes"),
@@ -584,6 +589,7 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
     cls = fleet.gpu_class()
     small = fleet.node(4, memory="8Gi")
     big = fleet.node(4, memory="64Gi")
+    settled(api, cls, fleet, 8)
     claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == small  # binpack tie: the first by name
     vmi(
@@ -616,13 +622,25 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
         until=lambda o: o is None,
         timeout=CONVERGE,
     )
-    vmi(
-        api,
-        tenant,
-        "vm-big",
-        [{"claim": "hold"}],
-        domain={"devices": {}, "resources": {"requests": {"memory": "16Gi"}}},
-    )
+
+    def recreate() -> bool:
+        """One create; False while the webhook's cache still shows the old VMI (it answers
+        409 with "retry")."""
+        try:
+            vmi(
+                api,
+                tenant,
+                "vm-big",
+                [{"claim": "hold"}],
+                domain={"devices": {}, "resources": {"requests": {"memory": "16Gi"}}},
+            )
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code == 409 and "already exists" in str(exc):
+                return False
+            raise
+        return True
+
+    wait_for("the VMI created again", recreate, timeout=CONVERGE)
     status = wait_for(
         "Scheduled on the big node",
         lambda: vmi_status(api, tenant, "vm-big"),
