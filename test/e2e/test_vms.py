@@ -425,6 +425,41 @@ def test_a_running_vms_template_claim_stays_until_the_vmi_is_gone(
     )
 
 
+def test_a_vm_deleted_in_the_foreground_takes_its_template_claim_with_it(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    """Foreground deletion waits for the template claim (its ownerReference blocks the
+    VMI's deletion) while the claim's protection waits for the VMI: once the VMI's pods are
+    gone the claim is released, so neither waits forever."""
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    settled(api, cls, fleet, 4)
+    v = vmi(api, tenant, "vm-f", [{"claimTemplate": {"className": cls, "count": 2}}])
+    wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-f"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    v.delete(propagation_policy="Foreground")
+    # Garbage collection learns the VMI kind at its periodic discovery (30 s).
+    wait_for(
+        "the VMI and its template claim gone",
+        lambda: (
+            VirtualMachineInstance.objects(api, namespace=tenant).get_or_none(name="vm-f"),
+            len(list(GPUClaim.objects(api, namespace=tenant))),
+        ),
+        until=lambda state: state == (None, 0),
+        timeout=CONVERGE + 30,
+    )
+    wait_for(
+        "the capacity returned",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 4,
+        timeout=CONVERGE,
+    )
+
+
 def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
     api: pykube.HTTPClient, fleet: Fleet, tenant: str
 ) -> None:
