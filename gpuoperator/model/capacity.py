@@ -505,9 +505,15 @@ def class_figures(ledger: Ledger, cls: Obj, nodes: Iterable[Obj]) -> ClassFigure
     return ClassFigures(free=sum(frees), max_free_per_node=max(frees, default=0), nodes=len(frees))
 
 
+#: The most entries ``GPUNode.status.classes`` holds (the CRD's ``maxItems``).
+MAX_NODE_CLASSES = 10000
+
+
 def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[ClassFree]:
     """``GPUNode.status.classes``: each class the node :func:`serves` with its free units
-    there, sorted by class name."""
+    there, sorted by class name, at most :data:`MAX_NODE_CLASSES` of them (the first by
+    name: a longer list would fail every status write; ``GPUClass.status`` is not affected).
+    """
     name = scheduling.node_name(node)
     return sorted(
         (
@@ -519,4 +525,4 @@ def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[C
             if serves(ledger, node, cls)
         ),
         key=lambda entry: entry["name"],
-    )
+    )[:MAX_NODE_CLASSES]

@@ -4,9 +4,11 @@ nodes involved and say which; class figures sum over eligible nodes that serve t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +16,7 @@ from gpuoperator.model import capacity, scheduling
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
+REPO = Path(__file__).resolve().parents[3]
 A = "nvidia.com/a10"
 B = "nvidia.com/l40s"
 KVM = "devices.kubevirt.io/kvm"
@@ -810,3 +813,19 @@ def test_removing_everything_added_returns_to_the_start(
         ledger.remove_node(n)
     assert ledger.node_names() == []
     assert all(ledger.devices(n) == [] for n in NODES)
+
+
+def test_node_class_free_fits_the_gpunode_schema_however_many_classes_serve_the_node() -> None:
+    crd = yaml.safe_load((REPO / "config" / "crd" / "cozystack.io_gpunodes.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["status"]["properties"]["classes"]["maxItems"] == (
+        capacity.MAX_NODE_CLASSES
+    )
+    ledger = capacity.Ledger()
+    the_node = node("n1", {A: 4})
+    ledger.set_node(the_node)
+    many = [gpu_class(f"c-{i:05d}", A) for i in range(capacity.MAX_NODE_CLASSES + 5)]
+    entries = capacity.node_class_free(ledger, the_node, reversed(many))
+    assert len(entries) == capacity.MAX_NODE_CLASSES
+    assert entries[0]["name"] == "c-00000"
+    assert entries[-1]["name"] == f"c-{capacity.MAX_NODE_CLASSES - 1:05d}"
