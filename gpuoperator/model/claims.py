@@ -8,8 +8,8 @@ its key, the VM instance it serves, and whether that VM instance is still a live
 ownerReference to a ``kubevirt.io`` VirtualMachineInstance names the VMI by name and UID. A
 held claim names its VMI in ``status.attachment`` (``{vmi, uid}``; the UID is empty while the
 attachment is unconfirmed, right after the VMI webhook recorded it). When a claim carries
-both, the ownerReference decides: it is set by the operator when the claim is made and never
-changes, and it keeps one claim serving one VMI.
+both, the ownerReference decides. Either way a claim serves one VMI at a time, so its units
+never cover the pods of two: whatever a tenant writes, every unit is counted at least once.
 
 **A live user** (:func:`is_live_user`). The VMI the claim serves is live while it exists
 (with the recorded UID, when one is recorded) — **including while it is being deleted**: a
