@@ -248,7 +248,7 @@ class Ledger:
             return set()
         touched = {u.node for u in (old, new) if u is not None}
         groups = {u.vmi for u in (old, new) if u is not None and u.vmi is not None}
-        before = {n: self._fingerprint(n, groups) for n in touched}
+        before = {n: self._fingerprint(n, groups, key) for n in touched}
         self._drop_pod(key)
         if new is not None:
             self._pods[key] = new
@@ -265,7 +265,7 @@ class Ledger:
                         _shift(group.usage, resource, units)
 
                 figures.change_group(new.vmi, join)
-        return {n for n in touched if self._fingerprint(n, groups) != before[n]}
+        return {n for n in touched if self._fingerprint(n, groups, key) != before[n]}
 
     def remove_pod(self, key: Key) -> set[str]:
         """Forget a pod (deleted). Returns its node if its figures changed."""
@@ -273,9 +273,9 @@ class Ledger:
         if old is None:
             return set()
         groups = {old.vmi} if old.vmi is not None else set()
-        before = self._fingerprint(old.node, groups)
+        before = self._fingerprint(old.node, groups, key)
         self._drop_pod(key)
-        return {old.node} if self._fingerprint(old.node, groups) != before else set()
+        return {old.node} if self._fingerprint(old.node, groups, key) != before else set()
 
     def _drop_pod(self, key: Key) -> set[str]:
         old = self._pods.pop(key, None)
@@ -359,24 +359,25 @@ class Ledger:
         self._tidy(old.node)
         return {old.node}
 
-    def _fingerprint(self, node: str, groups: set[Key]) -> tuple[Any, ...]:
-        """The figures a reader can see on ``node`` that an update touching the VMI
-        ``groups`` there can change: updates report the node only when this changed (a
-        launcher pod whose claims cover all it uses can change without changing anything
-        visible). A plain pod's use is always visible in ``requested``, so only the pods of
-        ``groups`` are looked at: the cost stays that of the pods of one VMI."""
+    def _fingerprint(self, node: str, groups: set[Key], pod: Key | None = None) -> tuple[Any, ...]:
+        """The figures a reader can see on ``node`` that an update of ``pod`` (or of a claim)
+        touching the VMI ``groups`` there can change: updates report the node only when this
+        changed (a launcher pod whose claims cover all it uses can change without changing
+        anything visible). Other plain pods are untouched by such an update, so only the pods
+        of ``groups`` and ``pod`` itself are looked at: the cost stays that of one VMI's pods.
+        """
         figures = self._nodes.get(node) or _NodeFigures()
+        keys = {key for vmi in groups if vmi in figures.groups for key in figures.groups[vmi].pods}
+        if pod is not None and pod in figures.pods:
+            keys.add(pod)
         uncovered = set()
-        for vmi in groups:
-            group = figures.groups.get(vmi)
-            if group is None:
-                continue
-            excess = group.excess()
+        for key in keys:
+            vmi = self._pods[key].vmi
+            excess = figures.groups[vmi].excess() if vmi is not None else None
             uncovered |= {
                 (key, resource)
-                for key in group.pods
                 for resource in figures.pods[key]
-                if resource in excess
+                if excess is None or resource in excess
             }
         return (dict(figures.claimed), dict(figures.requested), uncovered)
 

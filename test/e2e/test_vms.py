@@ -534,7 +534,16 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         )
     assert "spec.domain.devices.hostDevices" in r[0].message
     assert fleet.resource in r[0].message
-    vmi(api, tenant, "first", [{"claim": "hold"}])
+    first = vmi(api, tenant, "first", [{"claim": "hold"}])
+    # Once the attachment is confirmed the operator's caches hold the first VMI, so the
+    # second is refused as a claim of a live VM (not with the 409 "retry" of a create that
+    # may still be in flight).
+    wait_for(
+        "the first VM's attachment confirmed",
+        lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
+        until=lambda s: (s.get("attachment") or {}).get("uid") == first.obj["metadata"]["uid"],
+        timeout=CONVERGE,
+    )
     with refused(403) as r:
         vmi(api, tenant, "second", [{"claim": "hold"}])
     assert "first" in r[0].message
