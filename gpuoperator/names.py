@@ -78,3 +78,23 @@ def license_secret_name(class_name: str) -> str:
 def workload_name(claim_name: str) -> str:
     """The name of a bound claim's usage record."""
     return f"{WORKLOAD_PREFIX}{claim_name}"
+
+
+# ---- KubeVirt's names (its API, read by the operator; spelt here and nowhere else) ----------
+
+KUBEVIRT_GROUP: Final = "kubevirt.io"
+KUBEVIRT_API_VERSION: Final = f"{KUBEVIRT_GROUP}/v1"
+VMI_KIND: Final = "VirtualMachineInstance"
+#: Label and value KubeVirt sets on the pods it renders for a VMI.
+KUBEVIRT_LABEL: Final = "kubevirt.io"
+VIRT_LAUNCHER: Final = "virt-launcher"
+#: Label on migration target pods.
+MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+#: Annotation on KubeVirt's temporary pod for WaitForFirstConsumer volumes.
+EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
+#: VMI phases after which the VMI never runs again.
+VMI_SUCCEEDED: Final = "Succeeded"
+VMI_FAILED: Final = "Failed"
+#: The finalizer the API server sets on an object deleted with foreground propagation: the
+#: garbage collector deletes its blocking dependents first (Kubernetes' name).
+FOREGROUND_DELETION_FINALIZER: Final = "foregroundDeletion"

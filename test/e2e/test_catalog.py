@@ -70,11 +70,12 @@ def gpu_pod(
     resource: str,
     units: int,
     tolerate: bool = True,
+    labels: dict[str, str] | None = None,
 ) -> pykube.Pod:
     pod = pykube.Pod(
         api,
         {
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
             "spec": {
                 "automountServiceAccountToken": False,
                 "tolerations": [{"operator": "Exists"}] if tolerate else [],
@@ -230,6 +231,29 @@ def test_classes_sharing_a_resource_see_the_same_capacity(
     gpu_pod(api, namespace, "shared", fleet.resource, 2)
     wait_figures(api, first, (4, 4, 1))
     wait_figures(api, second, (4, 4, 1))
+
+
+def test_a_plain_gpu_pod_labelled_as_claim_backed_still_counts(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str
+) -> None:
+    cls = fleet.gpu_class()
+    name = fleet.node(6)
+    wait_figures(api, cls, (6, 6, 1))
+    pod = gpu_pod(
+        api, namespace, "labelled", fleet.resource, 2, labels={names.CLAIMS_LABEL: names.TRUE}
+    )
+    wait_for("the pod placed", lambda: _node_of(pod), until=lambda n: n == name, timeout=CONVERGE)
+    wait_figures(api, cls, (4, 4, 1))
+    wait_for(
+        "the GPUNode counting the pod",
+        lambda: [
+            (d["allocatable"], d["allocated"], d["free"])
+            for d in (GPUNode.objects(api).get(name=name).obj.get("status") or {}).get("devices")
+            or []
+        ],
+        until=lambda figures: figures == [(6, 2, 4)],
+        timeout=CONVERGE,
+    )
 
 
 @pytest.mark.overcommits

@@ -428,13 +428,19 @@ def test_a_claim_attached_to_no_live_vmi_is_taken_over(attachment: Obj) -> None:
     assert world.writer.patches == [attachment_write("hold-a", "7")]
 
 
-def test_a_claim_attached_to_a_vmi_being_deleted_is_taken_over() -> None:
+def test_a_claim_attached_to_a_vmi_being_deleted_is_refused_until_that_vmi_is_gone() -> None:
+    """The VMI being deleted may still hold the GPU through its launcher pod."""
     world = World(
         claims=[claim("hold-a", attachment={"vmi": "other", "uid": "u-o"})],
         vmis_=[vmi("other", '[{"claim":"hold-a"}]', uid="u-o", deleting=True)],
     )
     admission = world.admit(vmi(refs='[{"claim":"hold-a"}]'))
-    assert admission.allowed, admission.message
+    assert not admission.allowed
+    assert "attached to VM other, which is being deleted" in admission.message
+    assert world.writer.patches == []
+
+    gone = World(claims=[claim("hold-a", attachment={"vmi": "other", "uid": "u-o"})])
+    assert gone.admit(vmi(refs='[{"claim":"hold-a"}]')).allowed
 
 
 # -- dry run ----------------------------------------------------------------------------------
