@@ -25,6 +25,7 @@ from admission import orders, pods, vmis
 from controllers import (
     attachments,
     binder,
+    claim_metrics,
     claim_protection,
     claim_status,
     class_status,
@@ -322,6 +323,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     recorder = Recorder(manager.writer)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
+    # Claims by phase and reason, and the oldest pending claim: computed on each scrape.
+    claim_metrics.register(manager, shared)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
     # The one write-back of claim bindings, shared by the binder and placement.
     statuses = claim_status.ClaimStatus(

@@ -30,13 +30,22 @@ FOREIGN = {
     "certmanager_certificate_expiration_timestamp_seconds",
 }
 _TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
+#: The families a custom collector yields, scanned as the metric they expose.
+_FAMILIES = {
+    "CounterMetricFamily": "Counter",
+    "GaugeMetricFamily": "Gauge",
+    "HistogramMetricFamily": "Histogram",
+    "SummaryMetricFamily": "Summary",
+    "InfoMetricFamily": "Info",
+}
 
 
 def exported_metrics() -> set[str]:
-    """Sample names the operator's code exposes: every prometheus_client metric constructed
-    with a literal name under gpuoperator/, controllers/ and admission/, re-created in a
-    scratch registry so prometheus_client itself says which sample names it exposes
-    (``_total`` for counters, ``_bucket``/``_sum``/``_count`` for histograms...)."""
+    """Sample names the operator's code exposes: every prometheus_client metric (or custom
+    collector's metric family) constructed with a literal name under gpuoperator/,
+    controllers/ and admission/, re-created in a scratch registry so prometheus_client
+    itself says which sample names it exposes (``_total`` for counters,
+    ``_bucket``/``_sum``/``_count`` for histograms...)."""
     registry = prometheus_client.CollectorRegistry()
     for top in ("gpuoperator", "controllers", "admission"):
         for path in sorted((REPO / top).rglob("*.py")):
@@ -45,6 +54,7 @@ def exported_metrics() -> set[str]:
                     continue
                 func = node.func
                 kind = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                kind = _FAMILIES.get(kind, kind)
                 first = node.args[0]
                 if (
                     kind in _TYPES
@@ -93,6 +103,7 @@ def test_the_metric_scan_sees_every_kind_of_metric() -> None:
         "gpuoperator_leader_transitions_total",  # counter named without _total
         "gpuoperator_webhook_duration_seconds_bucket",  # histogram
         "gpuoperator_workqueue_depth",  # prometheus_client.Gauge
+        "gpuoperator_claims",  # a custom collector's GaugeMetricFamily
     } <= exported
 
 
