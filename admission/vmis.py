@@ -7,7 +7,8 @@ only VMIs that name their GPUs by reference. For such a VMI it:
    refused with the parser's message);
 2. refuses what needs no placement to judge (``references.vmi_refusals``: unknown class or
    claim, a claim another live VMI uses, a template claim named directly, count > maxCount,
-   missing vGPU entitlement, raw ``gpus`` entries next to references, a resource the KubeVirt
+   missing vGPU entitlement, raw ``gpus`` entries or ``hostDevices`` naming any class's
+   resource next to references, a resource the KubeVirt
    CR's ``permittedHostDevices`` does not permit, the feature switched off);
 3. records the attachment of each held claim (``status.attachment = {vmi: <name>}``, a merge
    patch on the status subresource with the cached claim's resourceVersion as precondition) —

@@ -5,17 +5,19 @@ The VMI webhook records ``{vmi: <name>}`` on each held claim while the VMI is be
 before the API server has persisted it or given it a UID. Key: a claim ``(namespace,
 name)``. This controller then
 
-* **fills** ``attachment.uid`` once a VMI of that name exists, is not being deleted and
-  names the claim in its references: from then on the attachment means that very VMI
-  (claim protection and the VMI webhook compare UIDs);
-* **clears** an attachment whose VMI was deleted, is being deleted, or has another UID
-  (the attachment was confirmed for an earlier VMI of that name) — at once, after a live
-  read confirms what the cache says;
+* **fills** ``attachment.uid`` once a VMI of that name exists and names the claim in its
+  references: from then on the attachment means that very VMI (claim protection and the
+  VMI webhook compare UIDs);
+* **clears** an attachment whose VMI is gone or has another UID (the attachment was
+  confirmed for an earlier VMI of that name) — at once, after a live read confirms what the
+  cache says. A VMI being deleted is still the claim's user (``model.claims``): its launcher
+  pod may hold the GPU during the VM's graceful shutdown, so its attachment stays until it is
+  gone and no other VM can take the claim meanwhile;
 * **clears** an attachment that stayed unconfirmed (no UID) for :data:`GRACE` seconds and
   whose VMI a live read still does not find as one that uses the claim: its create failed
   after the webhook had written it (another webhook refused, the name was taken...);
-* **restores** a missing attachment when exactly one live VMI (existing, not being deleted,
-  not finished) names the held claim in its references and no other attachment is
+* **restores** a missing attachment when exactly one live VMI (existing, not finished) names
+  the held claim in its references and no other attachment is
   recorded: the state the webhook would have written, should an attachment have been
   cleared while that VMI's create was completing (only with ``gpuForVMs`` on).
 
@@ -46,7 +48,7 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import ordering, references
+from gpuoperator.model import claims, ordering, references
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -62,8 +64,6 @@ log = structlog.get_logger(__name__)
 NAME = "attachments"
 #: Seconds an attachment may stay unconfirmed (no UID, no VMI) before it is cleared.
 GRACE: Final = 30.0
-#: VMI phases after which the VMI never runs again.
-FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 ATTACHED = "Attached"
 DETACHED = "Detached"
@@ -93,32 +93,24 @@ def uses_claim(vmi: Obj, claim_name: str) -> bool:
 
 def confirms(vmi: Obj | None, claim_name: str) -> bool:
     """Whether ``vmi`` is one an unconfirmed attachment of ``claim_name`` may be confirmed
-    for: it exists with a UID, is not being deleted, and uses the claim (pure)."""
-    meta = _meta(vmi)
-    return (
-        vmi is not None
-        and bool(meta.get("uid"))
-        and not meta.get("deletionTimestamp")
-        and uses_claim(vmi, claim_name)
-    )
+    for: it exists with a UID (being deleted or not) and uses the claim (pure)."""
+    return vmi is not None and bool(_meta(vmi).get("uid")) and uses_claim(vmi, claim_name)
 
 
 def stale_reason(attached: dict[str, Any], vmi: Obj | None) -> tuple[str, str] | None:
     """Why a confirmed attachment (with UID) no longer holds — ``(reason, message)`` — or
-    ``None`` while its VMI exists with that UID and is not being deleted (pure)."""
-    name, uid = attached.get("vmi"), attached.get("uid")
-    meta = _meta(vmi)
+    ``None`` while its VMI is a live user: it exists with that UID, being deleted or not
+    (``model.claims.is_live_user``; pure)."""
+    name, uid = str(attached.get("vmi") or ""), str(attached.get("uid") or "")
+    if claims.is_live_user(claims.VmiRef(name, uid), vmi):
+        return None
     if vmi is None:
         return ("VMDeleted", f"VM instance {name} (uid {uid}) no longer exists")
-    if meta.get("uid") != uid:
-        return (
-            "VMReplaced",
-            f"VM instance {name} now has uid {meta.get('uid')}, not the uid {uid} the claim "
-            "was attached to",
-        )
-    if meta.get("deletionTimestamp"):
-        return ("VMDeleting", f"VM instance {name} (uid {uid}) is being deleted")
-    return None
+    return (
+        "VMReplaced",
+        f"VM instance {name} now has uid {_meta(vmi).get('uid')}, not the uid {uid} the claim "
+        "was attached to",
+    )
 
 
 class Attachments:
@@ -183,8 +175,6 @@ class Attachments:
                 f"VM instance {vmi_name} was not created within {self.grace:g}s of its "
                 "attachment (its create failed)",
             )
-        elif _meta(live).get("deletionTimestamp"):
-            why = ("VMDeleting", f"VM instance {vmi_name} is being deleted")
         else:
             why = (
                 "VMDoesNotUseClaim",
@@ -259,7 +249,7 @@ class Attachments:
         users = [
             vmi
             for vmi in self.caches.vmis.store.by_index(BY_NAMESPACE, ns)
-            if confirms(vmi, name) and (vmi.get("status") or {}).get("phase") not in FINAL_PHASES
+            if confirms(vmi, name) and not claims.is_vmi_final(vmi)
         ]
         if not users:
             return None

@@ -1,22 +1,35 @@
-"""Claim protection: a claim attached to a live VMI is not removed until the VMI is gone.
+"""Claim protection: a claim serving a VMI that is not yet gone is not removed until the VMI
+is gone (DESIGN.md §2 GPUClaim finalizer, §10).
 
 Every claim carries the finalizer ``gpu.cozystack.io/claim-protection`` (as a PVC carries
 ``kubernetes.io/pvc-protection``). When a claim is being deleted, the finalizer is removed
-once no live VMI is attached to it: no ``status.attachment``, or the attached VMI no longer
-exists, has another UID, or is itself being deleted. Until then the claim — and the units it
-holds — stay, and an Event says why.
+once the VMI it serves (``model.claims.user``: a template claim's owner, a held claim's
+attachment) is no longer a live user (``model.claims.is_live_user``): it no longer exists,
+or has another UID than the one recorded. A VMI being deleted is still a user — its launcher
+pod may hold the GPU during the VM's graceful shutdown — so the claim, and the units it
+holds, stay until the VMI is gone. Until then an Event says why (once per state: a VMI
+that changes while it is being deleted does not repeat it). One exception
+(``model.claims.protects``): a VMI deleted with foreground propagation waits for its template
+claims (their ownerReference blocks its deletion), so once none of its pods is left, they are
+released rather than wait for each other.
+
+Before releasing a claim whose user the cache no longer shows, the VMI is read from the API
+server: a cache behind a VMI created a moment ago must not release that VMI's claim.
 """
 
 from __future__ import annotations
+
+import threading
 
 import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.model import claims, pods
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 
@@ -25,16 +38,7 @@ log = structlog.get_logger(__name__)
 NAME = "claim-protection"
 FINALIZER = names.CLAIM_PROTECTION_FINALIZER
 
-
-def live_attachment(claim: Obj, vmi: Obj | None) -> bool:
-    """Whether the VMI the claim is attached to still runs (pure)."""
-    attachment = (claim.get("status") or {}).get("attachment") or {}
-    if not attachment.get("vmi") or vmi is None:
-        return False
-    meta = vmi.get("metadata") or {}
-    if attachment.get("uid") and meta.get("uid") != attachment["uid"]:
-        return False
-    return not meta.get("deletionTimestamp")
+HELD = "DeletionHeld"
 
 
 class ClaimProtection:
@@ -42,9 +46,14 @@ class ClaimProtection:
         self.caches = caches
         self.writer = writer
         self.recorder = recorder
+        #: claim key -> the hold last reported (log line and Event only when it changes)
+        self._held: dict[Key, str] = {}
+        self._lock = threading.Lock()
 
     def reconcile(self, key: Key) -> Result | None:
         claim = self.caches.claims.store.get(key)
+        if claim is None or not (claim.get("metadata") or {}).get("deletionTimestamp"):
+            self._forget(key)
         if claim is None:
             return None
         meta = claim["metadata"]
@@ -58,13 +67,25 @@ class ClaimProtection:
             return None
         if FINALIZER not in finalizers:
             return None
-        vmi_name = ((claim.get("status") or {}).get("attachment") or {}).get("vmi")
-        vmi = self.caches.vmis.store.get((key[0], vmi_name)) if vmi_name else None
-        if live_attachment(claim, vmi):
-            message = f"deletion waits for VM {vmi_name}, which is attached and still exists"
-            log.info("claim deletion held", reason="AttachedToLiveVM", vmi=vmi_name)
-            self.recorder.event(claim, "Normal", "DeletionHeld", message, kind=names.GPU_CLAIM)
-            return None  # the VMI's deletion enqueues this claim again
+        user = claims.user(claim)
+        if user is not None:
+            vmi = self.caches.vmis.store.get((key[0], user.name))
+            if not claims.is_live_user(user, vmi):
+                vmi = self.writer.get_or_none(VirtualMachineInstance, user.name, key[0])
+            if claims.protects(user, vmi, pods_left=self._pods_left(key[0], vmi)):
+                assert vmi is not None
+                deleting = bool((vmi.get("metadata") or {}).get("deletionTimestamp"))
+                how = "is being deleted" if deleting else "still exists"
+                message = (
+                    f"deletion waits for VM instance {user.name}, which uses this claim and "
+                    f"{how}; the claim is removed once that VM instance is gone"
+                )
+                if self._report(key, message):
+                    log.info("claim deletion held", reason="UsedByLiveVMI", vmi=user.name)
+                    self.recorder.event(claim, "Normal", HELD, message, kind=names.GPU_CLAIM)
+                else:
+                    log.debug("claim deletion still held", reason="UsedByLiveVMI", vmi=user.name)
+                return None  # the VMI's deletion enqueues this claim again
         self.writer.replace(
             GPUClaim,
             {
@@ -72,8 +93,41 @@ class ClaimProtection:
                 "metadata": {**meta, "finalizers": [f for f in finalizers if f != FINALIZER]},
             },
         )
-        log.info("claim released", reason="NoLiveVM")
+        self._forget(key)
+        log.info("claim released", reason="NoLiveVMI", vmi=user.name if user else None)
         return None
+
+    def _report(self, key: Key, message: str) -> bool:
+        """Whether ``message`` is news for the claim (then it is remembered)."""
+        with self._lock:
+            news = self._held.get(key) != message
+            self._held[key] = message
+        return news
+
+    def _forget(self, key: Key) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def _pods_left(self, namespace: str, vmi: Obj | None) -> bool:
+        """Whether a pod the VMI controls has not terminated yet."""
+        uid = str(((vmi or {}).get("metadata") or {}).get("uid") or "")
+        return bool(uid) and any(
+            not pods.is_terminated(p)
+            and (owner := claims.controlling_vmi(p)) is not None
+            and owner.uid == uid
+            for p in self.caches.pods.store.by_index(BY_NAMESPACE, namespace)
+        )
+
+
+def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
+    """The claims that serve a VMI of this name: attached to it or owned by it."""
+    ns, name = vmi["metadata"].get("namespace", ""), vmi["metadata"]["name"]
+    found = []
+    for c in caches.claims.store.by_index(BY_NAMESPACE, ns):
+        user = claims.user(c)
+        if user is not None and user.name == name:
+            found.append(claims.key(c))
+    return sorted(found)
 
 
 def register(
@@ -85,14 +139,8 @@ def register(
         workers=workers,
         seed=lambda: list(caches.claims.store),
     )
-
-    def attached_claims(vmi: Obj) -> list[Key]:
-        ns, name = vmi["metadata"].get("namespace", ""), vmi["metadata"]["name"]
-        return [
-            (ns, c["metadata"]["name"])
-            for c in caches.claims.store.by_index(BY_NAMESPACE, ns)
-            if ((c.get("status") or {}).get("attachment") or {}).get("vmi") == name
-        ]
-
-    manager.add_controller(controller, [(caches.claims, own_key), (caches.vmis, attached_claims)])
+    manager.add_controller(
+        controller,
+        [(caches.claims, own_key), (caches.vmis, lambda vmi: claims_of_vmi(caches, vmi))],
+    )
     return controller

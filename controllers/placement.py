@@ -73,7 +73,7 @@ from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, conditions, ordering, pods, references
+from gpuoperator.model import binding, claims, conditions, ordering, pods, references
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -266,18 +266,14 @@ class Placement:
         return "", ""
 
     def _other_user(self, claim: Obj, vmi_name: str) -> str:
-        """Another live VMI the claim is attached to ("" when none). An attachment naming
-        this VMI's name is this VMI's (or an earlier one's of that name, which is gone)."""
-        attached = attachment(claim)
-        other = str(attached.get("vmi") or "")
-        if not other or other == vmi_name:
+        """Another live VMI the claim is attached to ("" when none; ``model.claims``: a VMI
+        being deleted is still live). An attachment naming this VMI's name is this VMI's (or
+        an earlier one's of that name, which is gone)."""
+        attached = claims.attachment(claim)
+        if attached is None or attached.name == vmi_name:
             return ""
-        live = self.caches.vmis.store.get((str(_meta(claim).get("namespace")), other))
-        if live is None or _meta(live).get("deletionTimestamp"):
-            return ""
-        if attached.get("uid") and _meta(live).get("uid") != attached["uid"]:
-            return ""
-        return other
+        live = self.caches.vmis.store.get((str(_meta(claim).get("namespace")), attached.name))
+        return attached.name if claims.is_live_user(attached, live) else ""
 
     # ---- gated pods ------------------------------------------------------------------------
     def _place(

@@ -35,7 +35,7 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
-from gpuoperator.model import references
+from gpuoperator.model import claims, references
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
@@ -50,8 +50,6 @@ log = structlog.get_logger(__name__)
 NAME = "template-claims"
 #: Seconds after which a VMI blocked by a foreign claim is looked at again.
 CONFLICT_RECHECK: Final = 60.0
-#: VMI phases after which the VMI never runs again.
-FINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 CREATED = "TemplateClaimCreated"
 CONFLICT = "TemplateClaimConflict"
@@ -73,8 +71,8 @@ class TemplateClaims:
             return None  # garbage collection removes the claims of a VMI that goes
         if not references.has_references(vmi):
             return None
-        phase = (vmi.get("status") or {}).get("phase")
-        if phase in FINAL_PHASES:
+        if claims.is_vmi_final(vmi):
+            phase = (vmi.get("status") or {}).get("phase")
             log.debug("no template claims for a finished VMI", reason="VMIFinished", phase=phase)
             return None
         try:
@@ -152,15 +150,8 @@ class TemplateClaims:
 
 def owning_vmi(claim: Obj) -> list[Key]:
     """The key of the VMI that controls a claim (template claims), if any."""
-    meta = claim.get("metadata") or {}
-    return [
-        (str(meta.get("namespace") or ""), str(owner["name"]))
-        for owner in meta.get("ownerReferences") or []
-        if owner.get("kind") == references.VMI_KIND
-        and str(owner.get("apiVersion") or "").startswith("kubevirt.io/")
-        and owner.get("controller")
-        and owner.get("name")
-    ]
+    owner = claims.controlling_vmi(claim)
+    return [] if owner is None else [(claims.key(claim)[0], owner.name)]
 
 
 def register(

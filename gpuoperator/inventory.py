@@ -37,6 +37,7 @@ from typing import Any
 
 from gpuoperator.caches import Caches
 from gpuoperator.model import binding, capacity, catalog, hostdevices, scheduling
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.informing import Feed, Handlers, Key, key_of, resource_version
@@ -154,8 +155,7 @@ class Inventory:
         for class_name, members in self._claims_by_class.items():
             for key, claim in members.items():
                 counted = self._assumed[key].claim if key in self._assumed else claim
-                status = counted.get("status") or {}
-                if status.get("phase") == capacity.BOUND and status.get("nodeName") == node:
+                if gpuclaims.is_bound(counted) and gpuclaims.node_name(counted) == node:
                     found.add(class_name)
                     break
         return found

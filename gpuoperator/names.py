@@ -51,6 +51,16 @@ QUOTA_TOTAL_KEY: Final = f"{QUOTA_DOMAIN}/devices"
 SETTINGS_CONFIGMAP: Final = "gpu-operator-settings"
 LEADER_LEASE: Final = "gpu-operator"
 
+# The deployment's objects the operator itself reads or writes (config/ ships them).
+#: The webhooks' Service; the serving certificate names it (``<svc>.<ns>.svc`` and kin).
+WEBHOOK_SERVICE: Final = "gpu-operator-webhook"
+#: The Secret holding the webhooks' CA and serving certificate (tls.crt, tls.key, ca.crt).
+WEBHOOK_CERT_SECRET: Final = "gpu-operator-webhook-cert"  # noqa: S105 - a name, not a secret
+#: Where the cert-manager component mounts that Secret (``--certificates=mounted``).
+WEBHOOK_CERT_DIR: Final = "/etc/gpu-operator/webhook-certs"
+VALIDATING_WEBHOOK_CONFIGURATION: Final = "gpu-operator-validating"
+MUTATING_WEBHOOK_CONFIGURATION: Final = "gpu-operator-mutating"
+
 #: Usage records are named after their claim.
 WORKLOAD_PREFIX: Final = "gpuclaim-"
 
@@ -68,3 +78,23 @@ def license_secret_name(class_name: str) -> str:
 def workload_name(claim_name: str) -> str:
     """The name of a bound claim's usage record."""
     return f"{WORKLOAD_PREFIX}{claim_name}"
+
+
+# ---- KubeVirt's names (its API, read by the operator; spelt here and nowhere else) ----------
+
+KUBEVIRT_GROUP: Final = "kubevirt.io"
+KUBEVIRT_API_VERSION: Final = f"{KUBEVIRT_GROUP}/v1"
+VMI_KIND: Final = "VirtualMachineInstance"
+#: Label and value KubeVirt sets on the pods it renders for a VMI.
+KUBEVIRT_LABEL: Final = "kubevirt.io"
+VIRT_LAUNCHER: Final = "virt-launcher"
+#: Label on migration target pods.
+MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+#: Annotation on KubeVirt's temporary pod for WaitForFirstConsumer volumes.
+EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
+#: VMI phases after which the VMI never runs again.
+VMI_SUCCEEDED: Final = "Succeeded"
+VMI_FAILED: Final = "Failed"
+#: The finalizer the API server sets on an object deleted with foreground propagation: the
+#: garbage collector deletes its blocking dependents first (Kubernetes' name).
+FOREGROUND_DELETION_FINALIZER: Final = "foregroundDeletion"

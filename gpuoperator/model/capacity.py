@@ -22,6 +22,15 @@ so callers recompute only those. Choices where DESIGN.md is silent:
 * A pod counts on its ``spec.nodeName`` while it is not terminated (scheduled-but-pending
   pods included: the scheduler has already given them the units), with
   :func:`gpuoperator.model.pods.pod_usage`; pods without GPU use are not stored at all.
+* "No claim accounts for" is decided by ownership (DESIGN.md §5, §10): the launcher pods a
+  VMI controls on node N (:func:`gpuoperator.model.pods.launcher_vmi`) are covered, per
+  resource and all together, by at most the units that VMI's Bound claims hold on N
+  (:func:`gpuoperator.model.claims.covering_vmi`); whatever they use beyond that counts like
+  any pod's. A label never covers anything, a migration target is an ordinary pod, and two
+  pods claiming one VMI share its cover instead of each getting it. A held claim covers through its
+  confirmed ``status.attachment.uid`` only: between the VMI webhook's attachment and the
+  claims controller recording the UID, a launcher pod already on the node counts in full
+  (fewer free units for that moment, never more).
 * Pods and claims are kept per node name even when the node itself is unknown or removed
   (a node's object can go before the pods on it): free on an unknown node is 0, and the
   figures come back consistent if a node of that name reappears.
@@ -36,16 +45,14 @@ setters can be replayed (setting the same object twice changes nothing).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
+from gpuoperator.model import claims, pods, scheduling, slimming
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import pods, scheduling, slimming
 
 Obj = dict[str, Any]
-Key = tuple[str, str]
-
-BOUND = "Bound"
+Key = claims.Key
 
 
 class Device(TypedDict):
@@ -66,9 +73,8 @@ class ClassFree(TypedDict):
 
 
 def object_key(obj: Obj) -> Key:
-    """The ``(namespace, name)`` key of a namespaced object."""
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    """The ``(namespace, name)`` key of a namespaced object (:func:`claims.key`)."""
+    return claims.key(obj)
 
 
 def _counts(resources: Any) -> dict[str, int]:
@@ -83,28 +89,56 @@ def _counts(resources: Any) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class _Hold:
-    """Where a claim holds units: ``count`` of ``resource`` on ``node``."""
+    """Where a claim holds units: ``count`` of ``resource`` on ``node``, covering the pods of
+    the VMI ``user`` (``(namespace, uid)``; ``None``: no pod)."""
 
     node: str
     resource: str
     count: int
+    user: Key | None
 
 
 @dataclasses.dataclass(frozen=True)
 class _Use:
-    """Where a pod takes units: ``usage`` (resource → units, none at 0) on ``node``."""
+    """Where a pod takes units: ``usage`` (resource → units, none at 0) on ``node``; ``vmi``
+    is the ``(namespace, uid)`` of the VMI controlling it when it is a launcher pod."""
 
     node: str
     usage: tuple[tuple[str, int], ...]
+    vmi: Key | None
+
+
+@dataclasses.dataclass
+class _Group:
+    """The launcher pods of one VMI on one node and the units its claims hold there.
+
+    Invariants: ``usage[R]`` is the sum of usage of R over ``pods``; ``cover[R]`` the sum of
+    ``count`` over the VMI's claims holding R on this node; the group's contribution to the
+    node's ``requested`` is ``Σ_R max(0, usage[R] - cover[R])`` (its pods together get at
+    most what its claims hold, whatever the number of pods). Kept while it has a pod or a
+    claim."""
+
+    pods: set[Key] = dataclasses.field(default_factory=set)
+    claims: int = 0
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)
+    cover: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def excess(self) -> dict[str, int]:
+        return {
+            r: units - self.cover.get(r, 0)
+            for r, units in self.usage.items()
+            if units > self.cover.get(r, 0)
+        }
 
 
 @dataclasses.dataclass
 class _NodeFigures:
     """The figures of one node name.
 
-    Invariants: ``claimed[R]`` is the sum of ``count`` over the claims holding R here and
-    ``requested[R]`` the sum of usage of R over ``pods``; no entry is kept at 0. The record
-    exists while the node is known or anything is held on it (then it is dropped).
+    Invariants: ``claimed[R]`` is the sum of ``count`` over the claims holding R here;
+    ``requested[R]`` the sum of usage of R over the ``pods`` no VMI group covers plus each
+    group's excess of R (:class:`_Group`); no entry is kept at 0. The record exists while the
+    node is known or anything is held on it (then it is dropped).
     """
 
     known: bool = False
@@ -113,10 +147,25 @@ class _NodeFigures:
     claimed: dict[str, int] = dataclasses.field(default_factory=dict)
     requested: dict[str, int] = dataclasses.field(default_factory=dict)
     pods: dict[Key, dict[str, int]] = dataclasses.field(default_factory=dict)
+    groups: dict[Key, _Group] = dataclasses.field(default_factory=dict)
     claims: int = 0
 
     def empty(self) -> bool:
         return not self.known and not self.pods and not self.claims
+
+    def change_group(self, vmi: Key, change: Callable[[_Group], None]) -> None:
+        """Apply ``change`` to the VMI's group, keeping ``requested`` equal to the sum
+        described in the class docstring."""
+        group = self.groups.get(vmi)
+        if group is None:
+            group = self.groups[vmi] = _Group()
+        for resource, units in group.excess().items():
+            _shift(self.requested, resource, -units)
+        change(group)
+        for resource, units in group.excess().items():
+            _shift(self.requested, resource, units)
+        if not group.pods and not group.claims:
+            del self.groups[vmi]
 
 
 def _shift(figures: dict[str, int], resource: str, delta: int) -> None:
@@ -186,28 +235,47 @@ class Ledger:
 
     def set_pod(self, pod: Obj) -> set[str]:
         """Record a pod's current use (see :func:`gpuoperator.model.pods.pod_usage`) on its
-        node, replacing what it used before. Returns the nodes whose figures changed: none,
-        its node, or its old and new node when it moved."""
+        node, replacing what it used before; a launcher pod's units are covered by what its
+        VMI's claims hold on that node (:func:`gpuoperator.model.pods.launcher_vmi`). Returns
+        the nodes whose figures changed: none, its node, or its old and new node when it
+        moved."""
         key = object_key(pod)
         node = pods.node_name(pod)
         usage = pods.pod_usage(pod) if node else {}
-        new = _Use(node, tuple(sorted(usage.items()))) if usage else None
+        new = _Use(node, tuple(sorted(usage.items())), pods.launcher_vmi(pod)) if usage else None
         old = self._pods.get(key)
         if old == new:
             return set()
-        changed = self._drop_pod(key)
+        touched = {u.node for u in (old, new) if u is not None}
+        groups = {u.vmi for u in (old, new) if u is not None and u.vmi is not None}
+        before = {n: self._fingerprint(n, groups, key) for n in touched}
+        self._drop_pod(key)
         if new is not None:
             self._pods[key] = new
             figures = self._figures(new.node)
             figures.pods[key] = dict(new.usage)
-            for resource, units in new.usage:
-                _shift(figures.requested, resource, units)
-            changed.add(new.node)
-        return changed
+            if new.vmi is None:
+                for resource, units in new.usage:
+                    _shift(figures.requested, resource, units)
+            else:
+
+                def join(group: _Group) -> None:
+                    group.pods.add(key)
+                    for resource, units in new.usage:
+                        _shift(group.usage, resource, units)
+
+                figures.change_group(new.vmi, join)
+        return {n for n in touched if self._fingerprint(n, groups, key) != before[n]}
 
     def remove_pod(self, key: Key) -> set[str]:
-        """Forget a pod (deleted). Returns its node if it used anything there."""
-        return self._drop_pod(key)
+        """Forget a pod (deleted). Returns its node if its figures changed."""
+        old = self._pods.get(key)
+        if old is None:
+            return set()
+        groups = {old.vmi} if old.vmi is not None else set()
+        before = self._fingerprint(old.node, groups, key)
+        self._drop_pod(key)
+        return {old.node} if self._fingerprint(old.node, groups, key) != before else set()
 
     def _drop_pod(self, key: Key) -> set[str]:
         old = self._pods.pop(key, None)
@@ -215,8 +283,17 @@ class Ledger:
             return set()
         figures = self._nodes[old.node]
         del figures.pods[key]
-        for resource, units in old.usage:
-            _shift(figures.requested, resource, -units)
+        if old.vmi is None:
+            for resource, units in old.usage:
+                _shift(figures.requested, resource, -units)
+        else:
+
+            def leave(group: _Group) -> None:
+                group.pods.discard(key)
+                for resource, units in old.usage:
+                    _shift(group.usage, resource, -units)
+
+            figures.change_group(old.vmi, leave)
         self._tidy(old.node)
         return {old.node}
 
@@ -224,30 +301,46 @@ class Ledger:
         """Record a claim's hold: ``spec.count`` units of ``resource_name`` (its class's
         resource; ``None``/``""`` when the class is unknown, which holds nothing) on
         ``status.nodeName`` while ``status.phase`` is ``Bound``, even while the claim is
-        being deleted (see the module docstring). Returns the nodes whose figures changed:
-        none, the claim's node, or its old and new node when it was rebound."""
+        being deleted (see the module docstring); the hold covers the launcher pods of the
+        VMI it serves there (:func:`gpuoperator.model.claims.covering_vmi`). Returns the
+        nodes whose figures changed: none, the claim's node, or its old and new node when it
+        was rebound."""
         key = object_key(claim)
-        status = claim.get("status") or {}
-        node = str(status.get("nodeName") or "")
+        node = claims.node_name(claim)
         count = pods.parse_count((claim.get("spec") or {}).get("count"))
         new = None
-        if status.get("phase") == BOUND and node and resource_name and count:
-            new = _Hold(node, resource_name, count)
+        if claims.is_bound(claim) and resource_name and count:
+            new = _Hold(node, resource_name, count, claims.covering_vmi(claim))
         old = self._claims.get(key)
         if old == new:
             return set()
-        changed = self._drop_claim(key)
+        touched = {h.node for h in (old, new) if h is not None}
+        groups = {h.user for h in (old, new) if h is not None and h.user is not None}
+        before = {n: self._fingerprint(n, groups) for n in touched}
+        self._drop_claim(key)
         if new is not None:
             self._claims[key] = new
             figures = self._figures(new.node)
             figures.claims += 1
             _shift(figures.claimed, new.resource, new.count)
-            changed.add(new.node)
-        return changed
+            if new.user is not None:
+
+                def join(group: _Group) -> None:
+                    group.claims += 1
+                    _shift(group.cover, new.resource, new.count)
+
+                figures.change_group(new.user, join)
+        return {n for n in touched if self._fingerprint(n, groups) != before[n]}
 
     def remove_claim(self, key: Key) -> set[str]:
         """Forget a claim (deleted). Returns its node if it held units there."""
-        return self._drop_claim(key)
+        old = self._claims.get(key)
+        if old is None:
+            return set()
+        groups = {old.user} if old.user is not None else set()
+        before = self._fingerprint(old.node, groups)
+        self._drop_claim(key)
+        return {old.node} if self._fingerprint(old.node, groups) != before else set()
 
     def _drop_claim(self, key: Key) -> set[str]:
         old = self._claims.pop(key, None)
@@ -256,8 +349,37 @@ class Ledger:
         figures = self._nodes[old.node]
         figures.claims -= 1
         _shift(figures.claimed, old.resource, -old.count)
+        if old.user is not None:
+
+            def leave(group: _Group) -> None:
+                group.claims -= 1
+                _shift(group.cover, old.resource, -old.count)
+
+            figures.change_group(old.user, leave)
         self._tidy(old.node)
         return {old.node}
+
+    def _fingerprint(self, node: str, groups: set[Key], pod: Key | None = None) -> tuple[Any, ...]:
+        """The figures a reader can see on ``node`` that an update of ``pod`` (or of a claim)
+        touching the VMI ``groups`` there can change: updates report the node only when this
+        changed (a launcher pod whose claims cover all it uses can change without changing
+        anything visible). Other plain pods are untouched by such an update, so only the pods
+        of ``groups`` and ``pod`` itself are looked at: the cost stays that of one VMI's pods.
+        """
+        figures = self._nodes.get(node) or _NodeFigures()
+        keys = {key for vmi in groups if vmi in figures.groups for key in figures.groups[vmi].pods}
+        if pod is not None and pod in figures.pods:
+            keys.add(pod)
+        uncovered = set()
+        for key in keys:
+            vmi = self._pods[key].vmi
+            excess = figures.groups[vmi].excess() if vmi is not None else None
+            uncovered |= {
+                (key, resource)
+                for resource in figures.pods[key]
+                if excess is None or resource in excess
+            }
+        return (dict(figures.claimed), dict(figures.requested), uncovered)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -331,11 +453,20 @@ class Ledger:
         ]
 
     def overcommitting_pods(self, node: str, resource: str) -> list[Key]:
-        """The pods (no claim accounts for them) using ``resource`` on ``node`` when the
-        node's figures for it are overrun, sorted; empty when they are not."""
+        """The pods using ``resource`` on ``node`` that no claim fully accounts for (the
+        pods of a VMI whose claims there hold less than they use count too), when the node's
+        figures for it are overrun, sorted; empty when they are not."""
         if not self.overrun(node, resource):
             return []
-        return sorted(key for key, usage in self._node(node).pods.items() if resource in usage)
+        figures = self._node(node)
+
+        def uncovered(key: Key) -> bool:
+            vmi = self._pods[key].vmi
+            return vmi is None or resource in figures.groups[vmi].excess()
+
+        return sorted(
+            key for key, usage in figures.pods.items() if resource in usage and uncovered(key)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,9 +506,15 @@ def class_figures(ledger: Ledger, cls: Obj, nodes: Iterable[Obj]) -> ClassFigure
     return ClassFigures(free=sum(frees), max_free_per_node=max(frees, default=0), nodes=len(frees))
 
 
+#: The most entries ``GPUNode.status.classes`` holds (the CRD's ``maxItems``).
+MAX_NODE_CLASSES = 10000
+
+
 def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[ClassFree]:
     """``GPUNode.status.classes``: each class the node :func:`serves` with its free units
-    there, sorted by class name."""
+    there, sorted by class name, at most :data:`MAX_NODE_CLASSES` of them (the first by
+    name: a longer list would fail every status write; ``GPUClass.status`` is not affected).
+    """
     name = scheduling.node_name(node)
     return sorted(
         (
@@ -389,4 +526,4 @@ def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[C
             if serves(ledger, node, cls)
         ),
         key=lambda entry: entry["name"],
-    )
+    )[:MAX_NODE_CLASSES]

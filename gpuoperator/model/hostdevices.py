@@ -1,4 +1,5 @@
-"""KubeVirt's ``permittedHostDevices`` table (DESIGN.md §5 "VMs").
+"""KubeVirt's host devices: the ``permittedHostDevices`` table and a VMI's own
+``spec.domain.devices.hostDevices`` (DESIGN.md §5 "VMs", §10).
 
 When the KubeVirt CR sets ``spec.configuration.permittedHostDevices``, virt-controller
 renders a launcher pod only for GPUs whose ``deviceName`` the table lists (under
@@ -8,11 +9,17 @@ does not permit. An unset table permits everything; a set but empty table permit
 Newer KubeVirt also reads ``usb`` entries here; a GPU is never a USB device, so they are not
 counted (which stays correct for every KubeVirt version).
 
+A VMI with claim references may not also name a GPU resource (the resourceName of any
+class) in ``spec.domain.devices.hostDevices``: virt-controller would add those units to the
+launcher pod beside the claims' units, a GPU nobody ordered. :func:`gpu_host_devices` finds
+such entries for the VMI webhook's refusal.
+
 Every function is pure and idempotent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 Obj = dict[str, Any]
@@ -40,3 +47,20 @@ def permitted_resources(kubevirt: Obj | None) -> frozenset[str] | None:
 def is_permitted(resource: str, permitted: frozenset[str] | None) -> bool:
     """Whether a VM may use ``resource`` under the table read by :func:`permitted_resources`."""
     return permitted is None or resource in permitted
+
+
+def gpu_host_devices(
+    vmi: Mapping[str, Any], gpu_resources: Collection[str]
+) -> list[tuple[str, str]]:
+    """``(name, deviceName)`` of each ``spec.domain.devices.hostDevices`` entry of ``vmi``
+    whose ``deviceName`` is one of ``gpu_resources``, in order."""
+    spec = vmi.get("spec")
+    domain = spec.get("domain") if isinstance(spec, Mapping) else None
+    devices = domain.get("devices") if isinstance(domain, Mapping) else None
+    entries = devices.get("hostDevices") if isinstance(devices, Mapping) else None
+    found: list[tuple[str, str]] = []
+    for entry in entries if isinstance(entries, list) else ():
+        device = entry.get("deviceName") if isinstance(entry, Mapping) else None
+        if isinstance(device, str) and device in gpu_resources:
+            found.append((str(entry.get("name") or ""), device))
+    return found

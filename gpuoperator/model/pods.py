@@ -13,10 +13,13 @@ a quantity that is not a non-negative integer after its suffix (``"1.5"``, ``"50
 ``"-1"``, garbage) is invalid and counts as 0: it cannot occur on an admitted pod, and a
 guess would be worse than nothing. Native resources (CPU, memory) are not counted at all.
 
-A pod that has terminated (``Succeeded``/``Failed``) uses nothing. A launcher pod of a VM
-with claim references (label ``gpu.cozystack.io/claims: "true"``) is accounted by its claims
-and never counted as a pod, so its units are not counted twice. A pod being deleted still
-uses its units until it is gone, as it does for the scheduler.
+A pod that has terminated (``Succeeded``/``Failed``) uses nothing. A pod being deleted still
+uses its units until it is gone, as it does for the scheduler. Which of a pod's units a claim
+already holds is decided by ownership, never by a label a tenant can set (DESIGN.md §5, §10):
+:func:`launcher_vmi` names the VMI controlling a virt-launcher pod, and the ledger
+(:mod:`gpuoperator.model.capacity`) subtracts only the units that VMI's Bound claims hold on
+the pod's node. A migration target is an ordinary pod for accounting: its claims are bound
+to the source node, and its units on the target are real.
 
 Pods are the slim dicts of :func:`gpuoperator.model.slimming.slim_pod` (whole pods work
 too). Every function is pure and idempotent.
@@ -30,7 +33,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import slimming
+from gpuoperator.model import claims, slimming
 
 Obj = dict[str, Any]
 
@@ -145,17 +148,30 @@ def is_terminated(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") in (SUCCEEDED, FAILED)
 
 
-def is_claim_backed(pod: Obj) -> bool:
-    """Whether the pod is the launcher pod of a VM with claim references (label
-    ``gpu.cozystack.io/claims: "true"``): its claims account for it, never the pod."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(names.CLAIMS_LABEL) == names.TRUE)
+def launcher_vmi(pod: Obj) -> claims.Key | None:
+    """``(namespace, VMI UID)`` of the VMI that controls this virt-launcher pod, the one
+    whose claims may account for its units; ``None`` for every other pod.
+
+    A pod qualifies only when it carries KubeVirt's ``kubevirt.io=virt-launcher`` label, is
+    not a migration target (``kubevirt.io/migrationJobUID``) and has a controller
+    ownerReference to a ``kubevirt.io`` VirtualMachineInstance with a UID. The claims label
+    plays no part: anyone who can create a pod can set it.
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(names.KUBEVIRT_LABEL) != names.VIRT_LAUNCHER or names.MIGRATION_LABEL in labels:
+        return None
+    owner = claims.controlling_vmi(pod)
+    if owner is None or not owner.uid:
+        return None
+    return (str(meta.get("namespace") or ""), owner.uid)
 
 
 def pod_usage(pod: Obj) -> dict[str, int]:
-    """The units of each extended resource the pod takes on its node, as capacity counts
-    them: nothing for a terminated or claim-backed pod, else :func:`requests`."""
-    if is_terminated(pod) or is_claim_backed(pod):
+    """The units of each extended resource the pod takes on its node: nothing once it has
+    terminated, else :func:`requests` (whatever its labels; what claims cover is the
+    ledger's to subtract)."""
+    if is_terminated(pod):
         return {}
     return requests(pod)
 

@@ -33,6 +33,9 @@ Choices where DESIGN.md is silent:
   :data:`MAX_TEMPLATE_COUNT` (the webhook writes one ``gpus`` entry per unit, so an unbounded
   count would be an unbounded response); the class's maxCount is checked separately.
 * A held claim may be referenced once per VMI; the same template may appear twice (two claims).
+* ``hostDevices`` beside references are refused when they name the resourceName of any
+  class (DESIGN.md §10), judged on the classes that exist at admission; other host devices
+  (NICs, USB...) stay allowed.
 * Besides the refusals DESIGN.md lists, :func:`vmi_refusals` refuses a held claim that is
   being deleted, a held claim whose class no longer exists, a held claim named by another
   live VMI's annotation even when its attachment is not recorded (yet), and held references
@@ -47,8 +50,8 @@ Choices where DESIGN.md is silent:
 * The temporary WaitForFirstConsumer pod is recognised by the presence of its annotation, as
   KubeVirt itself does; a migration target is recognised first and never touched.
 * Tolerations compare by key, operator (default ``Equal``), value and effect.
-* The pin is ``kubernetes.io/hostname In [node]`` appended to every non-empty required term
-  (an empty term matches no node, and stays so).
+* The pin is ``matchFields`` ``metadata.name In [node]`` appended to every non-empty
+  required term (an empty term matches no node, and stays so).
 
 Every function is pure and idempotent: no I/O, plain dicts in and out (inputs are never
 mutated), the same inputs give the same answer, and applying a result twice changes nothing
@@ -66,8 +69,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, NoReturn
 
 from gpuoperator import names
+from gpuoperator.model import claims, hostdevices, ordering, tenants
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import hostdevices, ordering, tenants
 
 Obj = dict[str, Any]
 
@@ -87,15 +90,16 @@ EXAMPLE: Final = '[{"claim":"hold-a"},{"claimTemplate":{"className":"a10","count
 #: Prefix of the ``gpus`` entries the operator writes (:func:`gpu_entries`).
 GPU_ENTRY_PREFIX: Final = "gpuop-"
 
-KUBEVIRT_API_VERSION: Final = "kubevirt.io/v1"
-VMI_KIND: Final = "VirtualMachineInstance"
-#: Launcher-pod label and value KubeVirt sets on the pods it renders for a VMI.
-KUBEVIRT_LABEL: Final = "kubevirt.io"
-VIRT_LAUNCHER: Final = "virt-launcher"
-#: Annotation on KubeVirt's temporary pod for WaitForFirstConsumer volumes.
-EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
-#: Label on migration target pods (rendered afresh from the VMI; never touched).
-MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+# KubeVirt's names, spelt in names.py; re-exported for the callers that read them here.
+KUBEVIRT_API_VERSION: Final = names.KUBEVIRT_API_VERSION
+VMI_KIND: Final = names.VMI_KIND
+KUBEVIRT_LABEL: Final = names.KUBEVIRT_LABEL
+VIRT_LAUNCHER: Final = names.VIRT_LAUNCHER
+EPHEMERAL_ANNOTATION: Final = names.EPHEMERAL_ANNOTATION
+MIGRATION_LABEL: Final = names.MIGRATION_LABEL
+#: The node field the pin selects on (a node's own name, not a label that may differ).
+NODE_NAME_FIELD: Final = "metadata.name"
+#: The label earlier versions pinned on (still read by :func:`pinned_node`).
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
 #: Template claim names leave room for the usage record's ``gpuclaim-`` prefix
@@ -471,14 +475,8 @@ def is_template_claim_of(claim: Mapping[str, Any], vmi: Mapping[str, Any]) -> bo
     uid = _meta(vmi).get("uid")
     if not uid or not ordering.is_template_claim(claim):
         return False
-    owners = _meta(claim).get("ownerReferences")
-    return isinstance(owners, list) and any(
-        isinstance(o, Mapping)
-        and o.get("controller") is True
-        and o.get("kind") == VMI_KIND
-        and o.get("uid") == uid
-        for o in owners
-    )
+    owner = claims.controlling_vmi(claim)
+    return owner is not None and owner.uid == uid
 
 
 # -- the VMI webhook --------------------------------------------------------------------------
@@ -523,21 +521,21 @@ def _deleting(obj: Mapping[str, Any]) -> bool:
 def _user_elsewhere(
     claim_name: str, claim: Mapping[str, Any], vmi_name: str, live_vmis: Mapping[str, Obj]
 ) -> str | None:
-    """Another live VMI that uses the held claim: the one its attachment names (existing, not
-    being deleted, with the attachment's UID when recorded), else one whose own annotation
-    references it (an attachment not recorded yet). ``None`` when no other VMI does."""
-    status = claim.get("status")
-    attachment = status.get("attachment") if isinstance(status, Mapping) else None
-    if isinstance(attachment, Mapping):
-        other = str(attachment.get("vmi") or "")
-        live = live_vmis.get(other) if other and other != vmi_name else None
-        if live is not None and not _deleting(live):
-            uid = attachment.get("uid")
-            if not uid or _meta(live).get("uid") == uid:
-                return other
+    """Another live VMI that uses the held claim: the one its attachment names, when that
+    VMI is a live user (:func:`claims.is_live_user`: it exists with the attachment's UID when
+    recorded, being deleted or not — a VMI being deleted may still hold the GPU), else one
+    whose own annotation references it (an attachment not recorded yet). ``None`` when no
+    other VMI does."""
+    attached = claims.attachment(claim)
+    if (
+        attached is not None
+        and attached.name != vmi_name
+        and claims.is_live_user(attached, live_vmis.get(attached.name))
+    ):
+        return attached.name
     for other in sorted(live_vmis):
         live = live_vmis[other]
-        if other == vmi_name or _deleting(live) or not has_references(live):
+        if other == vmi_name or not has_references(live):
             continue
         try:
             refs = from_object(live)
@@ -617,6 +615,16 @@ def vmi_refusals(
             f"to claim references in {where}; allowed: either gpus entries or claim references, "
             "not both (the operator writes the gpus entries of claim references itself)"
         )
+    gpu_resources = {gpuclasses.resource_name(c) for c in classes.values()} - {""}
+    host_gpus = hostdevices.gpu_host_devices(vmi, gpu_resources)
+    if host_gpus:
+        shown = _listed(f"{name or '(unnamed)'} ({device})" for name, device in host_gpus)
+        refusals.append(
+            f"spec.domain.devices.hostDevices: {_plural(len(host_gpus), 'entry', 'entries')} "
+            f"({shown}) name a GPU resource next to claim references in {where}; allowed: "
+            "GPUs through claim references only (hostDevices that name no GPU class's resource "
+            "stay allowed)"
+        )
     if not vmi_name and any(isinstance(ref, HeldRef) for ref in refs):
         refusals.append(
             f"metadata.name: a VM that names held claims in {where} needs a name "
@@ -665,10 +673,15 @@ def vmi_refusals(
             continue
         other = _user_elsewhere(ref.claim, claim, vmi_name, live_vmis)
         if other is not None:
+            state = (
+                "which is being deleted and may still hold the GPU"
+                if _deleting(live_vmis[other])
+                else "which still exists"
+            )
             refusals.append(
-                f"{field}: the claim is attached to VM {other}, which still exists, and a "
+                f"{field}: the claim is attached to VM {other}, {state}, and a "
                 f"claim serves one VM at a time; allowed: a claim no other live VM uses (stop "
-                f"{other} first, or order another claim)"
+                f"{other} first and retry once it is gone, or order another claim)"
             )
         class_name = ordering.ordered_class(claim)
         cls = classes.get(class_name)
@@ -868,22 +881,25 @@ def tolerations_patch(pod: Mapping[str, Any], classes: Iterable[Obj]) -> list[Ob
 
 
 def _pin(node_name: str) -> Obj:
-    return {"key": HOSTNAME_LABEL, "operator": "In", "values": [node_name]}
+    return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node_name]}
 
 
 def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
     """The placement controller's ONE pod update, as a JSON merge patch body:
     ``{"metadata": {"resourceVersion": ...}, "spec": {"affinity": ..., "schedulingGates":
-    ...}}``. It adds a required node affinity ``kubernetes.io/hostname In [node_name]`` and
-    removes the placement gate, keeping every other gate. The API server accepts the affinity
-    change only while the pod is gated, hence one update.
+    ...}}``. It adds a required node affinity on the node's name (``matchFields``
+    ``metadata.name In [node_name]``) and removes the placement gate, keeping every other
+    gate. The API server accepts the affinity change only while the pod is gated, hence one
+    update. The pin names the Node object itself: the ``kubernetes.io/hostname`` label can
+    differ from the node's name (a kubelet hostname override, some clouds), and a pin on it
+    would match no node at all.
 
     The pin is merged with the pod's affinity: kube-scheduler ORs ``nodeSelectorTerms`` and
     ANDs the requirements inside a term, and for a gated pod the API server allows only adding
-    requirements to existing terms, so the pin is appended to every term's
-    ``matchExpressions`` (a term already carrying it is left alone; an empty term, which
-    matches no node, stays empty); without terms, one term with the pin is set. The rest of
-    ``spec.affinity`` is carried over unchanged.
+    requirements to existing terms, so the pin is appended to every term's ``matchFields``
+    (a term already carrying it is left alone; an empty term, which matches no node, stays
+    empty); without terms, one term with the pin is set. The rest of ``spec.affinity`` is
+    carried over unchanged.
 
     Pass the full pod as read from the API server (slim cached pods lack ``affinity``) and
     send the result as ``application/merge-patch+json``, or merge its ``spec`` into the full
@@ -898,13 +914,13 @@ def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
     required: Obj = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     terms: list[Obj] = []
     for term in required.get("nodeSelectorTerms") or []:
-        expressions = list(term.get("matchExpressions") or [])
-        if (not expressions and not term.get("matchFields")) or _pin(node_name) in expressions:
+        fields = list(term.get("matchFields") or [])
+        if (not fields and not term.get("matchExpressions")) or _pin(node_name) in fields:
             terms.append(term)
         else:
-            terms.append({**term, "matchExpressions": [*expressions, _pin(node_name)]})
+            terms.append({**term, "matchFields": [*fields, _pin(node_name)]})
     if not terms:
-        terms = [{"matchExpressions": [_pin(node_name)]}]
+        terms = [{"matchFields": [_pin(node_name)]}]
     required["nodeSelectorTerms"] = terms
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     affinity["nodeAffinity"] = node_affinity
@@ -920,9 +936,23 @@ def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
     return patch
 
 
+def _pins(requirements: Any, key: str) -> list[str]:
+    return [
+        str(r["values"][0])
+        for r in (requirements if isinstance(requirements, list) else ())
+        if isinstance(r, Mapping)
+        and r.get("key") == key
+        and r.get("operator") == "In"
+        and isinstance(r.get("values"), list)
+        and len(r["values"]) == 1
+    ]
+
+
 def pinned_node(pod: Mapping[str, Any]) -> str | None:
     """The node the pod is pinned to by :func:`pin_and_ungate` (the node every non-empty
-    required term pins with ``kubernetes.io/hostname In [node]``), ``None`` when it is not."""
+    required term pins with ``matchFields`` ``metadata.name In [node]``), ``None`` when it is
+    not. A pin on ``kubernetes.io/hostname In [node]``, the form earlier versions wrote, is
+    read too, so a pod pinned before an upgrade is still recognised."""
     affinity = _spec(pod).get("affinity") or {}
     required = (affinity.get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -930,15 +960,10 @@ def pinned_node(pod: Mapping[str, Any]) -> str | None:
     nodes: set[str] = set()
     for term in required.get("nodeSelectorTerms") or []:
         expressions = term.get("matchExpressions") or []
-        if not expressions and not term.get("matchFields"):
+        fields = term.get("matchFields") or []
+        if not expressions and not fields:
             continue
-        found = [
-            e["values"][0]
-            for e in expressions
-            if e.get("key") == HOSTNAME_LABEL
-            and e.get("operator") == "In"
-            and len(e.get("values") or []) == 1
-        ]
+        found = _pins(fields, NODE_NAME_FIELD) + _pins(expressions, HOSTNAME_LABEL)
         if not found:
             return None
         nodes.update(found)

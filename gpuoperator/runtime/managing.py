@@ -88,6 +88,7 @@ class Manager:
         self._informers: dict[str, Informer] = {}
         self._controllers: list[Controller[Any]] = []
         self._leading_hooks: list[Callable[[], None]] = []
+        self._gates: list[tuple[str, Callable[[], bool]]] = []
         self._leading = threading.Event()
         self._elector: LeaderElector | None = None
         self._servers: list[serving.Server] = []
@@ -161,8 +162,19 @@ class Manager:
             return float("inf")
         return self._elector.lease_remaining() if self._elector is not None else 0.0
 
-    def ready(self) -> tuple[bool, list[str]]:
+    def add_readiness_gate(self, name: str, check: Callable[[], bool]) -> None:
+        """``/readyz`` (and the webhooks) also wait for ``check``, e.g. a serving
+        certificate; the caches' sync and the campaign for the Lease do not."""
+        self._gates.append((name, check))
+
+    def caches_synced(self) -> tuple[bool, list[str]]:
         waiting = [n for n, i in self._informers.items() if not i.has_synced()]
+        return not waiting, waiting
+
+    def ready(self) -> tuple[bool, list[str]]:
+        """Ready: every cache synced and every readiness gate open; else what is missing."""
+        _, waiting = self.caches_synced()
+        waiting += [name for name, check in self._gates if not check()]
         return not waiting, waiting
 
     # ---- run ----------------------------------------------------------------------
@@ -197,7 +209,7 @@ class Manager:
         deadline = start + self.options.sync_timeout
         next_report = start + 5.0
         while not stop.is_set():
-            ok, waiting = self.ready()
+            ok, waiting = self.caches_synced()
             now = time.monotonic()
             if ok:
                 self._log.info(
@@ -301,7 +313,7 @@ class Manager:
             ok, waiting = self.ready()
             if ok:
                 return serving.text(200, "ok")
-            return serving.text(503, "caches not synced: " + ", ".join(waiting))
+            return serving.text(503, "not ready, waiting for: " + ", ".join(waiting))
 
         return serving.app({"/healthz": healthz, "/readyz": readyz})
 

@@ -84,6 +84,29 @@ def test_gpunode_status_holds_devices_classes_and_conditions(node: GPUNode) -> N
     assert node.obj["status"]["devices"][0]["free"] == 5
 
 
+MAX_CLASSES = 10000
+
+
+def test_gpunode_status_lists_every_class_of_a_large_catalog(node: GPUNode) -> None:
+    """A node eligible for many classes must never fail its status writes: the bound is far
+    beyond any catalog and the whole status fits one request."""
+    node.obj["status"] = {
+        "classes": [{"name": f"class-{i:05d}", "free": 8} for i in range(MAX_CLASSES)]
+    }
+    replace(node, subresource="status")
+    node.reload()
+    assert len(node.obj["status"]["classes"]) == MAX_CLASSES
+
+
+def test_gpunode_status_refuses_more_classes_than_the_bound(node: GPUNode) -> None:
+    node.obj["status"] = {
+        "classes": [{"name": f"class-{i:05d}", "free": 8} for i in range(MAX_CLASSES + 1)]
+    }
+    with refused() as r:
+        replace(node, subresource="status")
+    assert "status.classes" in r[0].message and str(MAX_CLASSES) in r[0].message, r[0].message
+
+
 @pytest.mark.parametrize(
     ("status", "fragment"),
     [

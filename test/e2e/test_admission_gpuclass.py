@@ -405,6 +405,27 @@ def test_changing_an_immutable_field_is_refused(
     assert cls.obj["spec"] == before, "a refused update must change nothing"
 
 
+@pytest.mark.parametrize(
+    ("created_with", "updated_to"),
+    [("24Gi", None), (None, "24Gi")],
+    ids=["removed", "added"],
+)
+def test_memory_can_be_neither_added_nor_removed(
+    make: Make, created_with: str | None, updated_to: str | None
+) -> None:
+    cls = make(memory=created_with)
+    before = copy.deepcopy(cls.obj["spec"])
+    if updated_to is None:
+        del cls.obj["spec"]["memory"]
+    else:
+        cls.obj["spec"]["memory"] = updated_to
+    with refused() as r:
+        replace(cls)
+    assert "spec.memory" in r[0].message and "immutable" in r[0].message, r[0].message
+    cls.reload()
+    assert cls.obj["spec"] == before, "a refused update must change nothing"
+
+
 def test_memory_respelled_as_the_same_quantity_is_not_a_change(make: Make) -> None:
     cls = make(memory="24Gi")
     cls.obj["spec"]["memory"] = "24576Mi"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,29 +16,29 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from harness.fleet import Fleet
 from harness.kube import Obj, replace
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 CONVERGE = 20.0
 Start = Callable[..., OperatorProcess]
 
 
 @pytest.fixture
-def start_operator(kubeconfig: Path, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[tuple[OperatorProcess, str]] = []
+def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
+    started: list[OperatorProcess] = []
 
     def start(*extra: str) -> OperatorProcess:
-        ns = f"gpu-operator-b{len(started)}-{tmp_path.name[-6:].lower().replace('_', '-')}"
-        pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-        op = OperatorProcess(kubeconfig, ns, f"binder-{len(started)}", tmp_path, *extra)
-        started.append((op, ns))
+        op = OperatorProcess(deployed, f"binder-{len(started)}", tmp_path, *extra)
+        started.append(op)
         op.wait_ready()
         return op
 
     yield start
-    for op, ns in started:
+    for op in started:
         op.stop()
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+    deployed.release_lease(api)
 
 
 @pytest.fixture
@@ -259,7 +258,7 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
     api: pykube.HTTPClient,
-    kubeconfig: Path,
+    deployed: Deployed,
     fleet: Fleet,
     namespace: str,
     tmp_path: Path,
@@ -270,11 +269,9 @@ def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
     races in during the handover. The next leader binds exactly what fits (the
     over-allocation check runs after the test); a stopped leader released the Lease only
     after its controllers had stopped."""
-    lease_ns = f"gpu-operator-h-{uuid.uuid4().hex[:6]}"
-    pykube.Namespace(api, {"metadata": {"name": lease_ns}}).create()
+    deployed.release_lease(api)
     replicas = [
-        OperatorProcess(kubeconfig, lease_ns, f"handover-{i}", tmp_path, "--metrics-address=")
-        for i in range(2)
+        OperatorProcess(deployed, f"handover-{i}", tmp_path, "--metrics-address=") for i in range(2)
     ]
     try:
         for r in replicas:
@@ -334,7 +331,7 @@ def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
     finally:
         for r in replicas:
             r.stop()
-        pykube.Namespace(api, {"metadata": {"name": lease_ns}}).delete()
+        deployed.release_lease(api)
 
 
 def test_a_usage_record_appears_on_bind_and_goes_with_the_claim(

@@ -7,10 +7,8 @@ exact whatever else runs on the cluster. One operator replica serves the module.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pykube
 import pytest
@@ -19,25 +17,24 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 CONVERGE = 15.0  # seconds: status must follow a change well within this
 
 
 @pytest.fixture(scope="module")
 def operator(
-    kubeconfig: Path, api: pykube.HTTPClient, tmp_path_factory: pytest.TempPathFactory
+    deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    ns = f"gpu-operator-{uuid.uuid4().hex[:5]}"
-    pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-    op = OperatorProcess(kubeconfig, ns, "catalog", tmp_path_factory.mktemp("op"))
+    op = OperatorProcess(deployed, "catalog", tmp_path_factory.mktemp("op"))
     try:
         op.wait_ready()
         yield op
     finally:
         op.stop()
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
 
 
 @pytest.fixture
@@ -73,11 +70,12 @@ def gpu_pod(
     resource: str,
     units: int,
     tolerate: bool = True,
+    labels: dict[str, str] | None = None,
 ) -> pykube.Pod:
     pod = pykube.Pod(
         api,
         {
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
             "spec": {
                 "automountServiceAccountToken": False,
                 "tolerations": [{"operator": "Exists"}] if tolerate else [],
@@ -233,6 +231,29 @@ def test_classes_sharing_a_resource_see_the_same_capacity(
     gpu_pod(api, namespace, "shared", fleet.resource, 2)
     wait_figures(api, first, (4, 4, 1))
     wait_figures(api, second, (4, 4, 1))
+
+
+def test_a_plain_gpu_pod_labelled_as_claim_backed_still_counts(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str
+) -> None:
+    cls = fleet.gpu_class()
+    name = fleet.node(6)
+    wait_figures(api, cls, (6, 6, 1))
+    pod = gpu_pod(
+        api, namespace, "labelled", fleet.resource, 2, labels={names.CLAIMS_LABEL: names.TRUE}
+    )
+    wait_for("the pod placed", lambda: _node_of(pod), until=lambda n: n == name, timeout=CONVERGE)
+    wait_figures(api, cls, (4, 4, 1))
+    wait_for(
+        "the GPUNode counting the pod",
+        lambda: [
+            (d["allocatable"], d["allocated"], d["free"])
+            for d in (GPUNode.objects(api).get(name=name).obj.get("status") or {}).get("devices")
+            or []
+        ],
+        until=lambda figures: figures == [(6, 2, 4)],
+        timeout=CONVERGE,
+    )
 
 
 @pytest.mark.overcommits

@@ -19,6 +19,7 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj
+from harness.operator import Deployed
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 
@@ -27,9 +28,9 @@ CONVERGE = 30.0
 
 @pytest.fixture(scope="module")
 def hooks(
-    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, kubeconfig, tmp_path_factory.mktemp("draining")) as w:
+    with webhook_operator(api, deployed, tmp_path_factory.mktemp("draining")) as w:
         yield w
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pykube
@@ -17,18 +16,21 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj
+from harness.operator import Deployed
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
+
+pytestmark = pytest.mark.operator_process  # it scrapes its own replica's metrics
 
 CONVERGE = 30.0
 
 
 @pytest.fixture(scope="module")
 def hooks(
-    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookOperator]:
     with webhook_operator(
-        api, kubeconfig, tmp_path_factory.mktemp("gpuhours"), "--metrics-insecure"
+        api, deployed, tmp_path_factory.mktemp("gpuhours"), "--metrics-insecure"
     ) as w:
         yield w
 
@@ -115,6 +117,7 @@ def test_a_claim_counts_idle_then_in_use_while_its_vm_runs(
         timeout=CONVERGE,
     )
     assert in_use["since"] >= idle["since"]
+    assert hooks.operator is not None
     port = hooks.operator.metrics_port
     series = wait_for(
         "the replica to export the hold's series",

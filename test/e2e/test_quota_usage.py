@@ -13,30 +13,30 @@ import pytest
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim
 from harness.fleet import Fleet
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 from localcluster.cluster import kubectl
+
+pytestmark = pytest.mark.operator_process  # it starts its own replica
 
 CONVERGE = 30.0
 Start = Callable[..., OperatorProcess]
 
 
 @pytest.fixture
-def start_operator(kubeconfig: Path, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[tuple[OperatorProcess, str]] = []
+def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
+    started: list[OperatorProcess] = []
 
     def start(*extra: str) -> OperatorProcess:
-        ns = f"gpu-operator-q{len(started)}-{tmp_path.name[-6:].lower().replace('_', '-')}"
-        pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-        op = OperatorProcess(kubeconfig, ns, f"quota-{len(started)}", tmp_path, *extra)
-        started.append((op, ns))
+        op = OperatorProcess(deployed, f"quota-{len(started)}", tmp_path, *extra)
+        started.append(op)
         op.wait_ready()
         return op
 
     yield start
-    for op, ns in started:
+    for op in started:
         op.stop()
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+    deployed.release_lease(api)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The metrics endpoint authorises each scrape as kube-rbac-proxy does: TokenReview, then
-SubjectAccessReview on the non-resource path."""
+SubjectAccessReview on the non-resource path. A scraper holding the shipped metrics-reader
+role sees the leader's claim figures."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from pathlib import Path
 
 import pykube
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpuoperator import names
 from gpuoperator.runtime.client import Client, load_config
-from harness.operator import OperatorProcess
+from gpuoperator.runtime.kinds import GPUClaim
+from harness.fleet import Fleet
+from harness.operator import Deployed, OperatorProcess
+from harness.waiting import wait_for
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 
 @pytest.fixture
-def operator(kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    p = OperatorProcess(kubeconfig, namespace, "metrics-replica", tmp_path)
+def operator(deployed: Deployed, tmp_path: Path) -> Iterator[OperatorProcess]:
+    p = OperatorProcess(deployed, "metrics-replica", tmp_path)
     try:
         p.wait_ready()
         yield p
@@ -109,3 +117,108 @@ def test_a_scrape_allowed_by_rbac_gets_the_metrics(
     finally:
         binding.delete()
         role.delete()
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient) -> Iterator[Fleet]:
+    f = Fleet(api)
+    yield f
+    f.cleanup()
+
+
+def claim_status(api: pykube.HTTPClient, ns: str, name: str) -> dict[str, object]:
+    found = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
+    return dict(found)
+
+
+def bound_reason(status: dict[str, object]) -> str:
+    conditions = status.get("conditions") or []
+    assert isinstance(conditions, list)
+    return str(next((c["reason"] for c in conditions if c.get("type") == "Bound"), ""))
+
+
+def samples(body: str, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of ``metric`` in an exposition, by their sorted labels."""
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name == metric
+    }
+
+
+def test_a_scrape_shows_a_pending_claim_with_its_reason(
+    api: pykube.HTTPClient,
+    deployed: Deployed,
+    kubeconfig: Path,
+    namespace: str,
+    fleet: Fleet,
+    operator: OperatorProcess,
+) -> None:
+    """The scraper is bound to the rendered metrics-reader ClusterRole; the replica leads
+    (it is the only one), so it exports the claims of the class: one bound, one that cannot
+    fit on the class's only node and waits with reason NoCapacity."""
+    reader = deployed.rendered.one("ClusterRole", "gpu-operator-metrics-reader")
+    token = token_for(api, kubeconfig, namespace, "prometheus")
+    binding = pykube.ClusterRoleBinding(
+        api,
+        {
+            "metadata": {"name": f"{namespace}-metrics-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": reader["metadata"]["name"],
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": namespace}],
+        },
+    )
+    binding.create()
+    try:
+        cls = fleet.gpu_class()
+        fleet.node(2)
+        for name, count in (("fits", 1), ("too-big", 4)):
+            GPUClaim(
+                api,
+                {
+                    "apiVersion": names.API_VERSION,
+                    "kind": names.GPU_CLAIM,
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"className": cls, "count": count},
+                },
+            ).create()
+        wait_for(
+            "one claim Bound, the other Pending with reason NoCapacity",
+            lambda: (
+                claim_status(api, namespace, "fits"),
+                claim_status(api, namespace, "too-big"),
+            ),
+            until=lambda s: (
+                (s[0].get("phase"), bound_reason(s[0])) == ("Bound", "Bound")
+                and (s[1].get("phase"), bound_reason(s[1])) == ("Pending", "NoCapacity")
+            ),
+            timeout=30,
+        )
+
+        def claim_samples() -> dict[tuple[tuple[str, str], ...], float]:
+            code, body = scrape(operator.metrics_port, token)
+            assert code == 200, body
+            return samples(body, "gpuoperator_claims")
+
+        pending = (("gpuclass", cls), ("phase", "Pending"), ("reason", "NoCapacity"))
+        bound = (("gpuclass", cls), ("phase", "Bound"), ("reason", "Bound"))
+        seen = wait_for(
+            f"the scrape to count the claims of class {cls}",
+            claim_samples,
+            until=lambda found: found.get(pending) == 1 and found.get(bound) == 1,
+            timeout=30,
+        )
+        assert {k: v for k, v in seen.items() if ("gpuclass", cls) in k} == {
+            pending: 1,
+            bound: 1,
+        }
+        code, body = scrape(operator.metrics_port, token)
+        assert code == 200, body
+        oldest = samples(body, "gpuoperator_claim_oldest_pending_seconds")
+        assert oldest[(("gpuclass", cls),)] >= 0
+    finally:
+        binding.delete()

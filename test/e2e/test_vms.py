@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
 from harness.fleet import Fleet
-from harness.kube import Obj, refused
+from harness.kube import Obj, mutate, refused
+from harness.operator import Deployed
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 
@@ -24,9 +24,9 @@ CONVERGE = 30.0
 
 @pytest.fixture(scope="module")
 def hooks(
-    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, kubeconfig, tmp_path_factory.mktemp("vms")) as w:
+    with webhook_operator(api, deployed, tmp_path_factory.mktemp("vms")) as w:
         yield w
 
 
@@ -122,6 +122,7 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     cls = fleet.gpu_class()
     fleet.node(4)
     fleet.node(4)
+    settled(api, cls, fleet, 8)
     claim(api, tenant, "hold", cls, 2)
     node = bound_node(api, tenant, "hold")
     v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
@@ -141,7 +142,9 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     terms = pod.obj["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
-    assert any(e["values"] == [node] for t in terms for e in t["matchExpressions"])
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    ]
     wait_for(
         "the attachment uid",
         lambda: (
@@ -164,6 +167,104 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
         until=lambda n: n >= 1,
         timeout=CONVERGE,
     )
+    # The running launcher pod is accounted by its VMI's claim: its units count once.
+    wait_for(
+        "the launcher pod running",
+        lambda: pykube.Pod.objects(api, namespace=tenant).get(name=pod.name).obj["status"],
+        until=lambda s: s.get("phase") == "Running",
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the class counting the VM's units once",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 8 - 2,
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the GPUNode counting the VM's units once",
+        lambda: [
+            (d["allocated"], d["free"])
+            for d in GPUNode.objects(api).get(name=node).obj["status"]["devices"]
+            if d["resourceName"] == fleet.resource
+        ],
+        until=lambda figures: figures == [(2, 2)],
+        timeout=CONVERGE,
+    )
+
+
+def class_free(api: pykube.HTTPClient, cls: str) -> int:
+    return int((GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("free", -1))
+
+
+def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    """Ownership, not labels, decides what a claim accounts for, and a VM's claims cover its
+    pods together: a second pod with the launcher label and a controller reference to the
+    VMI still counts the units the claim does not hold."""
+    cls = fleet.gpu_class()
+    node = fleet.node(4)
+    settled(api, cls, fleet, 4)
+    claim(api, tenant, "hold", cls, 2)
+    assert bound_node(api, tenant, "hold") == node
+    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-1"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the VM's units counted once",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 2,
+        timeout=CONVERGE,
+    )
+    meta = v.obj["metadata"]
+    twin = pykube.Pod(
+        api,
+        {
+            "metadata": {
+                "name": "twin",
+                "namespace": tenant,
+                "labels": {"kubevirt.io": "virt-launcher"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "kubevirt.io/v1",
+                        "kind": "VirtualMachineInstance",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "nodeName": node,
+                "automountServiceAccountToken": False,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {"name": "c", "image": "x", "resources": {"limits": {fleet.resource: "2"}}}
+                ],
+            },
+        },
+    )
+    twin.create()
+    wait_for(
+        "the twin's units counted",
+        lambda: [
+            (d["allocated"], d["free"])
+            for d in GPUNode.objects(api).get(name=node).obj["status"]["devices"]
+            if d["resourceName"] == fleet.resource
+        ],
+        until=lambda figures: figures == [(4, 0)],
+        timeout=CONVERGE,
+    )
+    wait_for(
+        "the class without free units",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 0,
+        timeout=CONVERGE,
+    )
 
 
 def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
@@ -172,6 +273,7 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     cls = fleet.gpu_class()
     fleet.node(4)
     fleet.node(4)
+    settled(api, cls, fleet, 8)
     claim(api, tenant, "hold", cls, 1)
     node = bound_node(api, tenant, "hold")
     first = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
@@ -211,6 +313,7 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
 ) -> None:
     cls = fleet.gpu_class()
     fleet.node(4)
+    settled(api, cls, fleet, 4)
     v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
     status = wait_for(
         "Scheduled",
@@ -241,9 +344,169 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
     )
 
 
+def events(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> int:
+    return len(
+        pykube.Event.objects(api, namespace=ns).filter(
+            field_selector={"involvedObject.name": name, "reason": reason}
+        )
+    )
+
+
+def settled(api: pykube.HTTPClient, cls: str, fleet: Fleet, free: int) -> None:
+    """Wait until the class publishes ``free`` units and the scheduler can use the fleet's
+    nodes: the node lifecycle controller lifts its ``not-ready`` taint a moment after a new
+    node turns Ready, and a pod pinned before that would be refused."""
+    wait_for(
+        "the node's units published",
+        lambda: class_free(api, cls),
+        until=lambda n: n == free,
+        timeout=CONVERGE,
+    )
+
+    def not_ready_tainted() -> list[str]:
+        return [
+            node.name
+            for node in pykube.Node.objects(api)
+            if node.name in {n.name for n in fleet.nodes}
+            and any(
+                t.get("key") == "node.kubernetes.io/not-ready"
+                for t in node.obj["spec"].get("taints") or []
+            )
+        ]
+
+    wait_for(
+        "the fleet's nodes without the not-ready taint",
+        not_ready_tainted,
+        until=lambda tainted: not tainted,
+        timeout=CONVERGE,
+    )
+
+
+def refusal(api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj]) -> str:
+    """The VMI webhook's refusal of a VMI (it must be refused)."""
+    with refused(403) as r:
+        vmi(api, ns, name, refs)
+    return r[0].message
+
+
+def test_a_running_vms_template_claim_stays_until_the_vmi_is_gone(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    settled(api, cls, fleet, 4)
+    v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
+    wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-t"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    [made] = list(GPUClaim.objects(api, namespace=tenant))
+    made.delete()
+    wait_for(
+        "the deletion held (DeletionHeld event)",
+        lambda: events(api, tenant, made.name, "DeletionHeld"),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
+    )
+    held = GPUClaim.objects(api, namespace=tenant).get(name=made.name).obj
+    assert held["metadata"]["deletionTimestamp"]
+    assert names.CLAIM_PROTECTION_FINALIZER in held["metadata"]["finalizers"]
+    assert held["status"]["phase"] == "Bound", "the running VM keeps its units"
+    assert [c.name for c in GPUClaim.objects(api, namespace=tenant)] == [made.name]
+    assert class_free(api, cls) == 1, "nobody else is promised the VM's units"
+    v.delete()
+    wait_for(
+        "the template claim gone with its VMI",
+        lambda: len(list(GPUClaim.objects(api, namespace=tenant))),
+        until=lambda n: n == 0,
+        timeout=CONVERGE + 30,
+    )
+
+
+def test_a_vm_deleted_in_the_foreground_takes_its_template_claim_with_it(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    """Foreground deletion waits for the template claim (its ownerReference blocks the
+    VMI's deletion) while the claim's protection waits for the VMI: once the VMI's pods are
+    gone the claim is released, so neither waits forever."""
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    settled(api, cls, fleet, 4)
+    v = vmi(api, tenant, "vm-f", [{"claimTemplate": {"className": cls, "count": 2}}])
+    wait_for(
+        "Scheduled",
+        lambda: vmi_status(api, tenant, "vm-f"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    v.delete(propagation_policy="Foreground")
+    # Garbage collection learns the VMI kind at its periodic discovery (30 s).
+    wait_for(
+        "the VMI and its template claim gone",
+        lambda: (
+            VirtualMachineInstance.objects(api, namespace=tenant).get_or_none(name="vm-f"),
+            len(list(GPUClaim.objects(api, namespace=tenant))),
+        ),
+        until=lambda state: state == (None, 0),
+        timeout=CONVERGE + 30,
+    )
+    wait_for(
+        "the capacity returned",
+        lambda: class_free(api, cls),
+        until=lambda free: free == 4,
+        timeout=CONVERGE,
+    )
+
+
+def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    settled(api, cls, fleet, 4)
+    claim(api, tenant, "hold", cls, 1)
+    bound_node(api, tenant, "hold")
+    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    wait_for(
+        "the attachment confirmed",
+        lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
+        until=lambda s: (s.get("attachment") or {}).get("uid") == v.obj["metadata"]["uid"],
+        timeout=CONVERGE,
+    )
+    hold_finalizer = "test.gpu.cozystack.io/hold"
+    mutate(v, lambda o: o["metadata"].setdefault("finalizers", []).append(hold_finalizer))
+    v.delete()  # graceful shutdown: the VMI stays, with a deletionTimestamp
+    wait_for(
+        "another VM refused the claim of the VM being deleted",
+        lambda: refusal(api, tenant, "vm-2", [{"claim": "hold"}]),
+        until=lambda message: "attached to VM vm-1, which is being deleted" in message,
+        timeout=CONVERGE,
+    )
+    GPUClaim.objects(api, namespace=tenant).get(name="hold").delete()
+    wait_for(
+        "the claim's deletion held",
+        lambda: events(api, tenant, "hold", "DeletionHeld"),
+        until=lambda n: n >= 1,
+        timeout=CONVERGE,
+    )
+    status = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
+    assert status["attachment"] == {"vmi": "vm-1", "uid": v.obj["metadata"]["uid"]}
+    assert status["phase"] == "Bound"
+    mutate(v, lambda o: o["metadata"].__setitem__("finalizers", []))
+    wait_for(
+        "the claim gone once the VMI is",
+        lambda: GPUClaim.objects(api, namespace=tenant).get_or_none(name="hold"),
+        until=lambda c: c is None,
+        timeout=CONVERGE,
+    )
+
+
 def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenant: str) -> None:
     cls = fleet.gpu_class(maxCount=2)
     fleet.node(4)
+    settled(api, cls, fleet, 4)
     claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
     with refused(403) as r:
@@ -261,7 +524,26 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
             domain={"devices": {"gpus": [{"name": "mine", "deviceName": fleet.resource}]}},
         )
     assert "gpus" in r[0].message
-    vmi(api, tenant, "first", [{"claim": "hold"}])
+    with refused(403) as r:
+        vmi(
+            api,
+            tenant,
+            "host-gpu",
+            [{"claim": "hold"}],
+            domain={"devices": {"hostDevices": [{"name": "extra", "deviceName": fleet.resource}]}},
+        )
+    assert "spec.domain.devices.hostDevices" in r[0].message
+    assert fleet.resource in r[0].message
+    first = vmi(api, tenant, "first", [{"claim": "hold"}])
+    # Once the attachment is confirmed the operator's caches hold the first VMI, so the
+    # second is refused as a claim of a live VM (not with the 409 "retry" of a create that
+    # may still be in flight).
+    wait_for(
+        "the first VM's attachment confirmed",
+        lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
+        until=lambda s: (s.get("attachment") or {}).get("uid") == first.obj["metadata"]["uid"],
+        timeout=CONVERGE,
+    )
     with refused(403) as r:
         vmi(api, tenant, "second", [{"claim": "hold"}])
     assert "first" in r[0].message
@@ -314,6 +596,7 @@ def test_two_held_claims_on_different_nodes_are_gathered_on_one(
 ) -> None:
     cls = fleet.gpu_class()
     first_node, second_node = fleet.node(4), fleet.node(4)
+    settled(api, cls, fleet, 8)
     wait_for(
         "both nodes published",
         lambda: (GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("nodes"),
@@ -350,6 +633,7 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
     cls = fleet.gpu_class()
     small = fleet.node(4, memory="8Gi")
     big = fleet.node(4, memory="64Gi")
+    settled(api, cls, fleet, 8)
     claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == small  # binpack tie: the first by name
     vmi(
@@ -382,13 +666,25 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
         until=lambda o: o is None,
         timeout=CONVERGE,
     )
-    vmi(
-        api,
-        tenant,
-        "vm-big",
-        [{"claim": "hold"}],
-        domain={"devices": {}, "resources": {"requests": {"memory": "16Gi"}}},
-    )
+
+    def recreate() -> bool:
+        """One create; False while the webhook's cache still shows the old VMI (it answers
+        409 with "retry")."""
+        try:
+            vmi(
+                api,
+                tenant,
+                "vm-big",
+                [{"claim": "hold"}],
+                domain={"devices": {}, "resources": {"requests": {"memory": "16Gi"}}},
+            )
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code == 409 and "already exists" in str(exc):
+                return False
+            raise
+        return True
+
+    wait_for("the VMI created again", recreate, timeout=CONVERGE)
     status = wait_for(
         "Scheduled on the big node",
         lambda: vmi_status(api, tenant, "vm-big"),
@@ -396,6 +692,48 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
         timeout=CONVERGE,
     )
     assert status["nodeName"] == big
+
+
+def test_a_vm_is_pinned_by_node_name_where_the_hostname_label_differs(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    """The pin selects the Node by ``metadata.name``: on a node whose hostname label is not
+    its name, and next to the VM's own required node affinity (the API server accepts the
+    added requirement only because the pod is still gated), the real scheduler places it."""
+    cls = fleet.gpu_class()
+    node = fleet.node(4)
+    settled(api, cls, fleet, 4)
+    mutate(
+        pykube.Node.objects(api).get(name=node),
+        lambda o: o["metadata"]["labels"].__setitem__("kubernetes.io/hostname", f"host-{node}"),
+    )
+    claim(api, tenant, "hold", cls, 1)
+    assert bound_node(api, tenant, "hold") == node
+    own = {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}
+    vmi(
+        api,
+        tenant,
+        "vm-renamed",
+        [{"claim": "hold"}],
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [own]}
+            }
+        },
+    )
+    status = wait_for(
+        "Scheduled on the node whose hostname label differs",
+        lambda: vmi_status(api, tenant, "vm-renamed"),
+        until=lambda s: s.get("phase") in ("Scheduled", "Failed"),
+        timeout=CONVERGE,
+    )
+    assert (status["phase"], status.get("nodeName")) == ("Scheduled", node)
+    pod = launcher(api, tenant)
+    terms = pod.obj["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    assert terms == [{**own, "matchFields": [pin]}]
 
 
 def test_a_vgpu_template_needs_the_entitlement(

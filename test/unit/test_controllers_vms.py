@@ -1,9 +1,11 @@
-"""The three controllers for VMs on claims, on in-memory caches: template claims (created
+"""The controllers for VMs on claims, on in-memory caches: template claims (created
 once, owned by the VMI, never adopted when foreign, nothing with gpuForVMs off), attachments
 (UID filled, stale attachments cleared at once, unconfirmed ones only after the grace,
-restored when a live VMI uses the claim) and placement (pin and ungate in one write when the
-set is on one node, waiting while it is not bound, gathering a split set where it fits, a
-refused pinned pod recorded with expiry and deleted, migration targets never touched).
+restored when a live VMI uses the claim, kept while the VMI is being deleted), claim
+protection (a claim serving a VMI not yet gone keeps its finalizer) and placement (pin and
+ungate in one write when the set is on one node, waiting while it is not bound, gathering a
+split set where it fits, a refused pinned pod recorded with expiry and deleted, migration
+targets never touched).
 
 Real ``Store``s (through the real shared-cache registration) and a real ``Inventory``; the
 API server is a small fake that keeps objects, applies merge patches, honours
@@ -21,7 +23,7 @@ from typing import Any, cast
 import pykube
 import pytest
 
-from controllers import attachments, claim_status, placement, template_claims
+from controllers import attachments, claim_protection, claim_status, placement, template_claims
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
@@ -141,6 +143,15 @@ class FakeApi:
             raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
         merged = _merge(current, patch)
         return self.add(kind, merged)
+
+    def replace(self, kind: Kind, obj: Obj) -> Obj:
+        name = obj["metadata"]["name"]
+        self.calls.append(("replace", kind.kind, name, copy.deepcopy(obj)))
+        self._conflict("replace")
+        current = self._stored(kind, name, obj["metadata"].get("namespace"))
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
+        return self.add(kind, {**copy.deepcopy(obj), "status": current.get("status")})
 
     def replace_status(self, kind: Kind, obj: Obj) -> Obj:
         name = obj["metadata"]["name"]
@@ -430,6 +441,9 @@ class World:
             self.caches, self.writer, self.events, self.settings, clock=self.clock, grace=grace
         )
 
+    def protection(self) -> claim_protection.ClaimProtection:
+        return claim_protection.ClaimProtection(self.caches, self.writer, self.events)
+
     def placement(self) -> placement.Placement:
         statuses = claim_status.ClaimStatus(self.writer, self.inventory, self.events)
         return placement.Placement(
@@ -572,6 +586,148 @@ def test_claims_map_to_their_owning_vmi() -> None:
     assert template_claims.owning_vmi(claim("hold-a")) == []
 
 
+# -- claim protection -------------------------------------------------------------------------
+
+
+def deleting(obj: Obj) -> Obj:
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:05:00Z"
+    return obj
+
+
+def _finalizer_writes(world: World) -> list[list[str]]:
+    return [
+        c[3]["metadata"].get("finalizers", [])
+        for c in world.api.calls
+        if c[0] == "replace" and c[1] == "GPUClaim"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("obj", "user"),
+    [
+        pytest.param(
+            claim("vm1-gpu-1", owner_uid=VMI_UID, phase="Bound", node="n1"),
+            vmi(),
+            id="a-template-claim-of-a-running-vmi",
+        ),
+        pytest.param(
+            claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}, phase="Bound", node="n1"),
+            vmi(deleting=True),
+            id="a-held-claim-of-a-vmi-being-deleted",
+        ),
+        pytest.param(
+            claim("vm1-gpu-1", owner_uid=VMI_UID, phase="Bound", node="n1"),
+            vmi(deleting=True),
+            id="a-template-claim-of-a-vmi-being-deleted",
+        ),
+        pytest.param(
+            claim("hold-a", attached={"vmi": "vm1"}, phase="Bound", node="n1"),
+            vmi(),
+            id="a-held-claim-with-an-unconfirmed-attachment",
+        ),
+    ],
+)
+def test_a_deleted_claim_keeps_its_finalizer_while_its_vmi_is_not_gone(
+    world: World, obj: Obj, user: Obj
+) -> None:
+    world.put_vmi(user)
+    world.put_claim(deleting(obj))
+
+    assert world.protection().reconcile((NS, obj["metadata"]["name"])) is None
+
+    assert world.api.writes() == []
+    assert world.recorder.reasons() == ["DeletionHeld"]
+    assert "vm1" in world.recorder.events[0]["message"]
+
+
+def test_a_held_deletion_is_reported_once_per_state(world: World) -> None:
+    world.put_vmi(vmi())
+    world.put_claim(deleting(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID})))
+    protection = world.protection()
+
+    protection.reconcile((NS, "hold-a"))
+    protection.reconcile((NS, "hold-a"))
+    assert world.recorder.reasons() == ["DeletionHeld"]
+
+    world.put_vmi(vmi(deleting=True))  # the VM starts its shutdown: news
+    protection.reconcile((NS, "hold-a"))
+    assert world.recorder.reasons() == ["DeletionHeld", "DeletionHeld"]
+    assert "is being deleted" in world.recorder.events[-1]["message"]
+
+
+def test_a_deleted_claim_is_held_when_only_the_cache_lags_behind_its_vmi(world: World) -> None:
+    world.api.add(VirtualMachineInstance, vmi())  # exists, not cached yet
+    world.put_claim(deleting(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID})))
+
+    world.protection().reconcile((NS, "hold-a"))
+    assert world.api.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("obj", "user"),
+    [
+        pytest.param(claim("vm1-gpu-1", owner_uid=VMI_UID), None, id="template-owner-gone"),
+        pytest.param(
+            claim("vm1-gpu-1", owner_uid=VMI_UID), vmi(uid="uid-new"), id="template-owner-replaced"
+        ),
+        pytest.param(
+            claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}), None, id="attached-vmi-gone"
+        ),
+        pytest.param(claim("hold-a"), vmi(), id="no-user"),
+    ],
+)
+def test_a_deleted_claim_is_released_once_its_vmi_is_gone(
+    world: World, obj: Obj, user: Obj | None
+) -> None:
+    if user is not None:
+        world.put_vmi(user)
+    world.put_claim(deleting(obj))
+
+    world.protection().reconcile((NS, obj["metadata"]["name"]))
+
+    assert _finalizer_writes(world) == [[]]
+
+
+def test_a_vmi_deleted_in_the_foreground_releases_its_template_claims_once_its_pods_are_gone(
+    world: World,
+) -> None:
+    """The garbage collector waits for the claim (blockOwnerDeletion): waiting for the VMI
+    in turn would deadlock; once no pod of the VMI is left, nothing holds the GPU."""
+    foreground = vmi(deleting=True)
+    foreground["metadata"]["finalizers"] = ["foregroundDeletion"]
+    world.put_vmi(foreground)
+    world.put_claim(deleting(claim("vm1-gpu-1", owner_uid=VMI_UID)))
+    pod = world.put_pod(launcher_pod(gated=False))
+
+    world.protection().reconcile((NS, "vm1-gpu-1"))
+    assert world.api.writes() == []
+
+    world.caches.pods.store.remove((NS, pod["metadata"]["name"]))
+    world.protection().reconcile((NS, "vm1-gpu-1"))
+    assert _finalizer_writes(world) == [[]]
+
+
+def test_a_new_claim_gets_the_protection_finalizer(world: World) -> None:
+    fresh = claim("hold-a")
+    fresh["metadata"]["finalizers"] = []
+    world.put_claim(fresh)
+
+    world.protection().reconcile((NS, "hold-a"))
+    assert _finalizer_writes(world) == [[names.CLAIM_PROTECTION_FINALIZER]]
+
+
+def test_vmis_map_to_the_claims_they_own_or_are_attached_to(world: World) -> None:
+    world.put_claim(claim("vm1-gpu-1", owner_uid=VMI_UID))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
+    world.put_claim(claim("hold-b", attached={"vmi": "vm2"}))
+    world.put_claim(claim("hold-c"))
+
+    assert claim_protection.claims_of_vmi(world.caches, vmi()) == [
+        (NS, "hold-a"),
+        (NS, "vm1-gpu-1"),
+    ]
+
+
 # -- attachments ------------------------------------------------------------------------------
 
 
@@ -607,7 +763,6 @@ def test_confirmed_attachment_of_a_live_vmi_is_left_alone(world: World) -> None:
     [
         pytest.param(None, "VMDeleted", id="deleted"),
         pytest.param(vmi(uid="uid-new"), "VMReplaced", id="other-uid"),
-        pytest.param(vmi(deleting=True), "VMDeleting", id="being-deleted"),
     ],
 )
 def test_stale_confirmed_attachment_is_cleared(world: World, live: Obj | None, reason: str) -> None:
@@ -631,9 +786,26 @@ def stale_message_mentions(world: World, reason: str) -> bool:
     words = {
         "VMDeleted": "no longer exists",
         "VMReplaced": "now has uid",
-        "VMDeleting": "being deleted",
     }
     return words[reason] in world.recorder.events[-1]["message"]
+
+
+def test_attachment_to_a_vmi_being_deleted_is_kept_until_it_is_gone(world: World) -> None:
+    """Its launcher pod may still hold the GPU during the VM's graceful shutdown."""
+    world.put_vmi(vmi(deleting=True))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+    assert world.api.writes() == []
+
+
+def test_unconfirmed_attachment_to_a_vmi_being_deleted_is_confirmed(world: World) -> None:
+    world.put_vmi(vmi(deleting=True))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+    [patch] = _attachment_patches(world)
+    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
 
 
 def test_attachment_is_kept_when_only_the_cache_lags(world: World) -> None:
@@ -755,11 +927,7 @@ def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert required["nodeSelectorTerms"] == [
-        {
-            "matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
-            ]
-        }
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
     ]
     assert "podAntiAffinity" in body["spec"]["affinity"]  # read from the full pod, kept
     pinned = world.api.objects[("Pod", NS, POD[1])]

@@ -4,16 +4,19 @@ nodes involved and say which; class figures sum over eligible nodes that serve t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import capacity, pods, scheduling
+from gpuoperator.model import capacity, scheduling
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
+REPO = Path(__file__).resolve().parents[3]
 A = "nvidia.com/a10"
 B = "nvidia.com/l40s"
 KVM = "devices.kubevirt.io/kvm"
@@ -46,18 +49,42 @@ def node(
     }
 
 
+def vmi_owner(uid: str) -> Obj:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "name": f"vm-{uid}",
+        "uid": uid,
+        "controller": True,
+    }
+
+
 def pod(
     name: str,
     node_name: str | None,
     usage: dict[str, int],
     *,
     phase: str = "Running",
-    claim_backed: bool = False,
+    labelled: bool = False,
+    vmi: str | None = None,
+    launcher_label: bool = True,
+    migration: bool = False,
     namespace: str = "ns",
 ) -> Obj:
+    """A pod; ``labelled`` sets the claims label (anyone can), ``vmi`` makes it a launcher pod
+    controlled by the VMI of that UID (``launcher_label``: with KubeVirt's label)."""
     meta: Obj = {"name": name, "namespace": namespace}
-    if claim_backed:
-        meta["labels"] = {"gpu.cozystack.io/claims": "true"}
+    labels: dict[str, str] = {}
+    if labelled:
+        labels["gpu.cozystack.io/claims"] = "true"
+    if vmi is not None:
+        meta["ownerReferences"] = [vmi_owner(vmi)]
+        if launcher_label:
+            labels["kubevirt.io"] = "virt-launcher"
+    if migration:
+        labels["kubevirt.io/migrationJobUID"] = "m-1"
+    if labels:
+        meta["labels"] = labels
     spec: Obj = {
         "containers": [
             {"name": "c", "resources": {"requests": {k: str(v) for k, v in usage.items()}}}
@@ -76,13 +103,21 @@ def claim(
     phase: str = "Bound",
     deleting: bool = False,
     namespace: str = "ns",
+    attached: str | None = None,
+    owned_by: str | None = None,
 ) -> Obj:
+    """A claim; ``attached`` records an attachment to the VMI of that UID (``""``: not
+    confirmed yet, no UID), ``owned_by`` makes it the template claim of that VMI."""
     meta: Obj = {"name": name, "namespace": namespace}
     if deleting:
         meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    if owned_by is not None:
+        meta["ownerReferences"] = [vmi_owner(owned_by)]
     status: Obj = {"phase": phase}
     if node_name:
         status["nodeName"] = node_name
+    if attached is not None:
+        status["attachment"] = {"vmi": f"vm-{attached or 'x'}", "uid": attached or None}
     return {"metadata": meta, "spec": {"className": "a10", "count": count}, "status": status}
 
 
@@ -142,7 +177,8 @@ def test_free_is_allocatable_minus_holds_minus_pods_clamped(
         pytest.param(pod("p", "n1", {A: 1}, phase="Succeeded"), False, id="succeeded-pod"),
         pytest.param(pod("p", "n1", {A: 1}, phase="Failed"), False, id="failed-pod"),
         pytest.param(pod("p", None, {A: 1}, phase="Pending"), False, id="unscheduled-pod"),
-        pytest.param(pod("p", "n1", {A: 1}, claim_backed=True), False, id="claim-backed-pod"),
+        pytest.param(pod("p", "n1", {A: 1}, labelled=True), True, id="claims-label-covers-nothing"),
+        pytest.param(pod("p", "n1", {A: 1}, vmi="u1"), True, id="launcher-without-claims"),
         pytest.param(pod("p", "n1", {B: 1}), False, id="other-resource"),
     ],
 )
@@ -151,6 +187,139 @@ def test_which_pods_count(obj: Obj, counted: bool) -> None:
     ledger.set_node(node("n1", {A: 2}))
     ledger.set_pod(obj)
     assert ledger.free("n1", A) == (1 if counted else 2)
+
+
+def test_a_plain_gpu_pod_with_the_claims_label_still_counts() -> None:
+    """A tenant may set the claims label on any pod; it must not free the pod's units."""
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 4}))
+    ledger.set_claim(claim("hold", "n1", 2, attached="u1"), A)
+    ledger.set_pod(pod("sneaky", "n1", {A: 2}, labelled=True))
+    assert ledger.requested("n1", A) == 2
+    assert ledger.free("n1", A) == 0
+    ledger.set_pod(pod("sneaky", "n1", {A: 3}, labelled=True))
+    assert ledger.overcommitting_pods("n1", A) == [("ns", "sneaky")]
+
+
+@pytest.mark.parametrize(
+    ("claims_", "pods_", "requested"),
+    [
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1")],
+            0,
+            id="held-claim-covers-its-vmis-launcher",
+        ),
+        pytest.param(
+            [claim("t", "n1", 2, owned_by="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1")],
+            0,
+            id="template-claim-covers-its-owners-launcher",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 3}, vmi="u1")],
+            1,
+            id="units-beyond-the-claims-count-like-any-pods",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u2")],
+            2,
+            id="another-vmis-claim-covers-nothing",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1")],
+            2,
+            id="a-claim-on-another-node-covers-nothing",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="")],
+            [pod("l", "n1", {A: 2}, vmi="u1")],
+            2,
+            id="an-unconfirmed-attachment-covers-nothing-yet",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, phase="Pending", attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1")],
+            2,
+            id="an-unbound-claim-covers-nothing",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration=True)],
+            2,
+            id="a-migration-target-is-an-ordinary-pod",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1", launcher_label=False)],
+            2,
+            id="a-pod-without-the-launcher-label-is-ordinary",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1", namespace="other")],
+            2,
+            id="a-vmi-of-another-namespace-is-another-vmi",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1"), pod("twin", "n1", {A: 2}, vmi="u1")],
+            2,
+            id="two-pods-of-one-vmi-share-its-cover",
+        ),
+        pytest.param(
+            [claim("h", "n1", 1, attached="u1"), claim("t", "n1", 2, owned_by="u1")],
+            [pod("l", "n1", {A: 3}, vmi="u1")],
+            0,
+            id="the-vmis-claims-add-up",
+        ),
+        pytest.param(
+            [claim("h", "n1", 2, attached="u1")],
+            [pod("l", "n1", {A: 2, B: 1}, vmi="u1")],
+            0,
+            id="other-resources-are-counted-on-their-own",
+        ),
+    ],
+)
+def test_a_launcher_pod_is_covered_only_by_what_its_vmis_claims_hold_on_its_node(
+    claims_: list[Obj], pods_: list[Obj], requested: int
+) -> None:
+    held = sum(
+        c["spec"]["count"]
+        for c in claims_
+        if c["status"].get("nodeName") == "n1" and c["status"]["phase"] == "Bound"
+    )
+    other = sum(pod_units(p, B) for p in pods_)
+    for claims_first in (True, False):
+        ledger = capacity.Ledger()
+        ledger.set_node(node("n1", {A: 8, B: 8}))
+        if claims_first:
+            for c in claims_:
+                ledger.set_claim(c, A)
+        for p in pods_:
+            ledger.set_pod(p)
+        if not claims_first:
+            for c in claims_:
+                ledger.set_claim(c, A)
+        assert ledger.requested("n1", A) == requested
+        assert ledger.allocated("n1", A) == held + requested
+        assert ledger.requested("n1", B) == other
+
+
+def test_confirming_an_attachment_stops_counting_the_launcher_pod_twice() -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 4}))
+    ledger.set_pod(pod("l", "n1", {A: 2}, vmi="u1"))
+    ledger.set_claim(claim("h", "n1", 2, attached=""), A)
+    assert ledger.free("n1", A) == 0
+    assert ledger.set_claim(claim("h", "n1", 2, attached="u1"), A) == {"n1"}
+    assert ledger.free("n1", A) == 2
+    assert ledger.overcommitting_pods("n1", A) == []
+    assert ledger.remove_claim(("ns", "h")) == {"n1"}
+    assert ledger.requested("n1", A) == 2
 
 
 @pytest.mark.parametrize(
@@ -385,26 +554,37 @@ nodes_st = st.builds(
     st.booleans(),
     st.booleans(),
 )
+VMI_UIDS = [None, "u1", "u2"]
 pods_st = st.builds(
-    lambda name, node_name, usage, phase, backed: pod(
-        name, node_name, usage, phase=phase, claim_backed=backed
+    lambda name, node_name, usage, phase, labelled, vmi, migration: pod(
+        name, node_name, usage, phase=phase, labelled=labelled, vmi=vmi, migration=migration
     ),
     st.sampled_from(POD_KEYS),
     st.sampled_from([*NODES, None]),
     usage_st,
     st.sampled_from(["Running", "Pending", "Succeeded"]),
     st.booleans(),
+    st.sampled_from(VMI_UIDS),
+    st.booleans(),
 )
 claims_st = st.tuples(
     st.builds(
-        lambda name, node_name, count, phase, deleting: claim(
-            name, node_name, count, phase=phase, deleting=deleting
+        lambda name, node_name, count, phase, deleting, vmi, how: claim(
+            name,
+            node_name,
+            count,
+            phase=phase,
+            deleting=deleting,
+            attached=(vmi if how == "attached" else "") if how != "owned" and vmi else None,
+            owned_by=vmi if how == "owned" else None,
         ),
         st.sampled_from(CLAIM_KEYS),
         st.sampled_from([*NODES, None]),
         st.integers(1, 4),
         st.sampled_from(["Bound", "Pending", "Lost"]),
         st.booleans(),
+        st.sampled_from(VMI_UIDS),
+        st.sampled_from(["attached", "unconfirmed", "owned"]),
     ),
     st.sampled_from([*RESOURCES, None]),
 )
@@ -419,6 +599,32 @@ ops_st = st.lists(
     ),
     max_size=30,
 )
+
+
+def pod_units(p: Obj, resource: str) -> int:
+    """What a test pod (one container, requests only) uses, read directly: its request,
+    nothing once it has terminated."""
+    if p["status"].get("phase") in ("Succeeded", "Failed"):
+        return 0
+    return int(p["spec"]["containers"][0].get("resources", {}).get("requests", {}).get(resource, 0))
+
+
+def pod_vmi_uid(p: Obj) -> str:
+    """The VMI UID a pod's units may be covered by, read the test's own way: a launcher
+    pod (KubeVirt's label, no migration label) with a controller reference to a VMI."""
+    labels = p["metadata"].get("labels", {})
+    if labels.get("kubevirt.io") != "virt-launcher" or "kubevirt.io/migrationJobUID" in labels:
+        return ""
+    owners = [o["uid"] for o in p["metadata"].get("ownerReferences", []) if o["controller"]]
+    return owners[0] if owners else ""
+
+
+def claim_user_uid(c: Obj) -> str:
+    """The VMI UID a claim covers: its owner's, else its confirmed attachment's."""
+    owners = [o["uid"] for o in c["metadata"].get("ownerReferences", []) if o["controller"]]
+    if owners:
+        return str(owners[0])
+    return str((c["status"].get("attachment") or {}).get("uid") or "")
 
 
 class Reference:
@@ -455,19 +661,32 @@ class Reference:
         status = self.nodes.get(node_name, {}).get("status", {})
         cap = int(status.get("capacity", {}).get(resource, 0))
         alloc = int(status.get("allocatable", {}).get(resource, 0))
-        held = sum(
-            obj["spec"]["count"]
+        bound = [
+            obj
             for obj, res in self.claims.values()
             if res == resource
             and obj["status"].get("phase") == "Bound"
             and obj["status"].get("nodeName") == node_name
-        )
-        users = sorted(
-            (key, pods.pod_usage(p)[resource])
+        ]
+        held = sum(obj["spec"]["count"] for obj in bound)
+        cover: dict[str, int] = {}
+        for obj in bound:
+            uid = claim_user_uid(obj)
+            if uid:
+                cover[uid] = cover.get(uid, 0) + obj["spec"]["count"]
+        using = {
+            key: (pod_vmi_uid(p), pod_units(p, resource))
             for key, p in self.pods.items()
-            if p["spec"].get("nodeName") == node_name and pods.pod_usage(p).get(resource)
-        )
-        return cap, alloc, held, sum(u for _, u in users), [key for key, _ in users]
+            if p["spec"].get("nodeName") == node_name and pod_units(p, resource)
+        }
+        group_use: dict[str, int] = {}
+        for uid, units in using.values():
+            if uid:
+                group_use[uid] = group_use.get(uid, 0) + units
+        excess = {uid: max(0, units - cover.get(uid, 0)) for uid, units in group_use.items()}
+        requested = sum(u for uid, u in using.values() if not uid) + sum(excess.values())
+        users = sorted(key for key, (uid, _) in using.items() if not uid or excess[uid])
+        return cap, alloc, held, requested, users
 
     def snapshot(self) -> dict[str, Any]:
         return {n: (n in self.nodes, [self.figures(n, r) for r in RESOURCES]) for n in NODES}
@@ -594,3 +813,19 @@ def test_removing_everything_added_returns_to_the_start(
         ledger.remove_node(n)
     assert ledger.node_names() == []
     assert all(ledger.devices(n) == [] for n in NODES)
+
+
+def test_node_class_free_fits_the_gpunode_schema_however_many_classes_serve_the_node() -> None:
+    crd = yaml.safe_load((REPO / "config" / "crd" / "cozystack.io_gpunodes.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["status"]["properties"]["classes"]["maxItems"] == (
+        capacity.MAX_NODE_CLASSES
+    )
+    ledger = capacity.Ledger()
+    the_node = node("n1", {A: 4})
+    ledger.set_node(the_node)
+    many = [gpu_class(f"c-{i:05d}", A) for i in range(capacity.MAX_NODE_CLASSES + 5)]
+    entries = capacity.node_class_free(ledger, the_node, reversed(many))
+    assert len(entries) == capacity.MAX_NODE_CLASSES
+    assert entries[0]["name"] == "c-00000"
+    assert entries[-1]["name"] == f"c-{capacity.MAX_NODE_CLASSES - 1:05d}"

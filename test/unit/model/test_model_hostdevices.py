@@ -69,3 +69,24 @@ def test_permitted_resources(cr: dict[str, Any] | None, expected: frozenset[str]
 )
 def test_is_permitted(resource: str, permitted: frozenset[str] | None, expected: bool) -> None:
     assert hostdevices.is_permitted(resource, permitted) is expected
+
+
+def test_gpu_host_devices_are_the_entries_naming_a_gpu_resource() -> None:
+    vmi = {
+        "spec": {
+            "domain": {
+                "devices": {
+                    "hostDevices": [
+                        {"name": "a", "deviceName": "nvidia.com/A10"},
+                        {"name": "nic", "deviceName": "intel.com/sriov"},
+                        "garbage",
+                        {"name": "b", "deviceName": "nvidia.com/A10"},
+                    ]
+                }
+            }
+        }
+    }
+    found = hostdevices.gpu_host_devices(vmi, {"nvidia.com/A10", "nvidia.com/L40S"})
+    assert found == [("a", "nvidia.com/A10"), ("b", "nvidia.com/A10")]
+    assert hostdevices.gpu_host_devices({"spec": {"domain": "x"}}, {"nvidia.com/A10"}) == []
+    assert hostdevices.gpu_host_devices({}, {"nvidia.com/A10"}) == []

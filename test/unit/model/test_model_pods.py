@@ -1,6 +1,6 @@
 """A pod's GPU use is counted as kube-scheduler counts it (DESIGN.md §5 "Capacity"):
-max(regular containers + sidecars, each init container's peak) + overhead; terminated and
-claim-backed pods use nothing."""
+max(regular containers + sidecars, each init container's peak) + overhead; terminated pods
+use nothing; only ownership (never a label) names the VMI whose claims may account a pod."""
 
 from __future__ import annotations
 
@@ -180,21 +180,58 @@ def test_terminated_pods_use_nothing(phase: str | None, terminated: bool) -> Non
     assert pods.requests(p) == {G: 2}
 
 
+VMI_OWNER = {
+    "apiVersion": "kubevirt.io/v1",
+    "kind": "VirtualMachineInstance",
+    "name": "vm",
+    "uid": "u1",
+    "controller": True,
+}
+LAUNCHER = {"kubevirt.io": "virt-launcher", "gpu.cozystack.io/claims": "true"}
+
+
 @pytest.mark.parametrize(
-    ("labels", "claim_backed"),
+    ("labels", "owners", "vmi"),
     [
-        pytest.param({"gpu.cozystack.io/claims": "true"}, True, id="launcher-with-claims"),
-        pytest.param({"gpu.cozystack.io/claims": "false"}, False, id="label-false"),
-        pytest.param({"kubevirt.io": "virt-launcher"}, False, id="raw-gpu-launcher"),
-        pytest.param(None, False, id="no-labels"),
+        pytest.param(LAUNCHER, [VMI_OWNER], ("ns", "u1"), id="launcher-controlled-by-its-vmi"),
+        pytest.param(
+            {"kubevirt.io": "virt-launcher"}, [VMI_OWNER], ("ns", "u1"), id="claims-label-no-part"
+        ),
+        pytest.param({"gpu.cozystack.io/claims": "true"}, None, None, id="claims-label-alone"),
+        pytest.param(LAUNCHER, None, None, id="launcher-label-without-owner"),
+        pytest.param(
+            {"gpu.cozystack.io/claims": "true"}, [VMI_OWNER], None, id="no-launcher-label"
+        ),
+        pytest.param(
+            {**LAUNCHER, "kubevirt.io/migrationJobUID": "m-1"},
+            [VMI_OWNER],
+            None,
+            id="migration-target",
+        ),
+        pytest.param(
+            LAUNCHER, [{**VMI_OWNER, "controller": False}], None, id="owner-not-controller"
+        ),
+        pytest.param(LAUNCHER, [{**VMI_OWNER, "kind": "ReplicaSet"}], None, id="owner-not-a-vmi"),
+        pytest.param(
+            LAUNCHER, [{**VMI_OWNER, "apiVersion": "example.com/v1"}], None, id="vmi-of-another-api"
+        ),
+        pytest.param(LAUNCHER, [{**VMI_OWNER, "uid": ""}], None, id="owner-without-uid"),
     ],
 )
-def test_claim_backed_pods_are_accounted_by_their_claims(
-    labels: dict[str, str] | None, claim_backed: bool
+def test_only_a_launcher_pod_controlled_by_a_vmi_names_a_vmi_to_account_it(
+    labels: dict[str, str], owners: list[Obj] | None, vmi: tuple[str, str] | None
 ) -> None:
     p = pod([c({G: "2"})], labels=labels)
-    assert pods.is_claim_backed(p) is claim_backed
-    assert pods.pod_usage(p) == ({} if claim_backed else {G: 2})
+    if owners is not None:
+        p["metadata"]["ownerReferences"] = owners
+    assert pods.launcher_vmi(p) == vmi
+
+
+def test_a_pods_usage_does_not_depend_on_its_labels() -> None:
+    plain = pod([c({G: "2"})])
+    labelled = pod([c({G: "2"})], labels=LAUNCHER)
+    labelled["metadata"]["ownerReferences"] = [VMI_OWNER]
+    assert pods.pod_usage(plain) == pods.pod_usage(labelled) == {G: 2}
 
 
 def test_a_pod_being_deleted_still_uses_its_units() -> None:

@@ -80,6 +80,7 @@ def vmi(
     uid: str | None = None,
     refs: str | None = None,
     gpus: list[Obj] | None = None,
+    host_devices: list[Obj] | None = None,
     deleting: bool = False,
 ) -> Obj:
     meta: Obj = {"name": name, "namespace": NS}
@@ -93,6 +94,8 @@ def vmi(
     devices: Obj = {"disks": []}
     if gpus is not None:
         devices["gpus"] = gpus
+    if host_devices is not None:
+        devices["hostDevices"] = host_devices
     return {"metadata": meta, "spec": {"domain": {"devices": devices}}}
 
 
@@ -547,6 +550,32 @@ OTHER_LIVE = vmi("other", uid="u-other")
             id="raw-gpus-and-references",
         ),
         pytest.param(
+            {
+                "refs": [HeldRef("hold-a")],
+                "claims": [HOLD],
+                "obj": vmi(host_devices=[{"name": "extra", "deviceName": A10_RES}]),
+            },
+            [
+                f"spec.domain.devices.hostDevices: 1 entry (extra ({A10_RES})) name a GPU "
+                "resource next to claim references",
+                "allowed: GPUs through claim references only",
+            ],
+            id="gpu-host-devices-and-references",
+        ),
+        pytest.param(
+            {
+                "refs": [TemplateRef("a10", 1)],
+                "obj": vmi(
+                    host_devices=[
+                        {"name": "nic", "deviceName": "intel.com/sriov"},
+                        {"name": "vgpu", "deviceName": L40S_RES},
+                    ]
+                ),
+            },
+            [f"spec.domain.devices.hostDevices: 1 entry (vgpu ({L40S_RES}))"],
+            id="host-device-of-any-classes-resource",
+        ),
+        pytest.param(
             {"refs": [TemplateRef("nope", 1)]},
             [
                 f"{ANNOTATION}: item 1: claimTemplate.className: class nope does not exist",
@@ -592,6 +621,19 @@ OTHER_LIVE = vmi("other", uid="u-other")
             },
             ["item 1: claim hold-a: the claim is attached to VM other", "allowed"],
             id="named-by-another-live-vmi-before-attachment",
+        ),
+        pytest.param(
+            {
+                "refs": [HeldRef("hold-a")],
+                "claims": [claim("hold-a", attachment={"vmi": "other", "uid": "u"})],
+                "live": [vmi("other", uid="u", deleting=True)],
+            },
+            [
+                "item 1: claim hold-a: the claim is attached to VM other, which is being "
+                "deleted and may still hold the GPU",
+                "retry once it is gone",
+            ],
+            id="attached-to-a-vmi-being-deleted",
         ),
         pytest.param(
             {"refs": [HeldRef("vm0-gpu-0")], "claims": [claim("vm0-gpu-0", template=True)]},
@@ -695,18 +737,17 @@ def test_vmi_refusals_name_the_field_and_what_is_allowed(
         ),
         pytest.param(
             {
-                "refs": [HeldRef("hold-a")],
-                "claims": [claim("hold-a", attachment={"vmi": "gone"})],
+                "refs": [TemplateRef("a10", 1)],
+                "obj": vmi(host_devices=[{"name": "nic", "deviceName": "intel.com/sriov"}]),
             },
-            id="attached-vmi-gone",
+            id="host-devices-that-are-no-gpu",
         ),
         pytest.param(
             {
                 "refs": [HeldRef("hold-a")],
-                "claims": [claim("hold-a", attachment={"vmi": "other"})],
-                "live": [vmi("other", uid="u", deleting=True)],
+                "claims": [claim("hold-a", attachment={"vmi": "gone"})],
             },
-            id="attached-vmi-being-deleted",
+            id="attached-vmi-gone",
         ),
         pytest.param(
             {
@@ -1036,6 +1077,10 @@ def test_json_pointer_escapes(parts: tuple[str, ...], pointer: str) -> None:
 
 
 def pinned(node: str) -> Obj:
+    return {"key": "metadata.name", "operator": "In", "values": [node]}
+
+
+def hostname_pinned(node: str) -> Obj:
     return {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
 
 
@@ -1055,35 +1100,35 @@ def required(*terms: Obj) -> Obj:
 @pytest.mark.parametrize(
     ("affinity", "expected_terms"),
     [
-        pytest.param(None, [{"matchExpressions": [pinned("n1")]}], id="no-affinity"),
-        pytest.param({}, [{"matchExpressions": [pinned("n1")]}], id="empty-affinity"),
-        pytest.param(required(), [{"matchExpressions": [pinned("n1")]}], id="no-terms"),
+        pytest.param(None, [{"matchFields": [pinned("n1")]}], id="no-affinity"),
+        pytest.param({}, [{"matchFields": [pinned("n1")]}], id="empty-affinity"),
+        pytest.param(required(), [{"matchFields": [pinned("n1")]}], id="no-terms"),
         pytest.param(
             required({"matchExpressions": [ZONE_A]}),
-            [{"matchExpressions": [ZONE_A, pinned("n1")]}],
+            [{"matchExpressions": [ZONE_A], "matchFields": [pinned("n1")]}],
             id="one-term",
         ),
         pytest.param(
             required({"matchExpressions": [ZONE_A]}, {"matchExpressions": [ZONE_B]}),
             [
-                {"matchExpressions": [ZONE_A, pinned("n1")]},
-                {"matchExpressions": [ZONE_B, pinned("n1")]},
+                {"matchExpressions": [ZONE_A], "matchFields": [pinned("n1")]},
+                {"matchExpressions": [ZONE_B], "matchFields": [pinned("n1")]},
             ],
             id="anded-into-every-ored-term",
         ),
         pytest.param(
             required({"matchFields": [BY_NAME]}),
-            [{"matchFields": [BY_NAME], "matchExpressions": [pinned("n1")]}],
+            [{"matchFields": [BY_NAME, pinned("n1")]}],
             id="fields-only-term",
         ),
         pytest.param(
             required({}, {"matchExpressions": [ZONE_A]}),
-            [{}, {"matchExpressions": [ZONE_A, pinned("n1")]}],
+            [{}, {"matchExpressions": [ZONE_A], "matchFields": [pinned("n1")]}],
             id="empty-term-matches-nothing-and-stays",
         ),
         pytest.param(
-            required({"matchExpressions": [pinned("n1"), ZONE_A]}),
-            [{"matchExpressions": [pinned("n1"), ZONE_A]}],
+            required({"matchExpressions": [ZONE_A], "matchFields": [pinned("n1")]}),
+            [{"matchExpressions": [ZONE_A], "matchFields": [pinned("n1")]}],
             id="already-pinned",
         ),
     ],
@@ -1136,14 +1181,32 @@ def test_pin_and_ungate_keeps_other_gates_and_the_rest_of_the_affinity() -> None
         pytest.param(None, id="none"),
         pytest.param(required({"matchExpressions": [ZONE_A]}), id="not-pinned"),
         pytest.param(
-            required({"matchExpressions": [pinned("a")]}, {"matchExpressions": [pinned("b")]}),
+            required({"matchFields": [pinned("a")]}, {"matchFields": [pinned("b")]}),
             id="two-nodes",
         ),
         pytest.param(
-            required({"matchExpressions": [pinned("a")]}, {"matchExpressions": [ZONE_A]}),
+            required({"matchFields": [pinned("a")]}, {"matchExpressions": [ZONE_A]}),
             id="one-term-unpinned",
+        ),
+        pytest.param(
+            required({"matchExpressions": [pinned("a")]}),
+            id="metadata-name-is-a-field-not-a-label",
         ),
     ],
 )
 def test_pinned_node_is_none_unless_every_term_pins_one_node(affinity: Obj | None) -> None:
     assert references.pinned_node(pod(affinity=affinity)) is None
+
+
+def test_the_pin_is_on_the_node_name_field_not_the_hostname_label() -> None:
+    """The hostname label can differ from the node's name; the pin must name the node."""
+    patch = references.pin_and_ungate(pod(gates=[{"name": GATE}]), "n1")
+    [term] = patch["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+
+
+def test_a_pod_pinned_on_the_hostname_label_by_an_earlier_version_is_still_read_as_pinned() -> None:
+    affinity = required({"matchExpressions": [ZONE_A, hostname_pinned("n1")]})
+    assert references.pinned_node(pod(affinity=affinity)) == "n1"
