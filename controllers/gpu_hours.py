@@ -11,7 +11,7 @@ flight meanwhile, so settling this write never rolls a concurrent assumption bac
 conflict (the binder or placement wrote first) is decided again on the fresh claim.
 
 **The collector** (every replica, computed on each scrape from the claims cache):
-``gpuoperator_claim_gpu_unit_seconds_total{namespace, claim, uid, class, state}`` with
+``gpuoperator_claim_gpu_unit_seconds_total{namespace, claim, uid, gpuclass, state}`` with
 ``state`` ``idle`` or ``in_use``: the totals of ``model.gpu_hours.totals`` at the scrape.
 Why per claim, and why this stays a counter:
 
@@ -51,7 +51,7 @@ log = structlog.get_logger(__name__)
 
 NAME = "gpu-hours"
 METRIC: Final = "gpuoperator_claim_gpu_unit_seconds"
-LABELS: Final = ("namespace", "claim", "uid", "class", "state")
+LABELS: Final = ("namespace", "claim", "uid", "gpuclass", "state")
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
 NOT_HELD: Final = "NotHeld"

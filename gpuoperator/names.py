@@ -92,6 +92,9 @@ VIRT_LAUNCHER: Final = "virt-launcher"
 MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
 #: Annotation on KubeVirt's temporary pod for WaitForFirstConsumer volumes.
 EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
+#: VMI phases in which its launcher pod runs on the node (Scheduled, then Running).
+VMI_SCHEDULED: Final = "Scheduled"
+VMI_RUNNING: Final = "Running"
 #: VMI phases after which the VMI never runs again.
 VMI_SUCCEEDED: Final = "Succeeded"
 VMI_FAILED: Final = "Failed"

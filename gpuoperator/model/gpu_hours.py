@@ -20,11 +20,11 @@ replica led is counted idle until the new leader writes the change, seconds late
 
 Choices where the issue is silent:
 
-* **In use** means the VM instance the claim serves has a running launcher pod: phase
+* **In use** means the VM instance the claim serves (``model.claims``: a template claim's
+  owner, a held claim's attachment, by UID once recorded) has a running launcher pod: phase
   ``Scheduled`` (the pod runs on the node and holds the GPU; KubeVirt's handler then moves it
   to ``Running``) or ``Running``, a VMI being deleted included (its pod may still hold the
-  GPU). A template claim serves the VMI that owns it (same UID); a held claim the VMI its
-  ``status.attachment`` names (with that UID, once recorded).
+  GPU).
 * **Held** means phase ``Bound`` with a node, a claim being deleted included: its units stay
   held until the claim is gone.
 * Moments are whole seconds (the precision of the API's timestamps); a ``since`` in the
@@ -41,13 +41,13 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gpuoperator.model import conditions, ordering, references
+from gpuoperator import names
+from gpuoperator.model import claims, conditions
 
 Obj = dict[str, Any]
 
-BOUND: Final = "Bound"
 #: VMI phases in which the launcher pod runs on its node (and so holds the GPU).
-RUNNING_PHASES: Final = frozenset({"Scheduled", "Running"})
+RUNNING_PHASES: Final = frozenset({names.VMI_SCHEDULED, names.VMI_RUNNING})
 
 
 class State(enum.StrEnum):
@@ -125,46 +125,21 @@ def to_status(usage: Usage) -> Obj:
     return out
 
 
-def _owner_vmi_name(claim: Mapping[str, Any]) -> str:
-    owners = _mapping(claim.get("metadata")).get("ownerReferences")
-    for owner in owners if isinstance(owners, list) else ():
-        if (
-            isinstance(owner, Mapping)
-            and owner.get("controller") is True
-            and owner.get("kind") == references.VMI_KIND
-        ):
-            return str(owner.get("name") or "")
-    return ""
-
-
 def served_vmi_name(claim: Mapping[str, Any]) -> str:
-    """The name of the VM instance the claim serves: its owner for a template claim, else
-    the one its attachment names (``""``: none)."""
-    if ordering.is_template_claim(claim):
-        return _owner_vmi_name(claim)
-    attachment = _mapping(_mapping(claim.get("status")).get("attachment"))
-    return str(attachment.get("vmi") or "")
-
-
-def _serves(claim: Mapping[str, Any], vmi: Mapping[str, Any]) -> bool:
-    meta = _mapping(vmi.get("metadata"))
-    if str(meta.get("name") or "") != served_vmi_name(claim) or not meta.get("name"):
-        return False
-    if ordering.is_template_claim(claim):
-        return references.is_template_claim_of(claim, vmi)
-    uid = _mapping(_mapping(claim.get("status")).get("attachment")).get("uid")
-    return not uid or uid == meta.get("uid")
+    """The name of the VM instance the claim serves (``claims.user``: its owner for a
+    template claim, else its attachment; ``""``: none)."""
+    ref = claims.user(claim)
+    return ref.name if ref is not None else ""
 
 
 def state_of(claim: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> State | None:
     """What the claim's units are doing now: ``None`` when it holds none (not Bound), else
-    in use when ``vmi`` (the cached VMI named by :func:`served_vmi_name`) is the one it
-    serves and runs, else idle."""
-    status = _mapping(claim.get("status"))
-    if status.get("phase") != BOUND or not status.get("nodeName"):
+    in use when ``vmi`` (the cached VMI named by :func:`served_vmi_name`) is the live VM
+    instance it serves (``claims.serves_live_vmi``) and its launcher pod runs, else idle."""
+    if not claims.is_bound(claim):
         return None
-    running = vmi is not None and _mapping(vmi.get("status")).get("phase") in RUNNING_PHASES
-    if running and vmi is not None and _serves(claim, vmi):
+    phase = _mapping((vmi or {}).get("status")).get("phase")
+    if phase in RUNNING_PHASES and claims.serves_live_vmi(claim, vmi):
         return State.IN_USE
     return State.IDLE
 

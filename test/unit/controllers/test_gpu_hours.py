@@ -111,7 +111,13 @@ class Replica:
     def hours(self, name: str, state: str) -> float | None:
         value = self.registry.get_sample_value(
             "gpuoperator_claim_gpu_unit_seconds_total",
-            {"namespace": NS, "claim": name, "uid": f"uid-{name}", "class": "a10", "state": state},
+            {
+                "namespace": NS,
+                "claim": name,
+                "uid": f"uid-{name}",
+                "gpuclass": "a10",
+                "state": state,
+            },
         )
         return None if value is None else value / HOUR
 
