@@ -50,7 +50,6 @@ from gpuoperator.runtime.managing import Manager
 log = structlog.get_logger(__name__)
 
 NAME = "gpu-hours"
-METRIC: Final = "gpuoperator_claim_gpu_unit_seconds"
 LABELS: Final = ("namespace", "claim", "uid", "gpuclass", "state")
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
@@ -137,7 +136,7 @@ class UnitSecondsCollector(Collector):
     @staticmethod
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily(
-            METRIC,
+            "gpuoperator_claim_gpu_unit_seconds",
             "GPU unit-seconds held per claim: idle (Bound, its VM not running) and in_use "
             "(its VM instance running); derived from the claims' status.usage",
             labels=LABELS,
