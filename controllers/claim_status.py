@@ -23,6 +23,9 @@ node refusals).
 
 4. **announce** a written change: one log line (with the reason) and one Event on the claim,
    when the caller says the change is worth telling; otherwise a debug line.
+
+:meth:`ClaimStatus.record` is the write of a status that keeps the claim's phase and node
+(GPU-hours): steps 2 and 4 only, never assumed (see there why that is safe).
 """
 
 from __future__ import annotations
@@ -188,6 +191,34 @@ class ClaimStatus:
                 self._metrics.writes.labels("Refused").inc()
             raise
         self.inventory.confirm(stored)
+        self._metrics.writes.labels(Outcome.WRITTEN.value).inc()
+        self._announce(stored, announce)
+        return Written(Outcome.WRITTEN, stored)
+
+    def record(self, claim: Obj, status: Obj, announce: Announcement | None = None) -> Written:
+        """Write a status that changes nothing the inventory counts — the claim's phase and
+        node stay as ``claim`` has them (GPU-hours, a report) — with ``claim``'s
+        resourceVersion as the precondition, through the fenced writer, and **without**
+        assuming it: it hands no units out, so it needs no decision lock, and it never
+        overwrites another decision's assumption. A decision in flight on the same claim
+        meets a 409 and decides again (the watch's newer version supersedes its
+        assumption). Base ``claim`` on the watch's copy, not on an assumed state.
+        A conflict is returned as ``CHANGED`` (the caller looks again)."""
+        old = claim.get("status") or {}
+        if (old.get("phase"), old.get("nodeName")) != (status.get("phase"), status.get("nodeName")):
+            raise ValueError("record() keeps a claim's phase and node; binding writes use write()")
+        intended = {**claim, "status": status}
+        try:
+            stored = self.writer.replace_status(GPUClaim, intended)
+        except errors.ConflictError:
+            self._metrics.writes.labels(Outcome.CHANGED.value).inc()
+            return Written(Outcome.CHANGED)
+        except errors.NotFoundError:
+            self._metrics.writes.labels(Outcome.GONE.value).inc()
+            return Written(Outcome.GONE)
+        except BaseException as exc:
+            self._metrics.writes.labels("Unknown" if _unknown_outcome(exc) else "Refused").inc()
+            raise
         self._metrics.writes.labels(Outcome.WRITTEN.value).inc()
         self._announce(stored, announce)
         return Written(Outcome.WRITTEN, stored)

@@ -4,11 +4,12 @@ and a collector exports the totals as Prometheus counters on every replica.
 **The controller** (leader only; key = a claim, woken by the claim and by the VMIs it may
 serve). When the claim's state (not held, idle, in use) differs from the one its
 ``status.usage`` records, the open interval is closed and the next one opened, in one write
-through the claim status write-back (``claim_status``: resourceVersion precondition, fenced
-writer), under ``Inventory.decisions``: the write-back assumes the claim into the inventory,
-and holding the lock every binding decision holds means no bind of the same claim is in
-flight meanwhile, so settling this write never rolls a concurrent assumption back. A
-conflict (the binder or placement wrote first) is decided again on the fresh claim.
+through the claim status write-back's ``ClaimStatus.record`` (resourceVersion precondition,
+fenced writer, the watch's copy of the claim as the base). The write keeps the claim's phase
+and node, so it is never assumed into the inventory and takes no decision lock: the
+binder's passes never wait for it, and a binding in flight on the same claim meets a 409
+and decides again. A conflict here (the binder or placement wrote first) is decided again on
+the fresh claim.
 
 **The collector** (every replica, computed on each scrape from the claims cache):
 ``gpuoperator_claim_gpu_unit_seconds_total{namespace, claim, uid, gpuclass, state}`` with
@@ -39,7 +40,6 @@ from prometheus_client.registry import Collector
 
 from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.inventory import Inventory
 from gpuoperator.model import binding, gpu_hours, ordering
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -60,44 +60,40 @@ class GpuHours:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
         statuses: ClaimStatus,
         *,
         clock: Clock = SYSTEM,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
         self.statuses = statuses
         self.clock = clock
 
     def reconcile(self, key: Key) -> Result | None:
-        cached = self.caches.claims.store.get(key)
-        if cached is None or self._change(cached) is None:
-            return None  # the common case, decided without waiting for the lock
-        with self.inventory.decisions:
-            claim = self.inventory.claim(key) or cached
-            change = self._change(claim)
-            if change is None:
-                return None
-            usage, new, state, vmi_name = change
-            status = {**(claim.get("status") or {}), "usage": gpu_hours.to_status(new)}
-            reason = state.value if state is not None else NOT_HELD
-            written = self.statuses.write(
-                claim,
-                status,
-                Announcement(
-                    "claim usage state changed",
-                    reason,
-                    f"GPU usage {reason} since {status['usage']['since']}",
-                    event=None,
-                    fields={
-                        "previous": usage.state.value if usage.state else NOT_HELD,
-                        "vmi": vmi_name or None,
-                        "idleUnitSeconds": new.idle,
-                        "inUseUnitSeconds": new.in_use,
-                    },
-                ),
-            )
+        claim = self.caches.claims.store.get(key)
+        if claim is None:
+            return None
+        change = self._change(claim)
+        if change is None:
+            return None
+        usage, new, state, vmi_name = change
+        status = {**(claim.get("status") or {}), "usage": gpu_hours.to_status(new)}
+        reason = state.value if state is not None else NOT_HELD
+        written = self.statuses.record(
+            claim,
+            status,
+            Announcement(
+                "claim usage state changed",
+                reason,
+                f"GPU usage {reason} since {status['usage']['since']}",
+                event=None,
+                fields={
+                    "previous": usage.state.value if usage.state else NOT_HELD,
+                    "vmi": vmi_name or None,
+                    "idleUnitSeconds": new.idle,
+                    "inUseUnitSeconds": new.in_use,
+                },
+            ),
+        )
         if written.outcome is Outcome.CHANGED:
             return Result(requeue_after=RETRY)
         return None
@@ -181,7 +177,6 @@ def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
     statuses: ClaimStatus,
     registry: CollectorRegistry | None = None,
 ) -> Controller[Key]:
@@ -189,7 +184,7 @@ def register(
     (registry or manager.registry).register(UnitSecondsCollector(caches, clock=manager.clock))
     controller = manager.controller(
         NAME,
-        GpuHours(caches, inventory, statuses, clock=manager.clock),
+        GpuHours(caches, statuses, clock=manager.clock),
         workers=2,
         seed=lambda: list(caches.claims.store),
     )

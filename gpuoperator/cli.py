@@ -357,7 +357,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,
     # idle holds moved off cordoned nodes.
     quota_usage.register(manager, shared)
-    gpu_hours.register(manager, shared, inventory, statuses)
+    gpu_hours.register(manager, shared, statuses)
     draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
     return shared, inventory
 

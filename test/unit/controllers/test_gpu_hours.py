@@ -83,7 +83,7 @@ class Replica:
             cast("Recorder", NoEvents()),
             registry=CollectorRegistry(),
         )
-        self.controller = gpuhoursmod.GpuHours(self.caches, self.inventory, statuses, clock=clock)
+        self.controller = gpuhoursmod.GpuHours(self.caches, statuses, clock=clock)
         self.registry = CollectorRegistry()
         self.registry.register(gpuhoursmod.UnitSecondsCollector(self.caches, clock=clock))
 
