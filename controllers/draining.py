@@ -36,7 +36,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers.claim_status import Announcement, ClaimStatus
-from gpuoperator.caches import BY_NODE, Caches, own_key
+from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import binding, conditions, draining, gpu_hours
 from gpuoperator.model import classes as gpuclasses
@@ -306,17 +306,29 @@ def register(
         key = ("", str(node))
         return [key] if flagged(claim) or draining.draining(caches.nodes.store.get(key)) else []
 
+    # The cordoned nodes, kept from the node events (read back from the cache, so the order
+    # of an update's old and new objects does not matter): a change of the figures wakes
+    # only them, without a scan of every node.
+    cordoned: set[str] = set()
+    cordoned_lock = threading.Lock()
+
+    def from_node(obj: Obj) -> list[Key]:
+        key = ("", str((obj.get("metadata") or {}).get("name") or ""))
+        with cordoned_lock:
+            if draining.draining(caches.nodes.store.get(key)):
+                cordoned.add(key[1])
+            else:
+                cordoned.discard(key[1])
+        return [key]
+
     def cordoned_nodes(_notice: Obj) -> list[Key]:
-        return [
-            ("", str(n["metadata"]["name"]))
-            for n in caches.nodes.store.values()
-            if draining.draining(n)
-        ]
+        with cordoned_lock:
+            return [("", n) for n in sorted(cordoned)]
 
     manager.add_controller(
         controller,
         [
-            (caches.nodes, own_key),
+            (caches.nodes, from_node),
             (caches.claims, node_of_claim),
             (inventory.changes, cordoned_nodes),
         ],
