@@ -1,9 +1,12 @@
 """Draining: the idle holds of a cordoned node move to other nodes; the rest is reported
 (``model.draining`` says which claim is which).
 
-Key = a node name; woken by the node (cordoned, uncordoned, gone), by the claims bound to it,
-and by every change of the inventory's figures while some node is cordoned (room may have
-freed elsewhere for a hold that could not move). One pass, for one cordoned node:
+Key = a node ``("", name)``; woken by the node (cordoned, uncordoned, gone), by the claims
+bound to it while it is cordoned, and by every change of the inventory's figures while some
+node is cordoned (room may have freed elsewhere for a hold that could not move). A claim
+that still carries this controller's condition once it is no longer on a cordoned node (it
+lost its node, was refused by it, or the node was uncordoned) is keyed by itself
+``(namespace, name)``, and the condition is removed. One pass, for one cordoned node:
 
 * **movable holds** are moved one decision at a time, in order of creation, under
   ``Inventory.decisions`` (the lock every binder pass and placement move holds): each
@@ -102,6 +105,8 @@ class Draining:
         self._told: dict[str, str] = {}
 
     def reconcile(self, key: Key) -> Result | None:
+        if key[0]:
+            return self._unflag(key)
         name = key[1]
         node = self.caches.nodes.store.get(key)
         if not draining.draining(node):
@@ -222,6 +227,22 @@ class Draining:
             with contextlib.suppress(KeyError):
                 self._metrics.holds.remove(name, role.value)
 
+    def _unflag(self, key: Key) -> Result | None:
+        """A claim (key ``(namespace, name)``) that carries the condition but is no longer
+        Bound to a cordoned node (it lost its node, was refused, or its node was uncordoned
+        while it was elsewhere): the condition goes."""
+        claim = self.caches.claims.store.get(key)
+        if claim is None or not flagged(claim):
+            return None
+        node = str((claim.get("status") or {}).get("nodeName") or "")
+        if draining.bound_to(claim, node) and draining.draining(
+            self.caches.nodes.store.get(("", node))
+        ):
+            return None  # its node's pass decides
+        with self.inventory.decisions:
+            self._clear_conditions([self.inventory.claim(key) or claim])
+        return None
+
     def _clear_conditions(self, claims: list[Obj]) -> None:
         for claim in claims:
             if not flagged(claim):
@@ -299,12 +320,13 @@ def register(
     )
 
     def node_of_claim(claim: Obj) -> list[Key]:
-        """A claim's node when it drains, or when the claim still carries our condition."""
-        node = (claim.get("status") or {}).get("nodeName")
-        if not node:
-            return []
-        key = ("", str(node))
-        return [key] if flagged(claim) or draining.draining(caches.nodes.store.get(key)) else []
+        """A claim's node when it drains; the claim itself when it carries our condition
+        and its node does not drain (or it has none): keys with a namespace are claims."""
+        node = str((claim.get("status") or {}).get("nodeName") or "")
+        key = ("", node)
+        if node and draining.draining(caches.nodes.store.get(key)):
+            return [key]
+        return [_key(claim)] if flagged(claim) else []
 
     # The cordoned nodes, kept from the node events (read back from the cache, so the order
     # of an update's old and new objects does not matter): a change of the figures wakes

@@ -239,3 +239,16 @@ def test_a_move_never_takes_units_another_decision_assumed() -> None:
     w.inventory.assume({**w.api.claims["new"], "status": pending["status"]})
     w.drain("n1")
     assert w.where("idle") == "n1"
+
+
+def test_a_stuck_hold_that_loses_its_node_loses_the_condition() -> None:
+    w = World()
+    w.put_node(node("n1", 4, cordoned=True))
+    w.put_claim(claim("big", 3, 1, "n1"))
+    w.drain("n1")
+    assert any(c["type"] == "NodeCordoned" for c in w.api.claims["big"]["status"]["conditions"])
+    stored = w.api.claims["big"]
+    w.api.store({**stored, "status": {**stored["status"], "phase": "Pending", "nodeName": None}})
+    w.sync()
+    w.controller.reconcile((NS, "big"))  # the claim's own key: it is on no cordoned node
+    assert all(c["type"] != "NodeCordoned" for c in w.api.claims["big"]["status"]["conditions"])
