@@ -126,7 +126,7 @@ def node_report(
     skipped), ``vmis`` the VM instances by ``(namespace, name)``."""
     node = next((n for n in _nodes(inventory, node_name)), None)
     if node is None:
-        return f"node {node_name}: not found"
+        return f"node {node_name}: not found, or it has no GPU resource"
     cordoned = draining.draining(node)
     out = [f"NODE {node_name}: {'cordoned' if cordoned else 'not cordoned'}"]
     holds = draining.holds_on(node_name, claims, vmis)

@@ -74,4 +74,6 @@ def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -
 
 def test_an_unknown_node_says_so() -> None:
     inventory = Inventory()
-    assert status.node_report(inventory, {}, "nope", [], {}) == "node nope: not found"
+    assert status.node_report(inventory, {}, "nope", [], {}) == (
+        "node nope: not found, or it has no GPU resource"
+    )
