@@ -40,6 +40,11 @@ from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger("gpuoperator")
 
+#: The webhook server's limits: bodies as large as the API server sends, handler threads
+#: for the VMI webhook's attachment writes; the deadlines are well inside the API
+#: server's webhook timeout (serving.Limits' defaults).
+WEBHOOK_LIMITS = serving.Limits(max_body=admitting.MAX_BODY, workers=8)
+
 
 def _bool(value: str) -> bool:
     low = value.strip().lower()
@@ -177,7 +182,14 @@ def run(args: argparse.Namespace) -> int:
             registry=manager.registry,
         )
         manager.options.extra_servers.append(
-            serving.Server("webhooks", args.webhook_address, routes, tls=webhook_tls, threads=16)
+            serving.Server(
+                "webhooks",
+                args.webhook_address,
+                routes,
+                tls=webhook_tls,
+                limits=WEBHOOK_LIMITS,
+                registry=manager.registry,
+            )
         )
 
     stop = threading.Event()

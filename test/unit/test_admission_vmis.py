@@ -7,7 +7,6 @@ registration selects labelled VMI CREATEs, fails closed and declares the dry-run
 from __future__ import annotations
 
 import copy
-import io
 import json
 from typing import Any
 
@@ -17,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from admission import registration, vmis
 from gpuoperator import settings
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime import admitting, errors
+from gpuoperator.runtime import admitting, errors, serving
 from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.kinds import GPUClaim
 from harness.offline import apply_json_patch, store_caches
@@ -636,21 +635,6 @@ def test_the_validating_configuration_is_unchanged() -> None:
 # -- the server --------------------------------------------------------------
 
 
-def _call(wsgi: Any, body: bytes) -> tuple[str, Any]:
-    seen: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
-        seen["status"] = status
-
-    out = b"".join(
-        wsgi(
-            {
-                "REQUEST_METHOD": "POST",
-                "PATH_INFO": vmis.PATH,
-                "CONTENT_LENGTH": str(len(body)),
-                "wsgi.input": io.BytesIO(body),
-            },
-            start_response,
-        )
-    )
-    return seen["status"], json.loads(out)
+def _call(handler: Any, body: bytes) -> tuple[str, Any]:
+    response = handler(serving.Request("POST", vmis.PATH, body))
+    return str(response.status), json.loads(response.body)

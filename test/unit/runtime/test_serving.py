@@ -37,7 +37,7 @@ def test_a_rotated_certificate_is_served_to_new_connections(tmp_path: Path) -> N
     server = serving.Server(
         "test",
         f"127.0.0.1:{port}",
-        serving.app({"/": lambda _e: serving.text(200, "ok")}),
+        serving.app({"/": lambda _r: serving.text(200, "ok")}),
         tls=(crt, key),
     )
     server.start()
