@@ -7,12 +7,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries up down status lint test unit e2e clean
+.PHONY: help venv binaries up down status lint test unit e2e fuzz clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
 	@echo "make down    stop it"
 	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit and e2e)"
+	@echo "make fuzz    the webhooks' bad-input sweep at >= 10,000 requests, slow clients, RSS"
 
 venv: $(VENV)/.installed
 
@@ -52,6 +53,12 @@ unit: venv
 
 e2e: venv binaries
 	$(BIN)/pytest test/e2e $(PYTEST_ARGS)
+
+# The webhooks' bad-input sweep at scale (>= 10,000 requests) and the slow-client load,
+# against the server as its own process; prints outcomes per category, latency and RSS.
+FUZZ_ARGS ?=
+fuzz: venv
+	PYTHONPATH=.:hack:test $(BIN)/python test/fuzz/fuzz_admission.py $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

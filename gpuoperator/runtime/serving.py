@@ -18,14 +18,15 @@ A connection's life, with the :class:`Limits` that bound it:
 
 1. accepted, or closed at once when ``max_connections`` are open or its source address
    already has ``max_connections_per_source``;
-2. TLS handshake within ``handshake_timeout`` (a socket that never starts one costs its
-   slot for that long, and nobody else anything);
+2. TLS handshake within ``handshake_timeout`` of the accept (a socket that never starts
+   one costs its slot for that long, and nobody else anything);
 3. each request's head (request line and headers, at most ``max_header_bytes``) within
    ``header_timeout``: from the handshake for the first request, from its first byte for
    the next ones; between requests a kept-alive connection may stay idle ``idle_timeout``;
 4. the body (at most ``max_body`` bytes, 413 beyond; ``Content-Length`` or chunked) within
-   ``body_timeout`` from the end of the head; bodies being read may hold at most
-   ``max_buffered_bytes`` in all (503 beyond: memory stays bounded whatever peers send);
+   ``body_timeout`` from the end of the head; the bodies being read or judged hold at
+   most ``max_buffered_bytes`` in all (a body waits for room, its bytes left in the
+   kernel, until its deadline; then 503): memory stays bounded whatever peers send;
 5. the handler runs on the server's thread pool (``workers``) with the whole request, so
    it never waits on a peer; an answer not ready within ``handler_timeout`` is a 503;
 6. the answer is written within ``write_timeout`` (a peer that does not read is dropped);
@@ -45,10 +46,18 @@ without a restart. Two sources are provided:
   ``reload(cert_pem, key_pem)``; a pair that does not load raises ``ValueError`` and the
   previous one goes on serving.
 
-Memory: every buffer is bounded (head, body, the bodies in flight together), the threads
-are few and fixed (one event loop per server plus its handler pool), so the resident size
-under abuse is the baseline plus at most ``max_buffered_bytes`` and the per-connection TLS
-state of ``max_connections``.
+Memory, chosen and measured (``make fuzz`` prints it): every buffer is bounded and the
+threads are few and fixed (one event loop per server plus its handler pool), so the
+resident size under abuse is the baseline plus what the limits allow:
+
+* a connection with TLS state costs about 300 KiB (asyncio gives each one a 256 KiB read
+  buffer), so that state is made only once the peer sends its first byte: a socket that
+  never starts TLS costs a file descriptor;
+* bodies count against ``max_buffered_bytes`` from their head until their answer is
+  ready; parsing one takes about twice its size again while its handler runs, so at most
+  ``workers`` such copies exist at once;
+* freed memory is not always returned to the system at once (glibc keeps arenas per
+  thread); with few threads that is bounded too.
 """
 
 from __future__ import annotations
@@ -88,6 +97,8 @@ log = structlog.get_logger(__name__)
 
 #: How much of a traceback a log line carries (its innermost frames, where the error is).
 MAX_TRACEBACK: int = 4000
+#: How much of one traceback line is kept.
+MAX_TRACEBACK_LINE: int = 300
 
 
 # -- requests and responses -------------------------------------------------------------------
@@ -124,9 +135,16 @@ def text(status: int, message: str) -> Response:
 
 
 def bounded_traceback(exc: BaseException, limit: int = MAX_TRACEBACK) -> str:
-    """The traceback of ``exc`` as one string of at most ``limit`` characters: its end
-    (the innermost frames and the error) is kept, the start cut with an ellipsis."""
-    full = "".join(traceback.format_exception(exc))
+    """The traceback of ``exc`` as one string of at most ``limit`` characters. Each line is
+    cut to :data:`MAX_TRACEBACK_LINE` (an error's message may repeat tenant input), then
+    the end (the innermost frames and the error) is kept and the start cut with an
+    ellipsis."""
+    lines = [
+        line if len(line) <= MAX_TRACEBACK_LINE else line[: MAX_TRACEBACK_LINE - 2] + "…\n"
+        for chunk in traceback.format_exception(exc)
+        for line in chunk.splitlines(keepends=True)
+    ]
+    full = "".join(lines)
     return full if len(full) <= limit else "…" + full[-(limit - 1) :]
 
 
@@ -167,7 +185,7 @@ class Limits:
     handler_timeout: float = 10.0
     max_header_bytes: int = 16 * 1024
     max_body: int = 64 * 1024
-    max_buffered_bytes: int = 64 * 1024 * 1024
+    max_buffered_bytes: int = 32 * 1024 * 1024
     max_connections: int = 1024
     max_connections_per_source: int = 128
     max_requests: int = 1000
@@ -399,6 +417,7 @@ _REASONS = {
     405: "Method Not Allowed",
     408: "Request Timeout",
     413: "Content Too Large",
+    417: "Expectation Failed",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
@@ -442,6 +461,8 @@ class Server:
         self._per_source: Counter[str] = Counter()
         self._limited: set[str] = set()
         self._buffered = 0
+        self._budget: asyncio.Condition | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._log = log.bind(server=name)
 
     @property
@@ -454,7 +475,9 @@ class Server:
     def start(self) -> None:
         host, port = self._address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and
+        # without it a small answer waits for the peer's delayed ACK (40 ms on Linux).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
@@ -484,17 +507,19 @@ class Server:
             loop.close()
 
     async def _serve(self, started: threading.Event) -> None:
+        loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self._sock, limit=65536)
+        self._budget = asyncio.Condition()
+        accepting = loop.create_task(self._accept(loop))
         started.set()
-        async with server:
-            await self._stopped.wait()
-            server.close()
-            # Open connections are cancelled with the loop; give answers in flight a moment.
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._stopped.wait()
+        accepting.cancel()
+        if self._sock is not None:
+            self._sock.close()
+        tasks = [accepting, *self._tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self) -> None:
         loop, stopped = self._loop, self._stopped
@@ -506,42 +531,85 @@ class Server:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # ---- one connection ---------------------------------------------------------------
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        source = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+    # ---- accepting --------------------------------------------------------------------
+    async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._sock is not None
         limits = self.limits
-        if self._open >= limits.max_connections:
-            self._refuse(writer, source, "TooManyConnections")
-            return
-        if self._per_source[source] >= limits.max_connections_per_source:
-            self._refuse(writer, source, "TooManyConnectionsFromSource")
-            return
-        self._open += 1
-        self._per_source[source] += 1
-        self._metrics.open.labels(self.name).inc()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(self._sock)
+            except OSError as exc:  # out of file descriptors, or the like: back off briefly
+                self._log.warning("accept failed", reason=type(exc).__name__, error=str(exc))
+                await asyncio.sleep(0.1)
+                continue
+            source = str(address[0]) if isinstance(address, tuple) and address else "unknown"
+            if self._open >= limits.max_connections:
+                self._refuse(conn, source, "TooManyConnections")
+                continue
+            if self._per_source[source] >= limits.max_connections_per_source:
+                self._refuse(conn, source, "TooManyConnectionsFromSource")
+                continue
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._open += 1
+            self._per_source[source] += 1
+            self._metrics.open.labels(self.name).inc()
+            task = loop.create_task(self._connection(loop, conn, source))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, conn: socket.socket, source: str, reason: str) -> None:
+        self._metrics.refused.labels(self.name, reason).inc()
+        if reason == "TooManyConnectionsFromSource" and source not in self._limited:
+            self._limited.add(source)
+            self._log.info(
+                "source reached its connection limit; refusing its new connections",
+                peer=source,
+                reason=reason,
+                limit=self.limits.max_connections_per_source,
+            )
+        else:
+            self._log.debug("connection refused", peer=source, reason=reason)
+        conn.close()
+
+    # ---- one connection ---------------------------------------------------------------
+    async def _connection(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, source: str
+    ) -> None:
+        limits = self.limits
         reason = "Closed"
+        writer: asyncio.StreamWriter | None = None
         try:
-            if self.certificates is not None:
-                try:
-                    async with asyncio.timeout(limits.handshake_timeout):
-                        await writer.start_tls(self.certificates.context())
-                except TimeoutError:
-                    raise _DropError("HandshakeTimeout") from None
-                except (ssl.SSLError, OSError) as exc:
-                    raise _DropError("HandshakeFailed") from exc
+            reader = asyncio.StreamReader(limit=65536, loop=loop)
+            protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+            transport: asyncio.Transport
+            if self.certificates is None:
+                transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+            else:
+                transport = await self._handshake(loop, conn, protocol)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             await self._exchanges(reader, writer, source)
         except _DropError as drop:
             reason = drop.reason
             self._metrics.dropped.labels(self.name, reason).inc()
-            if drop.answer is not None:
+            if drop.answer is not None and writer is not None:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(limits.write_timeout):
                         writer.write(_raw_answer(drop.answer))
                         await writer.drain()
+                    await _linger(reader)
         except (ConnectionError, ssl.SSLError, OSError, asyncio.IncompleteReadError):
             reason = "PeerGone"
+        except asyncio.CancelledError:
+            # The server is stopping: this connection's task ends here, quietly (it is the
+            # task's outermost frame, so nothing awaits the cancellation).
+            reason = "ServerStopped"
         finally:
+            if writer is None:
+                conn.close()
+            else:
+                await _close(writer)
             self._log.debug("connection closed", peer=source, reason=reason)
             self._open -= 1
             self._per_source[source] -= 1
@@ -555,21 +623,32 @@ class Server:
                     "source back under its connection limit", peer=source, reason="UnderLimit"
                 )
             self._metrics.open.labels(self.name).dec()
-            writer.transport.abort()
 
-    def _refuse(self, writer: asyncio.StreamWriter, source: str, reason: str) -> None:
-        self._metrics.refused.labels(self.name, reason).inc()
-        if reason == "TooManyConnectionsFromSource" and source not in self._limited:
-            self._limited.add(source)
-            self._log.info(
-                "source reached its connection limit; refusing its new connections",
-                peer=source,
-                reason=reason,
-                limit=self.limits.max_connections_per_source,
-            )
-        else:
-            self._log.debug("connection refused", peer=source, reason=reason)
-        writer.transport.abort()
+    async def _handshake(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: socket.socket,
+        protocol: asyncio.StreamReaderProtocol,
+    ) -> asyncio.Transport:
+        """The TLS handshake, within ``handshake_timeout`` of the accept. Its state (asyncio
+        gives each TLS connection a 256 KiB read buffer) is made only once the peer has
+        sent its first byte, so a socket that never starts TLS costs a file descriptor."""
+        assert self.certificates is not None
+        deadline = loop.time() + self.limits.handshake_timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await _readable(loop, conn)
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol,
+                    conn,
+                    ssl=self.certificates.context(),
+                    ssl_handshake_timeout=max(0.001, deadline - loop.time()),
+                )
+        except TimeoutError:
+            raise _DropError("HandshakeTimeout") from None
+        except (ssl.SSLError, OSError) as exc:
+            raise _DropError("HandshakeFailed") from exc
+        return transport
 
     async def _exchanges(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: str
@@ -595,9 +674,17 @@ class Server:
             request = await self._read_head(conn, reader, head_deadline, seen_bytes=served > 0)
             if request is None:
                 return
-            body = await self._read_body(conn, reader, request)
-            served += 1
-            response = await self._answer(request, body, source, loop)
+            # The body counts against the memory budget until its answer is ready.
+            reserved = self._reservation(request)
+            body_deadline = loop.time() + limits.body_timeout
+            await self._reserve(reserved, body_deadline)
+            try:
+                body = await self._read_body(conn, reader, body_deadline)
+                served += 1
+                response = await self._answer(request, body, source, loop)
+                del body
+            finally:
+                await self._release(reserved)
             keep = served < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
             await self._send(conn, writer, response, close=not keep)
             if conn.our_state is h11.MUST_CLOSE or not keep:
@@ -643,9 +730,9 @@ class Server:
                 message = f"malformed HTTP request: {_clip(str(exc))}"
             raise _DropError("BadRequest", text(status, message)) from None
 
-    async def _read_body(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, request: h11.Request
-    ) -> bytes:
+    def _reservation(self, request: h11.Request) -> int:
+        """The bytes a request's body may take: its ``Content-Length`` (413 beyond
+        ``max_body``), or ``max_body`` when it is chunked."""
         limits = self.limits
         declared: int | None = None
         for name, value in request.headers:
@@ -656,18 +743,18 @@ class Server:
                 "BodyTooLarge",
                 text(413, f"a body of {declared} bytes exceeds the limit of {limits.max_body}"),
             )
-        reserved = declared if declared is not None else limits.max_body
-        if self._buffered + reserved > limits.max_buffered_bytes:
-            raise _DropError(
-                "BufferFull", text(503, "the server is reading too many bodies; retry shortly")
-            )
-        self._buffered += reserved
+        return declared if declared is not None else limits.max_body
+
+    async def _read_body(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, body_deadline: float
+    ) -> bytes:
+        limits = self.limits
         chunks: list[bytes] = []
         size = 0
         try:
             if conn.they_are_waiting_for_100_continue:
                 raise _DropError("BadRequest", text(417, "Expect: 100-continue is not supported"))
-            async with asyncio.timeout(limits.body_timeout):
+            async with asyncio.timeout_at(body_deadline):
                 while True:
                     event = conn.next_event()
                     if event is h11.NEED_DATA:
@@ -697,8 +784,26 @@ class Server:
             raise _DropError(
                 "BadRequest", text(400, f"malformed HTTP body: {_clip(str(exc))}")
             ) from None
-        finally:
-            self._buffered -= reserved
+
+    async def _reserve(self, size: int, deadline: float) -> None:
+        """Count ``size`` bytes against ``max_buffered_bytes``, waiting (until ``deadline``)
+        while other bodies hold the budget: the peer's bytes wait in the kernel meanwhile."""
+        assert self._budget is not None
+        limit = self.limits.max_buffered_bytes
+        try:
+            async with asyncio.timeout_at(deadline), self._budget:
+                await self._budget.wait_for(lambda: self._buffered + size <= limit)
+                self._buffered += size
+        except TimeoutError:
+            raise _DropError(
+                "BufferFull", text(503, "the server is reading too many bodies; retry shortly")
+            ) from None
+
+    async def _release(self, size: int) -> None:
+        assert self._budget is not None
+        async with self._budget:
+            self._buffered -= size
+            self._budget.notify_all()
 
     async def _answer(
         self, head: h11.Request, body: bytes, source: str, loop: asyncio.AbstractEventLoop
@@ -757,6 +862,46 @@ class Server:
                 await writer.drain()
         except TimeoutError:
             raise _DropError("WriteTimeout") from None
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    """Wait until ``conn`` has something to read (or is closed), reading nothing."""
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = conn.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """After an answer to a request that was not read to its end: discard what the peer
+    still sends, for at most a second and 1 MiB, so that closing with unread data (which
+    makes the kernel send a reset) does not destroy the answer before the peer reads it."""
+    discarded = 0
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            while discarded < 1024 * 1024:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                discarded += len(data)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close gracefully (what was written is flushed, TLS says goodbye) for at most a
+    second, then abort: a peer that does not read cannot hold the connection."""
+    writer.close()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await writer.wait_closed()
+    writer.transport.abort()
 
 
 def _raw_answer(response: Response) -> bytes:
