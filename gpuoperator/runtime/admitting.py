@@ -278,9 +278,7 @@ def decide(name: str, handler: Handler, request: AdmissionRequest, ready: bool) 
     try:
         return handler(request)
     except FieldError as exc:
-        return Admission.refuse(
-            f"{request.kind or 'object'} {_who(request)}: {exc}", reason="BadRequest", code=400
-        )
+        return Admission.refuse(f"{_what(request)}: {exc}", reason="BadRequest", code=400)
     except Exception as exc:
         log.error(
             "admission handler failed",
@@ -292,12 +290,16 @@ def decide(name: str, handler: Handler, request: AdmissionRequest, ready: bool) 
             traceback=serving.bounded_traceback(exc),
         )
         return Admission.refuse(
-            f"{request.kind or 'object'} {_who(request)}: gpuoperator could not judge it "
+            f"{_what(request)}: gpuoperator could not judge it "
             f"({type(exc).__name__}: {echo.clip(str(exc))}); if the object is valid, this is "
             "a gpuoperator bug",
             reason="InternalError",
             code=500,
         )
+
+
+def _what(request: AdmissionRequest) -> str:
+    return f"{echo.clip(request.kind) if request.kind else 'object'} {_who(request)}"
 
 
 def _who(request: AdmissionRequest) -> str:

@@ -230,10 +230,17 @@ class CertificateSource(Protocol):
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
-    """A TLS ≥ 1.2 server context for the PEM pair in ``cert``/``key``."""
+    """A TLS ≥ 1.2 server context for the PEM pair in ``cert``/``key``; ``ValueError``
+    naming the files when they do not load as a matching pair (``OSError`` when they
+    cannot be read)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(cert), str(key))
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"{cert} and {key} do not load as a PEM certificate and its key: {exc}"
+        ) from None
     return ctx
 
 
@@ -270,7 +277,7 @@ class FileCertificates:
                     log.info(
                         "serving certificate reloaded", cert=str(self.files[0]), reason="Rotated"
                     )
-            except (OSError, ssl.SSLError) as exc:
+            except (OSError, ValueError) as exc:
                 log.warning(
                     "serving certificate reload failed; keeping the old one",
                     cert=str(self.files[0]),
@@ -305,8 +312,11 @@ def _context_from_pem(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
         cert.write_bytes(cert_pem)
         _write_private(key, key_pem)
         return server_context(cert, key)
-    except ssl.SSLError as exc:
-        raise ValueError(f"the certificate and key do not load as a PEM pair: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(
+            "the certificate and key do not load as a PEM certificate and its key: "
+            + str(exc).rsplit(": ", 1)[-1]
+        ) from None
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

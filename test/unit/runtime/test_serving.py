@@ -7,6 +7,7 @@ import socket
 import ssl
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 
 from gpuoperator.runtime import serving
@@ -53,3 +54,42 @@ def test_a_rotated_certificate_is_served_to_new_connections(tmp_path: Path) -> N
         )
     finally:
         server.stop()
+
+
+def test_a_pair_handed_over_in_memory_serves_the_next_connections(tmp_path: Path) -> None:
+    ca, ca_key = pki.new_ca("test-ca")
+    first, first_key = pki.issue(ca, ca_key, "one", server=True, ips=("127.0.0.1",))
+    pki.write_pair(first, first_key, tmp_path / "a.crt", tmp_path / "a.key")
+    source = serving.MemoryCertificates(
+        (tmp_path / "a.crt").read_bytes(), (tmp_path / "a.key").read_bytes()
+    )
+    server = serving.Server(
+        "test", "127.0.0.1:0", serving.app({"/": lambda _r: serving.text(200, "ok")}), tls=source
+    )
+    server.start()
+    try:
+        assert served_serial(server.port) == first.serial_number
+        second, second_key = pki.issue(ca, ca_key, "two", server=True, ips=("127.0.0.1",))
+        pki.write_pair(second, second_key, tmp_path / "b.crt", tmp_path / "b.key")
+        source.reload((tmp_path / "b.crt").read_bytes(), (tmp_path / "b.key").read_bytes())
+        assert served_serial(server.port) == second.serial_number
+        # A pair that does not match is refused, and the previous one goes on serving.
+        with pytest.raises(ValueError, match="do not load"):
+            source.reload((tmp_path / "a.crt").read_bytes(), (tmp_path / "b.key").read_bytes())
+        assert served_serial(server.port) == second.serial_number
+    finally:
+        server.stop()
+
+
+def test_a_certificate_file_that_is_not_a_pair_is_a_clear_startup_error(tmp_path: Path) -> None:
+    (tmp_path / "tls.crt").write_text("not a certificate")
+    (tmp_path / "tls.key").write_text("not a key")
+    with pytest.raises(ValueError, match=r"tls\.crt and .*tls\.key do not load"):
+        serving.FileCertificates(tmp_path / "tls.crt", tmp_path / "tls.key")
+
+
+def test_limits_name_the_field_that_is_out_of_range() -> None:
+    with pytest.raises(ValueError, match=r"Limits\.header_timeout: 0"):
+        serving.Limits(header_timeout=0)
+    with pytest.raises(ValueError, match=r"Limits\.max_body"):
+        serving.Limits(max_body=10, max_buffered_bytes=5)
