@@ -16,8 +16,12 @@ the sockets and the clock. Behaviour under abuse is measured by the slow-client 
 
 A connection's life, with the :class:`Limits` that bound it:
 
-1. accepted, or closed at once when ``max_connections`` are open or its source address
-   already has ``max_connections_per_source``;
+1. accepted within ``max_connections`` in all and ``max_connections_per_source`` per
+   source address. At a limit, the oldest connection (of that source, or of any) that is
+   not being answered (waiting for its handshake, its next request or the rest of one)
+   is closed to make room; only when all are being answered is the new one closed at
+   once. So a flood from one address churns its own idle sockets and cannot lock out a
+   client that shares the address;
 2. TLS handshake within ``handshake_timeout`` of the accept (a socket that never starts
    one costs its slot for that long, and nobody else anything);
 3. each request's head (request line and headers, at most ``max_header_bytes``) within
@@ -75,7 +79,6 @@ import tempfile
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -409,6 +412,19 @@ def _metrics(registry: CollectorRegistry) -> _Metrics:
 # -- the server -------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class _Conn:
+    """One open connection, as the limits see it."""
+
+    source: str
+    since: float = field(default_factory=time.monotonic)
+    #: A request of it is being answered (handler or write): never evicted then.
+    busy: bool = False
+    evicted: bool = False
+    gone: bool = False
+    task: asyncio.Task[None] | None = None
+
+
 class _DropError(Exception):
     """End the connection; ``answer`` is sent first when the peer may still read it."""
 
@@ -468,7 +484,8 @@ class Server:
         self._executor: ThreadPoolExecutor | None = None
         self._stopped: asyncio.Event | None = None
         self._open = 0
-        self._per_source: Counter[str] = Counter()
+        #: Open connections per source address, oldest first.
+        self._by_source: dict[str, dict[int, _Conn]] = {}
         self._limited: set[str] = set()
         self._buffered = 0
         self._budget: asyncio.Condition | None = None
@@ -480,6 +497,10 @@ class Server:
         assert self._sock is not None, "start() first"
         bound: tuple[str, int] = self._sock.getsockname()[:2]
         return bound[1]
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
 
     # ---- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -553,41 +574,88 @@ class Server:
                 await asyncio.sleep(0.1)
                 continue
             source = str(address[0]) if isinstance(address, tuple) and address else "unknown"
-            if self._open >= limits.max_connections:
+            if self._open >= limits.max_connections and not self._evict(None):
                 self._refuse(conn, source, "TooManyConnections")
                 continue
-            if self._per_source[source] >= limits.max_connections_per_source:
+            mine = self._by_source.get(source, {})
+            if len(mine) >= limits.max_connections_per_source and not self._evict(source):
                 self._refuse(conn, source, "TooManyConnectionsFromSource")
                 continue
             conn.setblocking(False)
             with contextlib.suppress(OSError):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            state = _Conn(source)
             self._open += 1
-            self._per_source[source] += 1
+            self._by_source.setdefault(source, {})[id(state)] = state
             self._metrics.open.labels(self.name).inc()
-            task = loop.create_task(self._connection(loop, conn, source))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            state.task = loop.create_task(self._connection(loop, conn, state))
+            self._tasks.add(state.task)
+            state.task.add_done_callback(self._tasks.discard)
+
+    def _evict(self, source: str | None) -> bool:
+        """Make room by closing the oldest connection (of ``source``, or of any source) that
+        is not being answered: one waiting for its handshake, its next request, or the rest
+        of one. False when every such connection is busy."""
+        pools = (
+            [self._by_source.get(source, {})] if source is not None else self._by_source.values()
+        )
+        oldest: _Conn | None = None
+        for pool in pools:  # each pool is oldest first
+            candidate = next((c for c in pool.values() if not c.busy), None)
+            if candidate is not None and (oldest is None or candidate.since < oldest.since):
+                oldest = candidate
+        if oldest is None or oldest.task is None:
+            return False
+        self._note_limited(oldest.source if source is not None else None)
+        oldest.evicted = True
+        self._forget(oldest)
+        oldest.task.cancel()
+        self._metrics.refused.labels(
+            self.name, "EvictedForSource" if source is not None else "Evicted"
+        ).inc()
+        return True
+
+    def _forget(self, state: _Conn) -> None:
+        """Count a connection as closed (once)."""
+        if state.gone:
+            return
+        state.gone = True
+        self._open -= 1
+        pool = self._by_source.get(state.source, {})
+        pool.pop(id(state), None)
+        if not pool:
+            self._by_source.pop(state.source, None)
+        self._metrics.open.labels(self.name).dec()
+        if state.source in self._limited and (
+            len(pool) < self.limits.max_connections_per_source // 2
+        ):
+            self._limited.discard(state.source)
+            self._log.info(
+                "source back under its connection limit", peer=state.source, reason="UnderLimit"
+            )
+
+    def _note_limited(self, source: str | None) -> None:
+        if source is not None and source not in self._limited:
+            self._limited.add(source)
+            self._log.info(
+                "source reached its connection limit; its oldest waiting connections are "
+                "closed to make room",
+                peer=source,
+                reason="TooManyConnectionsFromSource",
+                limit=self.limits.max_connections_per_source,
+            )
 
     def _refuse(self, conn: socket.socket, source: str, reason: str) -> None:
         self._metrics.refused.labels(self.name, reason).inc()
-        if reason == "TooManyConnectionsFromSource" and source not in self._limited:
-            self._limited.add(source)
-            self._log.info(
-                "source reached its connection limit; refusing its new connections",
-                peer=source,
-                reason=reason,
-                limit=self.limits.max_connections_per_source,
-            )
-        else:
-            self._log.debug("connection refused", peer=source, reason=reason)
+        self._log.debug("connection refused", peer=source, reason=reason)
         conn.close()
 
     # ---- one connection ---------------------------------------------------------------
     async def _connection(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, source: str
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, state: _Conn
     ) -> None:
         limits = self.limits
+        source = state.source
         reason = "Closed"
         writer: asyncio.StreamWriter | None = None
         try:
@@ -599,7 +667,7 @@ class Server:
             else:
                 transport = await self._handshake(loop, conn, protocol)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-            await self._exchanges(reader, writer, source)
+            await self._exchanges(reader, writer, state)
         except _DropError as drop:
             reason = drop.reason
             self._metrics.dropped.labels(self.name, reason).inc()
@@ -612,27 +680,16 @@ class Server:
         except (ConnectionError, ssl.SSLError, OSError, asyncio.IncompleteReadError):
             reason = "PeerGone"
         except asyncio.CancelledError:
-            # The server is stopping: this connection's task ends here, quietly (it is the
-            # task's outermost frame, so nothing awaits the cancellation).
-            reason = "ServerStopped"
+            # Evicted, or the server is stopping: this connection's task ends here, quietly
+            # (it is the task's outermost frame, so nothing awaits the cancellation).
+            reason = "Evicted" if state.evicted else "ServerStopped"
         finally:
             if writer is None:
                 conn.close()
             else:
                 await _close(writer)
             self._log.debug("connection closed", peer=source, reason=reason)
-            self._open -= 1
-            self._per_source[source] -= 1
-            if self._per_source[source] <= 0:
-                del self._per_source[source]
-            if source in self._limited and (
-                self._per_source[source] < limits.max_connections_per_source // 2
-            ):
-                self._limited.discard(source)
-                self._log.info(
-                    "source back under its connection limit", peer=source, reason="UnderLimit"
-                )
-            self._metrics.open.labels(self.name).dec()
+            self._forget(state)
 
     async def _handshake(
         self,
@@ -661,7 +718,7 @@ class Server:
         return transport
 
     async def _exchanges(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Conn
     ) -> None:
         limits = self.limits
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
@@ -691,12 +748,14 @@ class Server:
             try:
                 body = await self._read_body(conn, reader, body_deadline)
                 served += 1
-                response = await self._answer(request, body, source, loop)
+                state.busy = True
+                response = await self._answer(request, body, state.source, loop)
                 del body
             finally:
                 await self._release(reserved)
             keep = served < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
             await self._send(conn, writer, response, close=not keep)
+            state.busy = False
             if conn.our_state is h11.MUST_CLOSE or not keep:
                 return
             try:

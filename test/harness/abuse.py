@@ -66,11 +66,17 @@ def post(
     timeout: float = 10.0,
     headers: dict[str, str] | None = None,
     method: str = "POST",
+    source: str = "127.0.0.1",
 ) -> Answer:
-    """One request on a fresh TLS connection (handshake included in the time)."""
+    """One request on a fresh TLS connection from ``source`` (handshake included in the
+    time)."""
     start = time.perf_counter()
     conn = http.client.HTTPSConnection(
-        target.host, target.port, timeout=timeout, context=target.context()
+        target.host,
+        target.port,
+        timeout=timeout,
+        context=target.context(),
+        source_address=(source, 0),
     )
     try:
         conn.request(

@@ -282,23 +282,28 @@ def test_a_kept_alive_connection_serves_several_reviews(world: World) -> None:
         conn.close()
 
 
-def test_one_source_beyond_its_connection_limit_is_refused_while_others_are_served(
+def test_a_source_at_its_connection_limit_loses_its_oldest_idle_sockets_not_its_requests(
     tmp_path: Path,
 ) -> None:
     with webhook_server(tmp_path, max_connections_per_source=4) as w:
-        held = [abuse.connect(w.target, source="127.0.0.2") for _ in range(4)]
+        idle = [abuse.connect(w.target, source="127.0.0.2") for _ in range(4)]
         try:
-            extra = abuse.connect(w.target, source="127.0.0.2")
-            extra.settimeout(5)
-            try:
-                assert extra.recv(1) == b""  # closed at accept
-            except ConnectionResetError:
-                pass
-            finally:
-                extra.close()
-            assert reviewed(w, ORDER_PATH, order())["allowed"] is True  # from 127.0.0.1
+            wait_for(
+                "the four idle sockets to be accepted",
+                lambda: w.server.open_connections,
+                until=lambda n: n == 4,
+                timeout=5,
+            )
+            # A good request from the same address is answered: the oldest idle one goes.
+            answer = abuse.post(
+                w.target, ORDER_PATH, body(order()), timeout=ANSWER_DEADLINE, source="127.0.0.2"
+            )
+            assert answer.status == 200
+            idle[0].settimeout(5)
+            assert idle[0].recv(1) == b""
+            assert reviewed(w, ORDER_PATH, order())["allowed"] is True  # another address
         finally:
-            for sock in held:
+            for sock in idle:
                 sock.close()
 
 

@@ -3,8 +3,10 @@ in place): new connections get the new certificate, without a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,40 @@ def test_limits_name_the_field_that_is_out_of_range() -> None:
         serving.Limits(header_timeout=0)
     with pytest.raises(ValueError, match=r"Limits\.max_body"):
         serving.Limits(max_body=10, max_buffered_bytes=5)
+
+
+def test_a_source_whose_connections_are_all_being_answered_gets_no_more(tmp_path: Path) -> None:
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def slow(_request: serving.Request) -> serving.Response:
+        entered.release()
+        release.wait(10)
+        return serving.text(200, "done")
+
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/slow": slow}),
+        limits=serving.Limits(max_connections_per_source=2, workers=2),
+    )
+    server.start()
+    busy = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(2)]
+    try:
+        for sock in busy:
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in busy:
+            assert entered.acquire(timeout=5)
+        # Both are being answered: nothing to make room with, so the third is closed.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as third:
+            third.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            with contextlib.suppress(ConnectionResetError):
+                assert third.recv(1) == b""
+        release.set()
+        for sock in busy:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        release.set()
+        for sock in busy:
+            sock.close()
+        server.stop()
