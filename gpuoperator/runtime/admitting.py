@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 import structlog
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuoperator.model import echo
@@ -266,6 +266,16 @@ def _histogram(registry: CollectorRegistry) -> Histogram:
     )
 
 
+@per_registry
+def _malformed(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "gpuoperator_webhook_malformed_total",
+        "Requests to a webhook that were not an AdmissionReview v1 (answered 400)",
+        ["webhook"],
+        registry=registry,
+    )
+
+
 def decide(name: str, handler: Handler, request: AdmissionRequest, ready: bool) -> Admission:
     """The handler's answer, or the refusal that stands for it (not ready, a field the
     handler cannot read, a handler error)."""
@@ -312,6 +322,7 @@ def app(
 ) -> serving.App:
     """The webhooks' HTTP app: each handler at its path."""
     histogram = _histogram(registry)
+    malformed = _malformed(registry)
 
     def route(path: str, handler: Handler) -> serving.Handler:
         name = path.strip("/")
@@ -322,6 +333,7 @@ def app(
             try:
                 request = parse(http.body)
             except MalformedError as exc:
+                malformed.labels(name).inc()
                 message = echo.clip(str(exc), echo.MAX_MESSAGE)
                 log.warning(
                     "malformed admission request",

@@ -94,6 +94,7 @@ from cryptography.x509.oid import NameOID
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
+from gpuoperator.model import echo
 from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
@@ -784,6 +785,10 @@ class Server:
                         conn.receive_data(data)
                         continue
                     if isinstance(event, h11.Request):
+                        # h11 bounds a head only while it is incomplete; one that arrived
+                        # whole in one read is measured here.
+                        if _head_size(event) > self.limits.max_header_bytes:
+                            raise _DropError("BadRequest", text(431, self._too_large_head()))
                         return event
                     if isinstance(event, h11.ConnectionClosed):
                         return None
@@ -794,9 +799,9 @@ class Server:
         except h11.RemoteProtocolError as exc:
             status = exc.error_status_hint if exc.error_status_hint in _REASONS else 400
             if status == 431:
-                message = f"the request head exceeds {self.limits.max_header_bytes} bytes"
+                message = self._too_large_head()
             else:
-                message = f"malformed HTTP request: {_clip(str(exc))}"
+                message = f"malformed HTTP request: {echo.clip(str(exc), 200)}"
             raise _DropError("BadRequest", text(status, message)) from None
 
     def _reservation(self, request: h11.Request) -> int:
@@ -813,6 +818,9 @@ class Server:
                 text(413, f"a body of {declared} bytes exceeds the limit of {limits.max_body}"),
             )
         return declared if declared is not None else limits.max_body
+
+    def _too_large_head(self) -> str:
+        return f"the request head exceeds {self.limits.max_header_bytes} bytes"
 
     async def _read_body(
         self, conn: h11.Connection, reader: asyncio.StreamReader, body_deadline: float
@@ -851,7 +859,7 @@ class Server:
             ) from None
         except h11.RemoteProtocolError as exc:
             raise _DropError(
-                "BadRequest", text(400, f"malformed HTTP body: {_clip(str(exc))}")
+                "BadRequest", text(400, f"malformed HTTP body: {echo.clip(str(exc), 200)}")
             ) from None
 
     async def _reserve(self, size: int, deadline: float) -> None:
@@ -983,5 +991,7 @@ def _raw_answer(response: Response) -> bytes:
     return head.encode("latin-1") + response.body
 
 
-def _clip(value: str, limit: int = 200) -> str:
-    return value if len(value) <= limit else value[: limit - 1] + "…"
+def _head_size(request: h11.Request) -> int:
+    """The size of a request head as sent (request line and header lines)."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(n) + len(v) + 4 for n, v in request.headers) + 2

@@ -456,3 +456,30 @@ def test_the_handshake_with_an_untrusted_client_context_fails_cleanly(world: Wor
         until=lambda ok: ok is True,
         timeout=5,
     )
+
+
+def test_malformed_reviews_and_dropped_connections_are_counted(hasty: World) -> None:
+    def sample(name: str, **labels: str) -> float:
+        return hasty.registry.get_sample_value(name, labels) or 0.0
+
+    malformed = sample("gpuoperator_webhook_malformed_total", webhook="validate-gpuclaim")
+    answered(hasty, ORDER_PATH, b"{not json")
+    assert sample("gpuoperator_webhook_malformed_total", webhook="validate-gpuclaim") == (
+        malformed + 1
+    )
+    timeouts = sample(
+        "gpuoperator_http_connections_dropped_total", server="webhooks", reason="HandshakeTimeout"
+    )
+    with abuse.connect(hasty.target) as sock:
+        sock.settimeout(5)
+        assert sock.recv(1) == b""
+    wait_for(
+        "the handshake timeout counted",
+        lambda: sample(
+            "gpuoperator_http_connections_dropped_total",
+            server="webhooks",
+            reason="HandshakeTimeout",
+        ),
+        until=lambda n: n == timeouts + 1,
+        timeout=5,
+    )
