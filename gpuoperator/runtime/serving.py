@@ -685,12 +685,14 @@ class Server:
             # (it is the task's outermost frame, so nothing awaits the cancellation).
             reason = "Evicted" if state.evicted else "ServerStopped"
         finally:
-            if writer is None:
-                conn.close()
-            else:
-                await _close(writer)
-            self._log.debug("connection closed", peer=source, reason=reason)
-            self._forget(state)
+            try:
+                if writer is None:
+                    conn.close()
+                else:
+                    await _close(writer)
+            finally:
+                self._log.debug("connection closed", peer=source, reason=reason)
+                self._forget(state)
 
     async def _handshake(
         self,
@@ -913,6 +915,14 @@ class Server:
                 seconds=self.limits.handler_timeout,
             )
             return text(503, "the server did not answer in time; retry shortly")
+        except Exception as exc:  # a handler not wrapped by app(): still an answer
+            self._log.error(
+                "request handler failed",
+                path=path,
+                reason=type(exc).__name__,
+                traceback=bounded_traceback(exc),
+            )
+            return text(500, "internal error")
 
     async def _send(
         self, conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, close: bool

@@ -132,3 +132,37 @@ def test_a_source_whose_connections_are_all_being_answered_gets_no_more(tmp_path
         for sock in busy:
             sock.close()
         server.stop()
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        return sock.recv(65536)
+
+
+def test_a_handler_that_does_not_answer_in_time_is_a_503_and_one_that_raises_a_500() -> None:
+    release = threading.Event()
+
+    def stuck(_request: serving.Request) -> serving.Response:
+        release.wait(10)
+        return serving.text(200, "late")
+
+    def broken(_request: serving.Request) -> serving.Response:
+        raise RuntimeError("boom")
+
+    routes = {"/stuck": stuck, "/broken": broken}
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        lambda request: routes[request.path](request),  # no app(): the server's own net
+        limits=serving.Limits(handler_timeout=0.2),
+    )
+    server.start()
+    try:
+        late = exchange(server.port, b"GET /stuck HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert late.startswith(b"HTTP/1.1 503") and b"did not answer in time" in late
+        raised = exchange(server.port, b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert raised.startswith(b"HTTP/1.1 500")
+    finally:
+        release.set()
+        server.stop()
