@@ -28,9 +28,13 @@ A connection's life, with the :class:`Limits` that bound it:
    ``header_timeout``: from the handshake for the first request, from its first byte for
    the next ones; between requests a kept-alive connection may stay idle ``idle_timeout``;
 4. the body (at most ``max_body`` bytes, 413 beyond; ``Content-Length`` or chunked) within
-   ``body_timeout`` from the end of the head; the bodies being read or judged hold at
-   most ``max_buffered_bytes`` in all (a body waits for room, its bytes left in the
-   kernel, until its deadline; then 503): memory stays bounded whatever peers send;
+   ``body_timeout`` from the end of the head. Each body's first ``small_body`` bytes are
+   its own; a larger body takes room for the rest (its ``Content-Length``, or
+   ``max_body`` when chunked) from ``max_buffered_bytes`` for all bodies together, all
+   at once before reading it, and holds it until its answer is ready (a body that finds
+   no room waits, its bytes left in the kernel, until its deadline; then 503). So large
+   bodies, sent or held half-sent, cannot stall small ones (the API server's), cannot
+   deadlock each other, and memory stays bounded whatever peers send;
 5. the handler runs on the server's thread pool (``workers``) with the whole request, so
    it never waits on a peer; an answer not ready within ``handler_timeout`` is a 503;
 6. the answer is written within ``write_timeout`` (a peer that does not read is dropped);
@@ -57,9 +61,9 @@ resident size under abuse is the baseline plus what the limits allow:
 * a connection with TLS state costs about 300 KiB (asyncio gives each one a 256 KiB read
   buffer), so that state is made only once the peer sends its first byte: a socket that
   never starts TLS costs a file descriptor;
-* bodies count against ``max_buffered_bytes`` from their head until their answer is
-  ready; parsing one takes about twice its size again while its handler runs, so at most
-  ``workers`` such copies exist at once;
+* bodies hold at most ``max_connections * small_body + max_buffered_bytes`` in all
+  until their answers are ready; parsing one takes about twice its size again while its
+  handler runs, so at most ``workers`` such copies exist at once;
 * freed memory is not always returned to the system at once (glibc keeps arenas per
   thread); with few threads that is bounded too.
 """
@@ -189,6 +193,8 @@ class Limits:
     handler_timeout: float = 10.0
     max_header_bytes: int = 16 * 1024
     max_body: int = 64 * 1024
+    #: Bodies up to this size never wait for the memory budget (see ``max_buffered_bytes``).
+    small_body: int = 64 * 1024
     max_buffered_bytes: int = 32 * 1024 * 1024
     max_connections: int = 1024
     max_connections_per_source: int = 128
@@ -209,6 +215,7 @@ class Limits:
         for name in (
             "max_header_bytes",
             "max_body",
+            "small_body",
             "max_buffered_bytes",
             "max_connections",
             "max_connections_per_source",
@@ -424,6 +431,13 @@ class _Conn:
     evicted: bool = False
     gone: bool = False
     task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Held:
+    """The bytes of one body counted against the memory budget."""
+
+    taken: int = 0
 
 
 class _DropError(Exception):
@@ -744,18 +758,20 @@ class Server:
             request = await self._read_head(conn, reader, head_deadline, seen_bytes=served > 0)
             if request is None:
                 return
-            # The body counts against the memory budget until its answer is ready.
-            reserved = self._reservation(request)
-            body_deadline = loop.time() + limits.body_timeout
-            await self._reserve(reserved, body_deadline)
+            declared = self._declared_length(request)
+            # A body's bytes beyond ``small_body`` count against the memory budget until its
+            # answer is ready.
+            held = _Held()
             try:
-                body = await self._read_body(conn, reader, body_deadline)
+                body = await self._read_body(
+                    conn, reader, loop.time() + limits.body_timeout, held, declared
+                )
                 served += 1
                 state.busy = True
                 response = await self._answer(request, body, state.source, loop)
                 del body
             finally:
-                await self._release(reserved)
+                await self._release(held.taken)
             keep = served < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
             await self._send(conn, writer, response, close=not keep)
             state.busy = False
@@ -806,34 +822,49 @@ class Server:
                 message = f"malformed HTTP request: {echo.clip(str(exc), 200)}"
             raise _DropError("BadRequest", text(status, message)) from None
 
-    def _reservation(self, request: h11.Request) -> int:
-        """The bytes a request's body may take: its ``Content-Length`` (413 beyond
-        ``max_body``), or ``max_body`` when it is chunked."""
-        limits = self.limits
-        declared: int | None = None
+    def _declared_length(self, request: h11.Request) -> int | None:
+        """The body's ``Content-Length`` (``None`` when chunked); 413 beyond ``max_body``,
+        before reading any of it."""
         for name, value in request.headers:
             if name == b"content-length":
                 declared = int(value)  # h11 has checked it is a non-negative integer
-        if declared is not None and declared > limits.max_body:
-            raise _DropError(
-                "BodyTooLarge",
-                text(413, f"a body of {declared} bytes exceeds the limit of {limits.max_body}"),
-            )
-        return declared if declared is not None else limits.max_body
+                if declared > self.limits.max_body:
+                    raise _DropError(
+                        "BodyTooLarge",
+                        text(
+                            413,
+                            f"a body of {declared} bytes exceeds the limit of "
+                            f"{self.limits.max_body}",
+                        ),
+                    )
+                return declared
+        return None
 
     def _too_large_head(self) -> str:
         return f"the request head exceeds {self.limits.max_header_bytes} bytes"
 
     async def _read_body(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, body_deadline: float
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        body_deadline: float,
+        held: _Held,
+        declared: int | None,
     ) -> bytes:
         limits = self.limits
         chunks: list[bytes] = []
         size = 0
+        waiting = False
         try:
             if conn.they_are_waiting_for_100_continue:
                 raise _DropError("BadRequest", text(417, "Expect: 100-continue is not supported"))
             async with asyncio.timeout_at(body_deadline):
+                if declared is not None and declared > limits.small_body:
+                    # All its room at once, before reading it: bodies that each held part
+                    # of the budget while waiting for the rest would wait on each other.
+                    waiting = True
+                    await self._take(declared - limits.small_body, held)
+                    waiting = False
                 while True:
                     event = conn.next_event()
                     if event is h11.NEED_DATA:
@@ -848,6 +879,11 @@ class Server:
                                 text(413, f"the body exceeds the limit of {limits.max_body} bytes"),
                             )
                         chunks.append(bytes(event.data))
+                        if size > limits.small_body and not held.taken:
+                            # A chunked body grew large: room for the largest it may be.
+                            waiting = True
+                            await self._take(limits.max_body - limits.small_body, held)
+                            waiting = False
                         continue
                     if isinstance(event, h11.EndOfMessage):
                         return b"".join(chunks)
@@ -855,6 +891,11 @@ class Server:
                         raise _DropError("PeerGone")
                     raise _DropError("BadRequest", text(400, f"unexpected {type(event).__name__}"))
         except TimeoutError:
+            if waiting:
+                raise _DropError(
+                    "BufferFull",
+                    text(503, "the server is holding too many large bodies; retry shortly"),
+                ) from None
             raise _DropError(
                 "BodyTimeout",
                 text(408, f"the request body did not arrive within {limits.body_timeout:g}s"),
@@ -864,22 +905,21 @@ class Server:
                 "BadRequest", text(400, f"malformed HTTP body: {echo.clip(str(exc), 200)}")
             ) from None
 
-    async def _reserve(self, size: int, deadline: float) -> None:
-        """Count ``size`` bytes against ``max_buffered_bytes``, waiting (until ``deadline``)
-        while other bodies hold the budget: the peer's bytes wait in the kernel meanwhile."""
+    async def _take(self, size: int, held: _Held) -> None:
+        """Count ``size`` bytes against ``max_buffered_bytes`` (into ``held``), waiting while
+        other bodies hold the budget (the peer's bytes wait in the kernel meanwhile); the
+        caller's deadline bounds the wait."""
         assert self._budget is not None
         limit = self.limits.max_buffered_bytes
-        try:
-            async with asyncio.timeout_at(deadline), self._budget:
-                await self._budget.wait_for(lambda: self._buffered + size <= limit)
-                self._buffered += size
-        except TimeoutError:
-            raise _DropError(
-                "BufferFull", text(503, "the server is reading too many bodies; retry shortly")
-            ) from None
+        async with self._budget:
+            await self._budget.wait_for(lambda: self._buffered + size <= limit)
+            self._buffered += size
+            held.taken += size
 
     async def _release(self, size: int) -> None:
         assert self._budget is not None
+        if not size:
+            return
         async with self._budget:
             self._buffered -= size
             self._budget.notify_all()

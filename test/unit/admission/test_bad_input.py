@@ -483,3 +483,23 @@ def test_malformed_reviews_and_dropped_connections_are_counted(hasty: World) -> 
         until=lambda n: n == timeouts + 1,
         timeout=5,
     )
+
+
+def test_large_bodies_held_half_sent_do_not_stall_small_reviews(world: World) -> None:
+    """Bodies announced so that together they take the server's whole body memory budget
+    but for a few bytes, sent but for their last kilobyte and held; a small review is
+    answered all the same (and promptly: within the answer deadline)."""
+    limits = world.server.limits
+    count = -(-limits.max_buffered_bytes // limits.max_body)  # as few bodies as it takes
+    length = limits.max_buffered_bytes // count
+    head = f"POST {ORDER_PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n"
+    held: list[ssl.SSLSocket] = []
+    try:
+        for i in range(count):
+            sock = abuse.tls_connect(world.target, source=f"127.0.0.{10 + i}")
+            sock.sendall(head.encode() + b" " * (length - 1024))
+            held.append(sock)
+        assert reviewed(world, ORDER_PATH, order())["allowed"] is True
+    finally:
+        for sock in held:
+            sock.close()
