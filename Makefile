@@ -22,7 +22,7 @@ KIND         ?= kind
 KIND_CLUSTER ?= gpuoperator-e2e
 KIND_KUBECONFIG ?= $(GPUOP_CACHE)/kind/$(KIND_CLUSTER).kubeconfig
 
-.PHONY: help venv binaries tools up down status lint test unit e2e image e2e-kind clean
+.PHONY: help venv binaries tools up down status lint test unit e2e fuzz image e2e-kind clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
@@ -30,6 +30,7 @@ help:
 	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit and e2e)"
 	@echo "make image   build the operator's image (needs Docker)"
 	@echo "make e2e-kind  image -> kind cluster -> config/overlays/kind -> e2e against the deployed operator"
+	@echo "make fuzz    the webhooks' bad-input sweep at >= 10,000 requests, slow clients, RSS"
 
 venv: $(VENV)/.installed
 
@@ -101,6 +102,12 @@ e2e-kind: venv binaries
 		rollout status deployment/gpu-operator --timeout=300s
 	E2E_KUBECONFIG=$(KIND_KUBECONFIG) E2E_OPERATOR=deployed \
 		$(BIN)/pytest test/e2e -m "not operator_process" $(PYTEST_ARGS)
+
+# The webhooks' bad-input sweep at scale (>= 10,000 requests) and the slow-client load,
+# against the server as its own process; prints outcomes per category, latency and RSS.
+FUZZ_ARGS ?=
+fuzz: venv
+	PYTHONPATH=.:hack:test $(BIN)/python test/fuzz/fuzz_admission.py $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -11,7 +11,7 @@ no side effect (the webhook writes nothing).
 from __future__ import annotations
 
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import capacity, ordering
+from gpuoperator.model import capacity, echo, ordering
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 
 PATH = "/validate-gpuclaim"
@@ -34,10 +34,12 @@ class OrderWebhook:
         self.caches = caches
 
     def __call__(self, request: AdmissionRequest) -> Admission:
-        claim = request.obj
-        if request.operation != "CREATE" or ordering.is_template_claim(claim):
+        if request.operation != "CREATE" or ordering.is_template_claim(request.obj):
             return Admission.allow()
-        claim.setdefault("metadata", {}).setdefault("namespace", request.namespace)
+        # The envelope's parser has checked metadata is an object when present; the
+        # namespace is the request's (a create's body may omit it).
+        meta = request.obj.get("metadata") or {}
+        claim = {**request.obj, "metadata": {"namespace": request.namespace, **meta}}
         class_name = ordering.ordered_class(claim)
         cls = self.caches.classes.store.get(("", class_name))
         refusals = ordering.order_refusals(
@@ -50,6 +52,7 @@ class OrderWebhook:
             known_classes=[k[1] for k in self.caches.classes.store],
         )
         if refusals:
-            who = f"GPUClaim {request.namespace}/{request.name or '(generated)'}"
+            name = echo.clip(request.name) if request.name else "(generated)"
+            who = f"GPUClaim {echo.clip(request.namespace)}/{name}"
             return Admission.refuse(f"{who}: " + "; ".join(refusals), reason="Forbidden")
         return Admission.allow()

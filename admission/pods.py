@@ -22,6 +22,9 @@ Choices where DESIGN.md is silent:
   message (fail closed: the VMI webhook refused such a VMI, so the pod can only come from an
   annotation changed after admission; admitting it ungated would place GPU work the
   operator never judged).
+* A pod whose ``spec``, ``spec.tolerations`` or ``spec.schedulingGates`` is not of the
+  API's shape (an object, lists of objects) is refused with code 400 naming the field:
+  the patches extend those lists, and the API server would refuse such a pod anyway.
 * A class that is not (or no longer) in the cache adds no toleration; the gate still holds
   the pod, and the placement controller decides what becomes of it.
 * The pod is gated whatever the ``gpuForVMs`` switch says: the switch is enforced when the
@@ -34,11 +37,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import references
+from gpuoperator.model import echo, references
+from gpuoperator.runtime import admitting
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 
 Obj = dict[str, Any]
 PATH = "/mutate-launcher-pod"
+
+
+#: The pod's lists the patches extend: each must be a list of objects when present.
+_PATCHED_LISTS = ("tolerations", "schedulingGates")
+
+
+def _check_lists(pod: Obj) -> None:
+    """Raise ``FieldError`` (a 400 naming the field) when a list the patches extend is
+    not a list of objects: the API server would refuse such a pod anyway, and patching
+    it cannot be judged."""
+    spec = pod.get("spec")
+    if spec is None:
+        return
+    if not isinstance(spec, Mapping):
+        admitting.field_error("spec", spec, "must be an object")
+    for key in _PATCHED_LISTS:
+        value = spec.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            admitting.field_error(f"spec.{key}", value, "must be a list of objects")
+        for index, item in enumerate(value):
+            if not isinstance(item, Mapping):
+                admitting.field_error(f"spec.{key}[{index}]", item, "must be an object")
 
 
 class PodWebhook:
@@ -52,11 +80,13 @@ class PodWebhook:
         if references.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
             return Admission.allow()
         namespace = request.namespace
+        _check_lists(pod)
         try:
             refs = references.from_object(pod)
         except references.ReferenceError as exc:
             name = request.name or str((pod.get("metadata") or {}).get("generateName") or "")
-            return Admission.refuse(f"Pod {namespace}/{name or '(generated)'}: {exc}")
+            who = f"{echo.clip(namespace)}/{echo.clip(name) if name else '(generated)'}"
+            return Admission.refuse(f"Pod {who}: {exc}")
         claims = {
             str((c.get("metadata") or {}).get("name") or ""): c
             for c in self.caches.claims.store.by_index(BY_NAMESPACE, namespace)

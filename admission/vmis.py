@@ -36,6 +36,8 @@ Choices where DESIGN.md is silent:
     server would refuse the create with AlreadyExists, but only after this webhook had
     attached the claims to that name (and so to the existing VMI). A VMI being deleted is
     no obstacle: that is a VM restarting, whose new VMI takes the same claims.
+* A name longer than the API server accepts (253) is refused with code 400 before
+  anything is written: the attachment would otherwise carry it.
 * With held references, the same decision is made on dry run and for real; only the writes
   differ.
 * A malformed annotation is refused with the parser's message even when ``gpuForVMs`` is
@@ -51,7 +53,7 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import references
+from gpuoperator.model import echo, references
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 from gpuoperator.runtime.client import Kind
@@ -62,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 PATH = "/mutate-vmi"
+#: The longest object name the API server accepts (a DNS subdomain).
+MAX_NAME = 253
 WEBHOOK = "vmis"
 
 
@@ -128,7 +132,17 @@ class VmiWebhook:
         # The namespace is the request's (a create's body may omit it).
         vmi: Obj = {**request.obj, "metadata": {**meta, "namespace": namespace}}
         vmi_name = str(meta.get("name") or "")
-        who = f"VirtualMachineInstance {namespace}/{vmi_name or '(generated)'}: "
+        shown_name = echo.clip(vmi_name) if vmi_name else "(generated)"
+        who = f"VirtualMachineInstance {echo.clip(namespace)}/{shown_name}: "
+        if len(vmi_name) > MAX_NAME:
+            # The API server would refuse the name, but only after this webhook had
+            # written it into the claims' attachments: refuse first.
+            return Admission.refuse(
+                f"{who}metadata.name: has {len(vmi_name)} characters; allowed: a name of at "
+                f"most {MAX_NAME}",
+                reason="BadRequest",
+                code=400,
+            )
         try:
             refs = references.from_object(vmi)
         except references.ReferenceError as exc:

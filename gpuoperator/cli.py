@@ -50,6 +50,11 @@ from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger("gpuoperator")
 
+#: The webhook server's limits: bodies as large as the API server sends, handler threads
+#: for the VMI webhook's attachment writes; the deadlines are well inside the API
+#: server's webhook timeout (serving.Limits' defaults).
+WEBHOOK_LIMITS = serving.Limits(max_body=admitting.MAX_BODY, workers=8)
+
 
 def _bool(value: str) -> bool:
     low = value.strip().lower()
@@ -283,12 +288,18 @@ def run(args: argparse.Namespace) -> int:
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
+        certs = webhook_tls(args)
         server = serving.Server(
-            "webhooks", args.webhook_address, routes, tls=webhook_tls(args), threads=16
+            "webhooks",
+            args.webhook_address,
+            routes,
+            tls=certs,
+            limits=WEBHOOK_LIMITS,
+            registry=manager.registry,
         )
         manager.options.extra_servers.append(server)
-        if args.certificates == "self-managed":
-            self_managed_certificates(args, manager, namespace, server.reload)
+        if isinstance(certs, serving.MemoryCertificates):
+            self_managed_certificates(args, manager, namespace, certs.reload)
 
     stop = threading.Event()
 
@@ -302,13 +313,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def webhook_tls(args: argparse.Namespace) -> tuple[Path, Path]:
-    """The files the webhook server starts with: the mounted pair, or (self-managed) a
-    throwaway one it never serves while ready, replaced from the Secret."""
+def webhook_tls(args: argparse.Namespace) -> serving.CertificateSource | tuple[Path, Path]:
+    """What the webhook server starts with: the mounted pair (re-read when it rotates), or
+    (self-managed) a throwaway pair in memory that it never serves while ready, replaced
+    from the Secret."""
     if args.certificates == "mounted":
         cert_dir = args.webhook_cert_dir or Path(names.WEBHOOK_CERT_DIR)
         return cert_dir / "tls.crt", cert_dir / "tls.key"
-    return serving.self_signed()
+    cert, key = serving.self_signed()
+    return serving.MemoryCertificates(cert.read_bytes(), key.read_bytes())
 
 
 def self_managed_certificates(

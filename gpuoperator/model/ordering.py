@@ -3,11 +3,14 @@ refusals of one GPUClaim order, decided once for the order webhook and the binde
 
 An order is refused, in this order, when:
 
+0. ``spec.count`` is not a whole number from 1 to 2**31 - 1 (:func:`count_refusal`: never read
+   as 0, whatever the CRD schema refused first); the count checks below are then skipped;
+
 1. its class does not exist (``spec.className``);
 2. ``spec.count`` is above the class's effective maxCount (:func:`classes.effective_max_count`);
 3. ``spec.count`` is above the class's published ``status.maxFreePerNode``: it cannot fit on
    any node now (skipped when the class's figures are not known yet);
-4. a budget would be exceeded (:func:`budget_refusals`);
+4. a budget would be exceeded (:func:`budget_refusals`; the messages name ``spec.count``);
 5. the class is ``vgpu`` and the namespace lacks the vGPU entitlement.
 
 Every message names the field, the value and what is allowed, in words a tenant understands.
@@ -49,12 +52,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import capacity, pods, quota, tenants
+from gpuoperator.model import capacity, echo, pods, quota, tenants
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
 
 BOUND: Final = "Bound"
+#: The largest ``spec.count`` (the CRD declares it ``int32``).
+MAX_COUNT: Final = 2**31 - 1
+_COUNT_ALLOWED: Final = f"allowed: a whole number from 1 to {MAX_COUNT}"
 #: At most this many class names are listed after "known:" (admission messages stay short).
 MAX_KNOWN_LISTED: Final = 20
 
@@ -86,6 +92,20 @@ def ordered_class(claim: Mapping[str, Any]) -> str:
 def ordered_count(claim: Mapping[str, Any]) -> int:
     """The units a claim orders (``spec.count``); 0 when absent or not a whole number."""
     return pods.parse_count(_spec(claim).get("count"))
+
+
+def count_refusal(claim: Mapping[str, Any]) -> str | None:
+    """Why ``spec.count`` is not a count an order may carry, ``None`` when it is one: a
+    JSON integer from 1 to :data:`MAX_COUNT` (the CRD's ``int32``, ``minimum: 1``).
+    Anything else is refused, not read as 0: a float (``5.0``, ``1e30``), a boolean, a
+    string, ``null``, a missing count, 0, a negative number or one beyond int32."""
+    spec = _spec(claim)
+    if "count" not in spec:
+        return f"spec.count is required ({_COUNT_ALLOWED})"
+    value = spec["count"]
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT:
+        return None
+    return f"spec.count: {echo.shown(value)} is not a valid count ({_COUNT_ALLOWED})"
 
 
 def is_template_claim(claim: Mapping[str, Any]) -> bool:
@@ -214,13 +234,14 @@ def budget_refusals(
             limit = parse_budget(raw)
             if limit is None:
                 refusals.append(
-                    f"budget exceeded: ResourceQuota {where} has an invalid value {raw!r} for "
+                    f"spec.count: budget exceeded: ResourceQuota {where} has an invalid value "
+                    f"{echo.clip(repr(raw))} for "
                     f"{key} (a whole number of GPUs is allowed), so it allows 0; "
                     f"{_held(used)}, {_ordered(ordered)}"
                 )
             elif used + ordered > limit:
                 refusals.append(
-                    f"budget exceeded: ResourceQuota {where} allows {limit} of {key}, "
+                    f"spec.count: budget exceeded: ResourceQuota {where} allows {limit} of {key}, "
                     f"{_held(used)}, {_ordered(ordered)}"
                 )
     return refusals
@@ -258,15 +279,18 @@ def order_refusals(
     ``known_classes`` the class names to list when the class does not exist. Template claims
     are not judged here: the caller skips them (they wait for capacity instead).
     """
-    wanted = ordered_class(claim)
+    wanted = echo.clip(ordered_class(claim))
     ordered = ordered_count(claim)
     refusals: list[str] = []
+    bad_count = count_refusal(claim)
+    if bad_count is not None:
+        refusals.append(bad_count)
     if cls is None:
         refusals.append(
             f"spec.className: class {wanted} does not exist{_known_text(known_classes)}; "
             "the classes are listed by kubectl get gpuclasses"
         )
-    else:
+    elif bad_count is None:
         max_count = gpuclasses.effective_max_count(cls)
         if max_count is not None and ordered > max_count:
             refusals.append(
@@ -281,7 +305,8 @@ def order_refusals(
                 else f"has at most {_plural(most, 'free GPU', 'free GPUs')} on one node"
             )
             refusals.append(f"spec.count: class {wanted} {room}, {_ordered(ordered)}")
-    refusals.extend(budget_refusals(claim, quotas, namespace_claims))
+    if bad_count is None:
+        refusals.extend(budget_refusals(claim, quotas, namespace_claims))
     if cls is not None and gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
         namespace_name = str(_meta(namespace or {}).get("name") or _key(claim)[0])
         refusals.append(

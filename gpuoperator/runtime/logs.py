@@ -48,5 +48,5 @@ def configure(fmt: Format = "json", level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(numeric)
     # Chatty libraries: their per-request lines add nothing at info level.
-    for name in ("urllib3", "cheroot", "cheroot.server"):
+    for name in ("urllib3",):
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING))

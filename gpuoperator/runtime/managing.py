@@ -182,7 +182,17 @@ class Manager:
         o = self.options
         try:
             if o.health_address:
-                self._serve(serving.Server("health", o.health_address, self._health_app()))
+                self._serve(
+                    serving.Server(
+                        "health",
+                        o.health_address,
+                        self._health_app(),
+                        limits=serving.Limits(
+                            max_connections=128, max_connections_per_source=64, workers=1
+                        ),
+                        registry=self.registry,
+                    )
+                )
             if o.metrics_address:
                 self._serve(self._metrics_server())
             for server in o.extra_servers:
@@ -305,11 +315,11 @@ class Manager:
         self._log.info("stopped", seconds=round(time.monotonic() - start, 2))
 
     # ---- endpoints ----------------------------------------------------------------
-    def _health_app(self) -> serving.WSGIApp:
-        def healthz(_env: serving.Environ) -> serving.Response:
+    def _health_app(self) -> serving.App:
+        def healthz(_request: serving.Request) -> serving.Response:
             return serving.text(200, "ok")
 
-        def readyz(_env: serving.Environ) -> serving.Response:
+        def readyz(_request: serving.Request) -> serving.Response:
             ok, waiting = self.ready()
             if ok:
                 return serving.text(200, "ok")
@@ -321,21 +331,36 @@ class Manager:
         o = self.options
         authorizer = None if o.metrics_insecure else Authorizer(self.client, clock=self.clock)
 
-        def metrics(env: serving.Environ) -> serving.Response:
+        def metrics(request: serving.Request) -> serving.Response:
             if authorizer is not None:
-                decision = authorizer.authorize(env.get("HTTP_AUTHORIZATION"), "/metrics")
+                decision = authorizer.authorize(
+                    request.headers.get("authorization"), "/metrics", source=request.peer
+                )
                 if decision.status != 200:
+                    log.debug(
+                        "scrape refused",
+                        status=decision.status,
+                        reason=decision.reason,
+                        peer=request.peer,
+                    )
                     headers = (
                         (("WWW-Authenticate", 'Bearer realm="gpuoperator"'),)
                         if decision.status == 401
+                        else (("Retry-After", "1"),)
+                        if decision.status in (429, 503)
                         else ()
                     )
                     return serving.Response(
-                        decision.status, (decision.reason + "\n").encode(), headers=headers
+                        decision.status, (decision.message + "\n").encode(), headers=headers
                     )
             return serving.Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
 
         tls = None if o.metrics_insecure else (o.metrics_tls or serving.self_signed())
         return serving.Server(
-            "metrics", o.metrics_address or ":8443", serving.app({"/metrics": metrics}), tls=tls
+            "metrics",
+            o.metrics_address or ":8443",
+            serving.app({"/metrics": metrics}),
+            tls=tls,
+            limits=serving.Limits(max_connections=256, max_connections_per_source=32, workers=2),
+            registry=self.registry,
         )

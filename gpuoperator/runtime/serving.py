@@ -1,14 +1,78 @@
-"""HTTP(S) servers: health probes, metrics, and (later) webhooks, on cheroot.
+"""HTTP(S) servers: health probes, metrics and admission webhooks, on asyncio with h11.
 
-cheroot is a maintained, threaded WSGI server with TLS; handlers here are plain functions.
-Certificates are read from files and re-read when the files change (cert-manager rotates
-them in place), checked at most once a second on new connections; or handed over in memory
-with ``Server.reload`` (the operator's self-managed certificates).
+The webhooks fail closed (DESIGN.md §6): while they cannot answer, nothing with GPU claim
+references can be created anywhere in the cluster. So no peer may hold up another: every
+connection is a coroutine on one event loop, each phase of a connection has its own
+deadline, and handlers run on a thread pool that only ever sees complete requests.
+
+Why asyncio with h11, not a WSGI/ASGI server: the threaded servers (cheroot) handshake and
+read on threads a slow peer can hold; uvicorn and hypercorn run on an event loop, but
+neither bounds how long a request may take to arrive (uvicorn's keep-alive timer is reset
+by every byte and it has no request-start timeout; hypercorn's read timeout is per read, so
+one byte every few seconds holds a connection forever), nor the connections per source.
+h11 (the HTTP/1.1 state machine uvicorn, hypercorn and httpx use) parses; this module owns
+the sockets and the clock. Behaviour under abuse is measured by the slow-client test in
+``test/unit/admission``.
+
+A connection's life, with the :class:`Limits` that bound it:
+
+1. accepted within ``max_connections`` in all and ``max_connections_per_source`` per
+   source address. At a limit, the oldest connection (of that source, or of any) that is
+   not being answered (waiting for its handshake, its next request or the rest of one)
+   is closed to make room; only when all are being answered is the new one closed at
+   once. So a flood from one address churns its own idle sockets and cannot lock out a
+   client that shares the address;
+2. TLS handshake within ``handshake_timeout`` of the accept (a socket that never starts
+   one costs its slot for that long, and nobody else anything);
+3. each request's head (request line and headers, at most ``max_header_bytes``) within
+   ``header_timeout``: from the handshake for the first request, from its first byte for
+   the next ones; between requests a kept-alive connection may stay idle ``idle_timeout``;
+4. the body (at most ``max_body`` bytes, 413 beyond; ``Content-Length`` or chunked) within
+   ``body_timeout`` from the end of the head. Each body's first ``small_body`` bytes are
+   its own; a larger body takes room for the rest (its ``Content-Length``, or
+   ``max_body`` when chunked) from ``max_buffered_bytes`` for all bodies together, all
+   at once before reading it, and holds it until its answer is ready (a body that finds
+   no room waits, its bytes left in the kernel, until its deadline; then 503). So large
+   bodies, sent or held half-sent, cannot stall small ones (the API server's), cannot
+   deadlock each other, and memory stays bounded whatever peers send;
+5. the handler runs on the server's thread pool (``workers``) with the whole request, so
+   it never waits on a peer; an answer not ready within ``handler_timeout`` is a 503;
+6. the answer is written within ``write_timeout`` (a peer that does not read is dropped);
+   after ``max_requests`` requests the connection is closed (``Connection: close``).
+
+A deadline that expires closes the connection (with a 408 when part of a request had
+arrived); a request h11 cannot parse is a 400 (431 for oversized heads) naming the problem.
+
+Certificates: a server with TLS asks its :class:`CertificateSource` for an
+``ssl.SSLContext`` at every handshake, so a new certificate serves the next connection
+without a restart. Two sources are provided:
+
+* :class:`FileCertificates` re-reads ``tls.crt``/``tls.key`` when their files change
+  (cert-manager rotates them in place), checked at most once a second;
+* :class:`MemoryCertificates` holds a pair handed over in memory: another component (for
+  example one that keeps the serving certificate in a Secret) calls
+  ``reload(cert_pem, key_pem)``; a pair that does not load raises ``ValueError`` and the
+  previous one goes on serving.
+
+Memory, chosen and measured (``make fuzz`` prints it): every buffer is bounded and the
+threads are few and fixed (one event loop per server plus its handler pool), so the
+resident size under abuse is the baseline plus what the limits allow:
+
+* a connection with TLS state costs about 300 KiB (asyncio gives each one a 256 KiB read
+  buffer), so that state is made only once the peer sends its first byte: a socket that
+  never starts TLS costs a file descriptor;
+* bodies hold at most ``max_connections * small_body + max_buffered_bytes`` in all
+  until their answers are ready; parsing one takes about twice its size again while its
+  handler runs, so at most ``workers`` such copies exist at once;
+* freed memory is not always returned to the system at once (glibc keeps arenas per
+  thread); with few threads that is bounded too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -18,24 +82,48 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
+import h11
 import structlog
-from cheroot import wsgi
-from cheroot.ssl.builtin import BuiltinSSLAdapter
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+from prometheus_client import Counter as PromCounter
+
+from gpuoperator.model import echo
+from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
 
-Environ = dict[str, Any]
-StartResponse = Callable[..., Any]
-WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+#: How much of a traceback a log line carries (its innermost frames, where the error is).
+MAX_TRACEBACK: int = 4000
+#: How much of one traceback line is kept.
+MAX_TRACEBACK_LINE: int = 300
+
+
+# -- requests and responses -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """A complete HTTP request, as a handler sees it."""
+
+    method: str
+    path: str
+    body: bytes = b""
+    #: Header names in lower case; repeated headers joined with ", ".
+    headers: Mapping[str, str] = field(default_factory=dict)
+    #: The peer's address (the source that per-source limits count).
+    peer: str = ""
+    query: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,99 +134,208 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+Handler = Callable[[Request], Response]
+App = Callable[[Request], Response]
 
 
 def text(status: int, message: str) -> Response:
     return Response(status, (message + "\n").encode())
 
 
-def app(routes: dict[str, Callable[[Environ], Response]]) -> WSGIApp:
-    """A WSGI app dispatching on the exact path; a handler error is a logged 500."""
+def bounded_traceback(exc: BaseException, limit: int = MAX_TRACEBACK) -> str:
+    """The traceback of ``exc`` as one string of at most ``limit`` characters. Each line is
+    cut to :data:`MAX_TRACEBACK_LINE` (an error's message may repeat tenant input), then
+    the end (the innermost frames and the error) is kept and the start cut with an
+    ellipsis."""
+    lines = [
+        line if len(line) <= MAX_TRACEBACK_LINE else line[: MAX_TRACEBACK_LINE - 2] + "…\n"
+        for chunk in traceback.format_exception(exc)
+        for line in chunk.splitlines(keepends=True)
+    ]
+    full = "".join(lines)
+    return full if len(full) <= limit else "…" + full[-(limit - 1) :]
 
-    def wsgi_app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        handler = routes.get(environ.get("PATH_INFO", ""))
+
+def app(routes: dict[str, Handler]) -> App:
+    """Dispatch on the exact path; an unknown path is a 404, a handler error a logged 500
+    (handlers that must never answer 5xx, the webhooks, catch their own errors)."""
+
+    def dispatch(request: Request) -> Response:
+        handler = routes.get(request.path)
         if handler is None:
-            resp = text(404, "not found")
-        else:
-            try:
-                resp = handler(environ)
-            except Exception as exc:
-                log.exception(
-                    "request handler failed",
-                    path=environ.get("PATH_INFO"),
-                    reason=type(exc).__name__,
-                )
-                resp = text(500, "internal error")
-        headers = [
-            ("Content-Type", resp.content_type),
-            ("Content-Length", str(len(resp.body))),
-            *resp.headers,
-        ]
-        start_response(f"{resp.status} {_REASONS.get(resp.status, 'Status')}", headers)
-        return [resp.body]
+            return text(404, "not found")
+        try:
+            return handler(request)
+        except Exception as exc:
+            log.error(
+                "request handler failed",
+                path=request.path,
+                reason=type(exc).__name__,
+                traceback=bounded_traceback(exc),
+            )
+            return text(500, "internal error")
 
-    return wsgi_app
+    return dispatch
 
 
-class ReloadingTLS(BuiltinSSLAdapter):
-    """cheroot's TLS adapter, re-reading the certificate and key when their files change."""
+# -- limits -----------------------------------------------------------------------------------
 
-    def __init__(self, cert: Path, key: Path) -> None:
-        super().__init__(str(cert), str(key))
-        self._files = (cert, key)
-        self._stamp = self._mtimes()
-        self._checked = time.monotonic()
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server grants its peers (see the module docstring for each phase)."""
+
+    handshake_timeout: float = 5.0
+    header_timeout: float = 5.0
+    body_timeout: float = 10.0
+    idle_timeout: float = 30.0
+    write_timeout: float = 10.0
+    handler_timeout: float = 10.0
+    max_header_bytes: int = 16 * 1024
+    max_body: int = 64 * 1024
+    #: Bodies up to this size never wait for the memory budget (see ``max_buffered_bytes``).
+    small_body: int = 64 * 1024
+    max_buffered_bytes: int = 32 * 1024 * 1024
+    max_connections: int = 1024
+    max_connections_per_source: int = 128
+    max_requests: int = 1000
+    workers: int = 4
+
+    def __post_init__(self) -> None:
+        for name in (
+            "handshake_timeout",
+            "header_timeout",
+            "body_timeout",
+            "idle_timeout",
+            "write_timeout",
+            "handler_timeout",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Limits.{name}: {getattr(self, name)!r} is not > 0")
+        for name in (
+            "max_header_bytes",
+            "max_body",
+            "small_body",
+            "max_buffered_bytes",
+            "max_connections",
+            "max_connections_per_source",
+            "max_requests",
+            "workers",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name}: {getattr(self, name)!r} is not ≥ 1")
+        if self.max_body > self.max_buffered_bytes:
+            raise ValueError(
+                f"Limits.max_body ({self.max_body}) exceeds max_buffered_bytes "
+                f"({self.max_buffered_bytes})"
+            )
+
+
+# -- certificates -----------------------------------------------------------------------------
+
+
+class CertificateSource(Protocol):
+    """What a TLS server asks at every handshake: the context to serve it with."""
+
+    def context(self) -> ssl.SSLContext: ...
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A TLS ≥ 1.2 server context for the PEM pair in ``cert``/``key``; ``ValueError``
+    naming the files when they do not load as a matching pair (``OSError`` when they
+    cannot be read)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"{cert} and {key} do not load as a PEM certificate and its key: {exc}"
+        ) from None
+    return ctx
+
+
+class FileCertificates:
+    """A certificate and key read from files and re-read when the files change (checked
+    at most once a second, at a handshake); a pair that fails to load is logged and the
+    previous one goes on serving. The first load happens here: a missing or bad pair is
+    a startup error."""
+
+    def __init__(self, cert: Path, key: Path, *, check_every: float = 1.0) -> None:
+        self.files = (cert, key)
+        self._check_every = check_every
         self._lock = threading.Lock()
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._stamp = self._mtimes()
+        self._context = server_context(cert, key)
+        self._checked = time.monotonic()
 
-    def _mtimes(self) -> tuple[float, ...]:
-        return tuple(p.stat().st_mtime_ns for p in self._files)
+    def _mtimes(self) -> tuple[int, ...]:
+        return tuple(p.stat().st_mtime_ns for p in self.files)
 
-    def wrap(self, sock: socket.socket) -> Any:
+    def context(self) -> ssl.SSLContext:
         now = time.monotonic()
-        if now - self._checked >= 1.0:
-            with self._lock:
-                self._checked = now
-                try:
-                    stamp = self._mtimes()
-                    if stamp != self._stamp:
-                        self.context.load_cert_chain(str(self._files[0]), str(self._files[1]))
-                        self._stamp = stamp
-                        log.info("serving certificate reloaded", cert=str(self._files[0]))
-                except (OSError, ssl.SSLError) as exc:
-                    log.warning(
-                        "serving certificate reload failed; keeping the old one",
-                        reason=type(exc).__name__,
-                        error=str(exc),
-                    )
-        return super().wrap(sock)  # type: ignore[no-untyped-call]
-
-    def use(self, cert_pem: bytes, key_pem: bytes) -> None:
-        """Serve this certificate on every new connection from now on (open ones keep
-        theirs). A fresh context is swapped in whole, never changed while in use."""
-        context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        # ssl loads certificates only from files: a private directory, removed at once.
-        with tempfile.TemporaryDirectory(prefix="gpuoperator-tls-") as directory:
-            cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
-            cert.write_bytes(cert_pem)
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(key_pem)
-            context.load_cert_chain(str(cert), str(key))
+        if now - self._checked < self._check_every:
+            return self._context
         with self._lock:
-            self.context = context
+            if now - self._checked < self._check_every:
+                return self._context
+            self._checked = now
+            try:
+                stamp = self._mtimes()
+                if stamp != self._stamp:
+                    self._context = server_context(*self.files)
+                    self._stamp = stamp
+                    log.info(
+                        "serving certificate reloaded", cert=str(self.files[0]), reason="Rotated"
+                    )
+            except (OSError, ValueError) as exc:
+                log.warning(
+                    "serving certificate reload failed; keeping the old one",
+                    cert=str(self.files[0]),
+                    reason=type(exc).__name__,
+                    error=str(exc),
+                )
+            return self._context
+
+
+class MemoryCertificates:
+    """A certificate and key handed over in memory (PEM bytes); :meth:`reload` swaps them
+    for the next handshakes."""
+
+    def __init__(self, cert_pem: bytes, key_pem: bytes) -> None:
+        self._context = _context_from_pem(cert_pem, key_pem)
+
+    def reload(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Serve ``cert_pem``/``key_pem`` from the next handshake on. Raises ``ValueError``
+        (and keeps serving the previous pair) when they do not load or do not match."""
+        self._context = _context_from_pem(cert_pem, key_pem)
+        log.info("serving certificate reloaded", reason="Handed")
+
+    def context(self) -> ssl.SSLContext:
+        return self._context
+
+
+def _context_from_pem(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    # ssl loads chains from files only: a private directory, removed at once.
+    directory = Path(tempfile.mkdtemp(prefix="gpuoperator-tls-"))
+    try:
+        cert, key = directory / "tls.crt", directory / "tls.key"
+        cert.write_bytes(cert_pem)
+        _write_private(key, key_pem)
+        return server_context(cert, key)
+    except ValueError as exc:
+        raise ValueError(
+            "the certificate and key do not load as a PEM certificate and its key: "
+            + str(exc).rsplit(": ", 1)[-1]
+        ) from None
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def self_signed(hosts: Iterable[str] = ("localhost", "127.0.0.1")) -> tuple[Path, Path]:
@@ -167,15 +364,14 @@ def self_signed(hosts: Iterable[str] = ("localhost", "127.0.0.1")) -> tuple[Path
     atexit.register(shutil.rmtree, directory, True)
     cert_path, key_path = directory / "tls.crt", directory / "tls.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
+    _write_private(
+        key_path,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
     return cert_path, key_path
 
 
@@ -187,48 +383,665 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - probes come from kubelet
 
 
+# -- metrics ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Metrics:
+    open: Gauge
+    refused: PromCounter
+    dropped: PromCounter
+
+
+@per_registry
+def _metrics(registry: CollectorRegistry) -> _Metrics:
+    return _Metrics(
+        open=Gauge(
+            "gpuoperator_http_open_connections",
+            "Connections open per server",
+            ["server"],
+            registry=registry,
+        ),
+        refused=PromCounter(
+            "gpuoperator_http_connections_refused_total",
+            "Connections closed at accept by a connection limit",
+            ["server", "reason"],
+            registry=registry,
+        ),
+        dropped=PromCounter(
+            "gpuoperator_http_connections_dropped_total",
+            "Connections closed by the server before a complete exchange, by reason",
+            ["server", "reason"],
+            registry=registry,
+        ),
+    )
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One open connection, as the limits see it."""
+
+    source: str
+    since: float = field(default_factory=time.monotonic)
+    #: A request of it is being answered (handler or write): never evicted then.
+    busy: bool = False
+    evicted: bool = False
+    gone: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Held:
+    """The bytes of one body counted against the memory budget."""
+
+    taken: int = 0
+
+
+class _DropError(Exception):
+    """End the connection; ``answer`` is sent first when the peer may still read it."""
+
+    def __init__(self, reason: str, answer: Response | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.answer = answer
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    417: "Expectation Failed",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
 class Server:
-    """One cheroot server in a background thread."""
+    """One server: its event loop and handler pool on background threads.
+
+    ``tls`` is a :class:`CertificateSource`, or a ``(cert, key)`` pair of files (served
+    through :class:`FileCertificates`), or ``None`` for plain HTTP. ``start`` binds the
+    port (a taken port fails there, at startup) and returns once the server accepts.
+    """
 
     def __init__(
         self,
         name: str,
         address: str,
-        wsgi_app: WSGIApp,
+        handler: App,
         *,
-        tls: tuple[Path, Path] | None = None,
-        threads: int = 8,
+        tls: CertificateSource | tuple[Path, Path] | None = None,
+        limits: Limits | None = None,
+        registry: CollectorRegistry = REGISTRY,
     ) -> None:
         self.name = name
-        self._server = wsgi.Server(
-            parse_address(address), wsgi_app, numthreads=threads, server_name=f"gpuoperator-{name}"
+        self._address = parse_address(address)
+        self._handler = handler
+        self.certificates: CertificateSource | None = (
+            FileCertificates(*tls) if isinstance(tls, tuple) else tls
         )
-        if tls is not None:
-            self._server.ssl_adapter = ReloadingTLS(*tls)
         self.tls = tls is not None
+        self.limits = limits or Limits()
+        self._metrics = _metrics(registry)
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-
-    def reload(self, cert_pem: bytes, key_pem: bytes) -> None:
-        """Serve this certificate (PEM) on new connections from now on, without a restart."""
-        adapter = self._server.ssl_adapter
-        if not isinstance(adapter, ReloadingTLS):
-            raise ValueError(f"server {self.name} does not serve TLS")
-        adapter.use(cert_pem, key_pem)
+        self._executor: ThreadPoolExecutor | None = None
+        self._stopped: asyncio.Event | None = None
+        self._open = 0
+        #: Open connections per source address, oldest first.
+        self._by_source: dict[str, dict[int, _Conn]] = {}
+        self._limited: set[str] = set()
+        self._buffered = 0
+        self._budget: asyncio.Condition | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._log = log.bind(server=name)
 
     @property
     def port(self) -> int:
-        bound: tuple[str, int] = self._server.bind_addr
+        assert self._sock is not None, "start() first"
+        bound: tuple[str, int] = self._sock.getsockname()[:2]
         return bound[1]
 
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    # ---- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
-        self._server.prepare()  # binds now: a taken port fails here, at startup
+        host, port = self._address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and
+        # without it a small answer waits for the peer's delayed ACK (40 ms on Linux).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self._sock = sock
+        self._executor = ThreadPoolExecutor(
+            self.limits.workers, thread_name_prefix=f"http-{self.name}"
+        )
+        started = threading.Event()
         self._thread = threading.Thread(
-            target=self._server.serve, name=f"http-{self.name}", daemon=True
+            target=self._run, args=(started,), name=f"http-{self.name}-loop", daemon=True
         )
         self._thread.start()
-        log.info("serving", server=self.name, port=self.port, tls=self.tls)
+        started.wait(10)
+        self._log.info("serving", port=self.port, tls=self.tls, reason="Started")
+
+    def _run(self, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(started))
+        finally:
+            loop.close()
+
+    async def _serve(self, started: threading.Event) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self._budget = asyncio.Condition()
+        accepting = loop.create_task(self._accept(loop))
+        started.set()
+        await self._stopped.wait()
+        accepting.cancel()
+        if self._sock is not None:
+            self._sock.close()
+        tasks = [accepting, *self._tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self) -> None:
-        self._server.stop()
+        loop, stopped = self._loop, self._stopped
+        if loop is not None and stopped is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stopped.set)
         if self._thread is not None:
             self._thread.join(5)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---- accepting --------------------------------------------------------------------
+    async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._sock is not None
+        limits = self.limits
+        while True:
+            try:
+                conn, address = await loop.sock_accept(self._sock)
+            except OSError as exc:  # out of file descriptors, or the like: back off briefly
+                self._log.warning("accept failed", reason=type(exc).__name__, error=str(exc))
+                await asyncio.sleep(0.1)
+                continue
+            source = str(address[0]) if isinstance(address, tuple) and address else "unknown"
+            if self._open >= limits.max_connections and not self._evict(None):
+                self._refuse(conn, source, "TooManyConnections")
+                continue
+            mine = self._by_source.get(source, {})
+            if len(mine) >= limits.max_connections_per_source and not self._evict(source):
+                self._refuse(conn, source, "TooManyConnectionsFromSource")
+                continue
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            state = _Conn(source)
+            self._open += 1
+            self._by_source.setdefault(source, {})[id(state)] = state
+            self._metrics.open.labels(self.name).inc()
+            state.task = loop.create_task(self._connection(loop, conn, state))
+            self._tasks.add(state.task)
+            state.task.add_done_callback(self._tasks.discard)
+
+    def _evict(self, source: str | None) -> bool:
+        """Make room by closing the oldest connection (of ``source``, or of any source) that
+        is not being answered: one waiting for its handshake, its next request, or the rest
+        of one. False when every such connection is busy."""
+        pools = (
+            [self._by_source.get(source, {})] if source is not None else self._by_source.values()
+        )
+        oldest: _Conn | None = None
+        for pool in pools:  # each pool is oldest first
+            candidate = next((c for c in pool.values() if not c.busy), None)
+            if candidate is not None and (oldest is None or candidate.since < oldest.since):
+                oldest = candidate
+        if oldest is None or oldest.task is None:
+            return False
+        self._note_limited(oldest.source if source is not None else None)
+        oldest.evicted = True
+        self._forget(oldest)
+        oldest.task.cancel()
+        self._metrics.refused.labels(
+            self.name, "EvictedForSource" if source is not None else "Evicted"
+        ).inc()
+        return True
+
+    def _forget(self, state: _Conn) -> None:
+        """Count a connection as closed (once)."""
+        if state.gone:
+            return
+        state.gone = True
+        self._open -= 1
+        pool = self._by_source.get(state.source, {})
+        pool.pop(id(state), None)
+        if not pool:
+            self._by_source.pop(state.source, None)
+        self._metrics.open.labels(self.name).dec()
+        if state.source in self._limited and (
+            len(pool) < self.limits.max_connections_per_source // 2
+        ):
+            self._limited.discard(state.source)
+            self._log.info(
+                "source back under its connection limit", peer=state.source, reason="UnderLimit"
+            )
+
+    def _note_limited(self, source: str | None) -> None:
+        if source is not None and source not in self._limited:
+            self._limited.add(source)
+            self._log.info(
+                "source reached its connection limit; its oldest waiting connections are "
+                "closed to make room",
+                peer=source,
+                reason="TooManyConnectionsFromSource",
+                limit=self.limits.max_connections_per_source,
+            )
+
+    def _refuse(self, conn: socket.socket, source: str, reason: str) -> None:
+        self._metrics.refused.labels(self.name, reason).inc()
+        self._log.debug("connection refused", peer=source, reason=reason)
+        conn.close()
+
+    # ---- one connection ---------------------------------------------------------------
+    async def _connection(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, state: _Conn
+    ) -> None:
+        limits = self.limits
+        source = state.source
+        reason = "Closed"
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader = asyncio.StreamReader(limit=65536, loop=loop)
+            protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+            transport: asyncio.Transport
+            if self.certificates is None:
+                transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+            else:
+                transport = await self._handshake(loop, conn, protocol)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            await self._exchanges(reader, writer, state)
+        except _DropError as drop:
+            reason = drop.reason
+            self._metrics.dropped.labels(self.name, reason).inc()
+            if drop.answer is not None and writer is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(limits.write_timeout):
+                        writer.write(_raw_answer(drop.answer))
+                        await writer.drain()
+                    await _linger(reader)
+        except (ConnectionError, ssl.SSLError, OSError, asyncio.IncompleteReadError):
+            reason = "PeerGone"
+        except asyncio.CancelledError:
+            # Evicted, or the server is stopping: this connection's task ends here, quietly
+            # (it is the task's outermost frame, so nothing awaits the cancellation).
+            reason = "Evicted" if state.evicted else "ServerStopped"
+        finally:
+            try:
+                if writer is None:
+                    conn.close()
+                else:
+                    await _close(writer)
+            finally:
+                self._log.debug("connection closed", peer=source, reason=reason)
+                self._forget(state)
+
+    async def _handshake(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: socket.socket,
+        protocol: asyncio.StreamReaderProtocol,
+    ) -> asyncio.Transport:
+        """The TLS handshake, within ``handshake_timeout`` of the accept. Its state (asyncio
+        gives each TLS connection a 256 KiB read buffer) is made only once the peer has
+        sent its first byte, so a socket that never starts TLS costs a file descriptor."""
+        assert self.certificates is not None
+        deadline = loop.time() + self.limits.handshake_timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await _readable(loop, conn)
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol,
+                    conn,
+                    ssl=self.certificates.context(),
+                    ssl_handshake_timeout=max(0.001, deadline - loop.time()),
+                )
+        except TimeoutError:
+            raise _DropError("HandshakeTimeout") from None
+        except (ssl.SSLError, OSError) as exc:
+            raise _DropError("HandshakeFailed") from exc
+        return transport
+
+    async def _exchanges(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Conn
+    ) -> None:
+        limits = self.limits
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        loop = asyncio.get_running_loop()
+        served = 0
+        while True:
+            head_deadline = loop.time() + limits.header_timeout
+            if served:
+                # Between requests: idle until the next request's first byte.
+                if not conn.trailing_data[0]:
+                    try:
+                        async with asyncio.timeout(limits.idle_timeout):
+                            data = await reader.read(65536)
+                    except TimeoutError:
+                        raise _DropError("IdleTimeout") from None
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                head_deadline = loop.time() + limits.header_timeout
+            request = await self._read_head(conn, reader, head_deadline, seen_bytes=served > 0)
+            if request is None:
+                return
+            declared = self._declared_length(request)
+            # A body's bytes beyond ``small_body`` count against the memory budget until its
+            # answer is ready.
+            held = _Held()
+            try:
+                body = await self._read_body(
+                    conn, reader, loop.time() + limits.body_timeout, held, declared
+                )
+                served += 1
+                state.busy = True
+                response = await self._answer(request, body, state.source, loop)
+                del body
+            finally:
+                await self._release(held.taken)
+            keep = served < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
+            await self._send(conn, writer, response, close=not keep)
+            state.busy = False
+            if conn.our_state is h11.MUST_CLOSE or not keep:
+                return
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                return
+
+    async def _read_head(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        deadline: float,
+        *,
+        seen_bytes: bool,
+    ) -> h11.Request | None:
+        received = seen_bytes
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        data = await reader.read(65536)
+                        if not data and not received:
+                            return None
+                        received = received or bool(data)
+                        conn.receive_data(data)
+                        continue
+                    if isinstance(event, h11.Request):
+                        # h11 bounds a head only while it is incomplete; one that arrived
+                        # whole in one read is measured here.
+                        if _head_size(event) > self.limits.max_header_bytes:
+                            raise _DropError("BadRequest", text(431, self._too_large_head()))
+                        return event
+                    if isinstance(event, h11.ConnectionClosed):
+                        return None
+                    raise _DropError("BadRequest", text(400, f"unexpected {type(event).__name__}"))
+        except TimeoutError:
+            answer = text(408, "the request head did not arrive in time") if received else None
+            raise _DropError("HeaderTimeout", answer) from None
+        except h11.RemoteProtocolError as exc:
+            status = exc.error_status_hint if exc.error_status_hint in _REASONS else 400
+            if status == 431:
+                message = self._too_large_head()
+            else:
+                message = f"malformed HTTP request: {echo.clip(str(exc), 200)}"
+            raise _DropError("BadRequest", text(status, message)) from None
+
+    def _declared_length(self, request: h11.Request) -> int | None:
+        """The body's ``Content-Length`` (``None`` when chunked); 413 beyond ``max_body``,
+        before reading any of it."""
+        for name, value in request.headers:
+            if name == b"content-length":
+                declared = int(value)  # h11 has checked it is a non-negative integer
+                if declared > self.limits.max_body:
+                    raise _DropError(
+                        "BodyTooLarge",
+                        text(
+                            413,
+                            f"a body of {declared} bytes exceeds the limit of "
+                            f"{self.limits.max_body}",
+                        ),
+                    )
+                return declared
+        return None
+
+    def _too_large_head(self) -> str:
+        return f"the request head exceeds {self.limits.max_header_bytes} bytes"
+
+    async def _read_body(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        body_deadline: float,
+        held: _Held,
+        declared: int | None,
+    ) -> bytes:
+        limits = self.limits
+        chunks: list[bytes] = []
+        size = 0
+        waiting = False
+        try:
+            if conn.they_are_waiting_for_100_continue:
+                raise _DropError("BadRequest", text(417, "Expect: 100-continue is not supported"))
+            async with asyncio.timeout_at(body_deadline):
+                if declared is not None and declared > limits.small_body:
+                    # All its room at once, before reading it: bodies that each held part
+                    # of the budget while waiting for the rest would wait on each other.
+                    waiting = True
+                    await self._take(declared - limits.small_body, held)
+                    waiting = False
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        data = await reader.read(65536)
+                        conn.receive_data(data)
+                        continue
+                    if isinstance(event, h11.Data):
+                        size += len(event.data)
+                        if size > limits.max_body:
+                            raise _DropError(
+                                "BodyTooLarge",
+                                text(413, f"the body exceeds the limit of {limits.max_body} bytes"),
+                            )
+                        chunks.append(bytes(event.data))
+                        if size > limits.small_body and not held.taken:
+                            # A chunked body grew large: room for the largest it may be.
+                            waiting = True
+                            await self._take(limits.max_body - limits.small_body, held)
+                            waiting = False
+                        continue
+                    if isinstance(event, h11.EndOfMessage):
+                        return b"".join(chunks)
+                    if isinstance(event, h11.ConnectionClosed):
+                        raise _DropError("PeerGone")
+                    raise _DropError("BadRequest", text(400, f"unexpected {type(event).__name__}"))
+        except TimeoutError:
+            if waiting:
+                raise _DropError(
+                    "BufferFull",
+                    text(503, "the server is holding too many large bodies; retry shortly"),
+                ) from None
+            raise _DropError(
+                "BodyTimeout",
+                text(408, f"the request body did not arrive within {limits.body_timeout:g}s"),
+            ) from None
+        except h11.RemoteProtocolError as exc:
+            raise _DropError(
+                "BadRequest", text(400, f"malformed HTTP body: {echo.clip(str(exc), 200)}")
+            ) from None
+
+    async def _take(self, size: int, held: _Held) -> None:
+        """Count ``size`` bytes against ``max_buffered_bytes`` (into ``held``), waiting while
+        other bodies hold the budget (the peer's bytes wait in the kernel meanwhile); the
+        caller's deadline bounds the wait."""
+        assert self._budget is not None
+        limit = self.limits.max_buffered_bytes
+        async with self._budget:
+            await self._budget.wait_for(lambda: self._buffered + size <= limit)
+            self._buffered += size
+            held.taken += size
+
+    async def _release(self, size: int) -> None:
+        assert self._budget is not None
+        if not size:
+            return
+        async with self._budget:
+            self._buffered -= size
+            self._budget.notify_all()
+
+    async def _answer(
+        self, head: h11.Request, body: bytes, source: str, loop: asyncio.AbstractEventLoop
+    ) -> Response:
+        target = head.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        headers: dict[str, str] = {}
+        for name, value in head.headers:
+            key = name.decode("latin-1")
+            text_value = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text_value}" if key in headers else text_value
+        request = Request(
+            method=head.method.decode("latin-1"),
+            path=path,
+            body=body,
+            headers=headers,
+            peer=source,
+            query=query,
+        )
+        assert self._executor is not None
+        future = loop.run_in_executor(self._executor, self._handler, request)
+        try:
+            async with asyncio.timeout(self.limits.handler_timeout):
+                return await future
+        except TimeoutError:
+            self._log.warning(
+                "request not answered in time",
+                path=path,
+                reason="HandlerTimeout",
+                seconds=self.limits.handler_timeout,
+            )
+            return text(503, "the server did not answer in time; retry shortly")
+        except Exception as exc:  # a handler not wrapped by app(): still an answer
+            self._log.error(
+                "request handler failed",
+                path=path,
+                reason=type(exc).__name__,
+                traceback=bounded_traceback(exc),
+            )
+            return text(500, "internal error")
+
+    async def _send(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, close: bool
+    ) -> None:
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(response.body))),
+            *response.headers,
+        ]
+        if close:
+            headers.append(("Connection", "close"))
+        data = conn.send(
+            h11.Response(
+                status_code=response.status,
+                headers=headers,
+                reason=_REASONS.get(response.status, "Status"),
+            )
+        )
+        data = (data or b"") + (conn.send(h11.Data(data=response.body)) or b"")
+        data += conn.send(h11.EndOfMessage()) or b""
+        try:
+            async with asyncio.timeout(self.limits.write_timeout):
+                writer.write(data)
+                await writer.drain()
+        except TimeoutError:
+            raise _DropError("WriteTimeout") from None
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    """Wait until ``conn`` has something to read (or is closed), reading nothing."""
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = conn.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """After an answer to a request that was not read to its end: discard what the peer
+    still sends, for at most a second and 1 MiB, so that closing with unread data (which
+    makes the kernel send a reset) does not destroy the answer before the peer reads it."""
+    discarded = 0
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            while discarded < 1024 * 1024:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                discarded += len(data)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close gracefully (what was written is flushed, TLS says goodbye) for at most a
+    second, then abort: a peer that does not read cannot hold the connection."""
+    writer.close()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await writer.wait_closed()
+    writer.transport.abort()
+
+
+def _raw_answer(response: Response) -> bytes:
+    """An answer outside h11's state machine (the request could not be parsed)."""
+    head = (
+        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}\r\n"
+        f"Content-Type: {response.content_type}\r\n"
+        f"Content-Length: {len(response.body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + response.body
+
+
+def _head_size(request: h11.Request) -> int:
+    """The size of a request head as sent (request line and header lines)."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(n) + len(v) + 4 for n, v in request.headers) + 2

@@ -70,9 +70,13 @@ def test_a_scrape_without_a_token_is_401(operator: OperatorProcess) -> None:
     assert code == 401, body
 
 
-def test_a_scrape_with_a_token_the_api_server_rejects_is_401(operator: OperatorProcess) -> None:
+def test_a_scrape_with_a_token_the_api_server_rejects_is_401_and_echoes_nothing(
+    operator: OperatorProcess,
+) -> None:
     code, body = scrape(operator.metrics_port, "not-a-real-token")
     assert code == 401, body
+    # The caller has not proven who they are: the reviewer's own words stay in the log.
+    assert body == "unauthorized: a valid bearer token is required\n"
 
 
 def test_a_scrape_by_a_service_account_without_rbac_is_403(

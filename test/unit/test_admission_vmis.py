@@ -8,7 +8,6 @@ registration (config/webhook) is checked with the shipped manifests
 from __future__ import annotations
 
 import copy
-import io
 import json
 from typing import Any
 
@@ -18,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from admission import vmis
 from gpuoperator import settings
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime import admitting, errors
+from gpuoperator.runtime import admitting, errors, serving
 from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.kinds import GPUClaim
 from harness.offline import apply_json_patch, store_caches
@@ -600,21 +599,6 @@ def test_a_vmi_restarting_under_the_same_name_is_admitted() -> None:
 # -- the server --------------------------------------------------------------
 
 
-def _call(wsgi: Any, body: bytes) -> tuple[str, Any]:
-    seen: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
-        seen["status"] = status
-
-    out = b"".join(
-        wsgi(
-            {
-                "REQUEST_METHOD": "POST",
-                "PATH_INFO": vmis.PATH,
-                "CONTENT_LENGTH": str(len(body)),
-                "wsgi.input": io.BytesIO(body),
-            },
-            start_response,
-        )
-    )
-    return seen["status"], json.loads(out)
+def _call(handler: Any, body: bytes) -> tuple[str, Any]:
+    response = handler(serving.Request("POST", vmis.PATH, body))
+    return str(response.status), json.loads(response.body)

@@ -1,6 +1,6 @@
 """The self-managed certificates' cryptography, checked by OpenSSL itself: a client that
 trusts only the CA bundle completes a TLS handshake, hostname checked, with the webhook
-server after the certificate is handed to it in memory (``Server.reload``)."""
+server after the certificate is handed to it in memory (``MemoryCertificates.reload``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import datetime
 import socket
 import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from cryptography import x509
@@ -23,17 +24,30 @@ YEAR = datetime.timedelta(days=365)
 NAMES = certificates.serving_names("gpu-operator-webhook", "gpu-operator-system", ["127.0.0.1"])
 
 
+@dataclass
+class Served:
+    """A TLS server on loopback and the in-memory certificate source it serves."""
+
+    port: int
+    source: serving.MemoryCertificates
+
+    def reload(self, cert_pem: bytes, key_pem: bytes) -> None:
+        self.source.reload(cert_pem, key_pem)
+
+
 @pytest.fixture
-def server() -> Iterator[serving.Server]:
+def server() -> Iterator[Served]:
     (port,) = free_ports(1)
+    cert, key = serving.self_signed()
+    source = serving.MemoryCertificates(cert.read_bytes(), key.read_bytes())
     s = serving.Server(
         "test",
         f"127.0.0.1:{port}",
         serving.app({"/": lambda _e: serving.text(200, "ok")}),
-        tls=serving.self_signed(),
+        tls=source,
     )
     s.start()
-    yield s
+    yield Served(s.port, source)
     s.stop()
 
 
@@ -53,7 +67,7 @@ def handshake(port: int, ca_bundle: bytes, server_name: str) -> str:
     "server_name", ["gpu-operator-webhook.gpu-operator-system.svc", "127.0.0.1"]
 )
 def test_a_serving_certificate_handed_over_in_memory_is_trusted_through_its_ca(
-    server: serving.Server, server_name: str
+    server: Served, server_name: str
 ) -> None:
     ca = pki.new_ca(NOW, 10 * YEAR)
     pair = pki.issue_serving(ca, NAMES, NOW, YEAR)
@@ -61,7 +75,7 @@ def test_a_serving_certificate_handed_over_in_memory_is_trusted_through_its_ca(
     assert handshake(server.port, ca.cert_pem, server_name) == pki.fingerprint(pair.cert_pem)
 
 
-def test_a_reload_serves_the_new_certificate_to_new_connections(server: serving.Server) -> None:
+def test_a_reload_serves_the_new_certificate_to_new_connections(server: Served) -> None:
     old_ca, new_ca = pki.new_ca(NOW, 10 * YEAR), pki.new_ca(NOW, 10 * YEAR)
     first = pki.issue_serving(old_ca, NAMES, NOW, YEAR)
     server.reload(first.cert_pem, first.key_pem)
@@ -73,7 +87,7 @@ def test_a_reload_serves_the_new_certificate_to_new_connections(server: serving.
         handshake(server.port, old_ca.cert_pem, "127.0.0.1")
 
 
-def test_a_certificate_for_other_names_fails_the_hostname_check(server: serving.Server) -> None:
+def test_a_certificate_for_other_names_fails_the_hostname_check(server: Served) -> None:
     ca = pki.new_ca(NOW, 10 * YEAR)
     pair = pki.issue_serving(ca, certificates.serving_names("other", "ns"), NOW, YEAR)
     server.reload(pair.cert_pem, pair.key_pem)

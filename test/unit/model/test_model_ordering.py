@@ -192,7 +192,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "4"})],
         [claim("h1", count=3)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
             "a10.gpuclass.cozystack.io/devices, 3 are held, 2 were ordered"
         ],
         id="class-exceeded",
@@ -202,7 +202,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "1"})],
         [claim("h1", count=1)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 1 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 1 of "
             "a10.gpuclass.cozystack.io/devices, 1 is held, 1 was ordered"
         ],
         id="singular",
@@ -233,7 +233,7 @@ BUDGET_CASES = [
         [rq("gpus", {TOTAL: "4"})],
         [claim("h1", "a10", 2), claim("h2", "l40s-24q", 1)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
             "gpuclass.cozystack.io/devices, 3 are held, 2 were ordered"
         ],
         id="total-counts-every-class",
@@ -243,9 +243,9 @@ BUDGET_CASES = [
         [rq("gpus", {TOTAL: "5", A10_KEY: "3"})],
         [claim("h1", "a10", 2), claim("h2", "l40s-24q", 2)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 3 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 3 of "
             "a10.gpuclass.cozystack.io/devices, 2 are held, 2 were ordered",
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 5 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 5 of "
             "gpuclass.cozystack.io/devices, 4 are held, 2 were ordered",
         ],
         id="class-and-total-both-exceeded",
@@ -255,7 +255,7 @@ BUDGET_CASES = [
         [rq("wide", {TOTAL: "10"}), rq("narrow", {A10_KEY: "2"})],
         [claim("h1", "a10", 1)],
         [
-            "budget exceeded: ResourceQuota tenant-a/narrow allows 2 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/narrow allows 2 of "
             "a10.gpuclass.cozystack.io/devices, 1 is held, 2 were ordered"
         ],
         id="several-quotas-each-must-hold",
@@ -265,9 +265,9 @@ BUDGET_CASES = [
         [rq("b", {TOTAL: "1"}), rq("a", {TOTAL: "2"})],
         [claim("h1", "a10", 1)],
         [
-            "budget exceeded: ResourceQuota tenant-a/a allows 2 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/a allows 2 of "
             "gpuclass.cozystack.io/devices, 1 is held, 2 were ordered",
-            "budget exceeded: ResourceQuota tenant-a/b allows 1 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/b allows 1 of "
             "gpuclass.cozystack.io/devices, 1 is held, 2 were ordered",
         ],
         id="several-quotas-sorted-by-name",
@@ -284,7 +284,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "4"})],
         [claim("h1", count=3, template=True)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
             "a10.gpuclass.cozystack.io/devices, 3 are held, 2 were ordered"
         ],
         id="template-charged",
@@ -294,7 +294,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "4"})],
         [claim("h1", count=3, phase="Pending")],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
             "a10.gpuclass.cozystack.io/devices, 3 are held, 2 were ordered"
         ],
         id="pending-charged",
@@ -311,7 +311,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "4"})],
         [claim("new", count=4, namespace="tenant-b")],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
             "a10.gpuclass.cozystack.io/devices, 4 are held, 4 were ordered"
         ],
         id="same-name-other-namespace-is-another-claim",
@@ -321,7 +321,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "1"})],
         [claim("h1", count=1)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 1 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 1 of "
             "a10.gpuclass.cozystack.io/devices, 1 is held, 1 was ordered"
         ],
         id="generate-name-excludes-nothing",
@@ -338,7 +338,7 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "0"})],
         [],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 0 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 0 of "
             "a10.gpuclass.cozystack.io/devices, 0 are held, 1 was ordered"
         ],
         id="zero-budget",
@@ -348,7 +348,8 @@ BUDGET_CASES = [
         [rq("gpus", {A10_KEY: "1.5"})],
         [],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus has an invalid value '1.5' for "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus has an invalid value "
+            "'1.5' for "
             "a10.gpuclass.cozystack.io/devices (a whole number of GPUs is allowed), so it "
             "allows 0; 0 are held, 1 was ordered"
         ],
@@ -359,7 +360,8 @@ BUDGET_CASES = [
         [rq("gpus", {TOTAL: "lots"})],
         [claim("h1", count=2)],
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus has an invalid value 'lots' for "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus has an invalid value "
+            "'lots' for "
             "gpuclass.cozystack.io/devices (a whole number of GPUs is allowed), so it "
             "allows 0; 2 are held, 1 was ordered"
         ],
@@ -516,7 +518,7 @@ ORDER_CASES = [
         [claim("h1", count=3)],
         figures(8),
         [
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
             "a10.gpuclass.cozystack.io/devices, 3 are held, 2 were ordered"
         ],
         id="budget",
@@ -557,7 +559,7 @@ ORDER_CASES = [
         [
             "spec.count: class l40s-24q allows at most 1 GPU per claim, 3 were ordered",
             "spec.count: class l40s-24q has at most 2 free GPUs on one node, 3 were ordered",
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 2 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 2 of "
             "gpuclass.cozystack.io/devices, 0 are held, 3 were ordered",
             "spec.className: class l40s-24q is a vGPU class; namespace tenant-a is not "
             "entitled to vGPU (label gpu.cozystack.io/vgpu-entitled=true)",
@@ -574,7 +576,7 @@ ORDER_CASES = [
         [
             "spec.className: class gone does not exist; "
             "the classes are listed by kubectl get gpuclasses",
-            "budget exceeded: ResourceQuota tenant-a/gpus allows 2 of "
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 2 of "
             "gpuclass.cozystack.io/devices, 0 are held, 3 were ordered",
         ],
         id="missing-class-and-budget",
@@ -674,7 +676,7 @@ YOUNGER = "2024-05-01T10:00:05Z"
             ],
             [rq("gpus", {A10_KEY: "4"})],
             [
-                "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+                "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
                 "a10.gpuclass.cozystack.io/devices, 4 are held, 4 were ordered"
             ],
             id="racing-younger-waits",
@@ -687,7 +689,7 @@ YOUNGER = "2024-05-01T10:00:05Z"
             ],
             [rq("gpus", {A10_KEY: "4"})],
             [
-                "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+                "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
                 "a10.gpuclass.cozystack.io/devices, 4 are held, 4 were ordered"
             ],
             id="same-second-name-decides",
@@ -697,7 +699,7 @@ YOUNGER = "2024-05-01T10:00:05Z"
             [claim("b", count=4, phase="Bound", created=YOUNGER)],
             [rq("gpus", {TOTAL: "4"})],
             [
-                "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+                "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
                 "gpuclass.cozystack.io/devices, 4 are held, 4 were ordered"
             ],
             id="bound-claims-always-count",
@@ -714,7 +716,7 @@ YOUNGER = "2024-05-01T10:00:05Z"
             [claim("h", count=3, phase="Pending", created=OLDER)],
             [rq("gpus", {A10_KEY: "4"})],
             [
-                "budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+                "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
                 "a10.gpuclass.cozystack.io/devices, 3 are held, 2 were ordered"
             ],
             id="template-rechecked",

@@ -5,12 +5,12 @@ clear refusal — and the server goes on serving."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gpuoperator.runtime import serving
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest, app
 
 
@@ -31,27 +31,12 @@ def review(**request: Any) -> bytes:
     return json.dumps(body).encode()
 
 
-def call(wsgi: Any, body: bytes, method: str = "POST", path: str = "/hook") -> tuple[str, Any]:
-    seen: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
-        seen["status"] = status
-
-    out = b"".join(
-        wsgi(
-            {
-                "REQUEST_METHOD": method,
-                "PATH_INFO": path,
-                "CONTENT_LENGTH": str(len(body)),
-                "wsgi.input": io.BytesIO(body),
-            },
-            start_response,
-        )
-    )
+def call(handler: Any, body: bytes, method: str = "POST", path: str = "/hook") -> tuple[str, Any]:
+    response = handler(serving.Request(method, path, body))
     try:
-        return seen["status"], json.loads(out)
+        return str(response.status), json.loads(response.body)
     except ValueError:
-        return seen["status"], out.decode()
+        return str(response.status), response.body.decode()
 
 
 def serve(handler: Any, ready: bool = True) -> Any:
@@ -93,7 +78,7 @@ def test_malformed_bodies_get_400_naming_the_problem_and_the_server_goes_on() ->
     wsgi = serve(lambda _r: Admission.allow())
     for body, fragment in [
         (b"{not json", "not JSON"),
-        (json.dumps({"kind": "Pod"}).encode(), "not an AdmissionReview"),
+        (json.dumps({"kind": "Pod"}).encode(), "kind: must be 'AdmissionReview'"),
         (
             json.dumps(
                 {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}

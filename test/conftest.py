@@ -1,0 +1,26 @@
+"""Fixtures and settings shared by every test tree (unit, e2e, chaos).
+
+Product code logs through structlog. Its default logger writes to the ``sys.stdout`` of the
+moment structlog was imported, which is past pytest's capture, so a warning from a
+background thread (an informer retrying while a test partitions it) would land in the
+middle of a green run's output. Tests route structlog through the standard library
+instead: pytest captures those records per test and shows them only with a failure.
+"""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=False,
+    )

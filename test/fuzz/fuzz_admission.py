@@ -1,0 +1,208 @@
+"""``make fuzz``: the bad-input sweep at scale against the webhook server as its own
+process, with its resident memory measured.
+
+1. starts the shipped webhook server (``harness.webhook_world``) over offline caches;
+2. sends ``--requests`` (default 10,000) AdmissionReview-shaped requests, split evenly
+   over the categories of ``harness.review_strategies``, each checked by the oracle
+   (never a 5xx, a traceback or a refusal naming no field);
+3. holds 200 idle sockets, 50 slowloris connections and 20 half-sent bodies open while
+   timing good reviews, then sends 3 MiB bodies from 32 clients at once;
+4. prints requests and outcomes per category, the latency figures, the server's RSS at
+   each step and its peak, and the lines the server logged at error level.
+
+Exits 1 when any answer failed the oracle or any good review failed. Bounded: every
+loop has a count, every request a timeout, every address is loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import abuse
+from harness.review_strategies import CATEGORIES, KeptAlive, check_answer
+from harness.waiting import wait_for
+from harness.webhook_world import ORDER_PATH, body, order
+
+
+class Peak:
+    """Polls the server's RSS every 50 ms and keeps the largest."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, abuse.rss_kib(self.pid))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def run_category(
+    client: KeptAlive,
+    name: str,
+    path: str,
+    bodies: st.SearchStrategy[bytes],
+    examples: int,
+    counts: Counter[str],
+    failures: list[str],
+) -> None:
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(data=bodies)
+    def one(data: bytes) -> None:
+        try:
+            status, answer = client.send(path, data)
+            counts[check_answer(status, answer, data)] += 1
+        except (AssertionError, OSError, ValueError) as exc:
+            counts["FAILED"] += 1
+            failures.append(f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    one()
+
+
+def sweep(target: abuse.Target, per_category: int) -> tuple[dict[str, Counter[str]], list[str]]:
+    outcomes: dict[str, Counter[str]] = {}
+    failures: list[str] = []
+    client = KeptAlive(target)
+    for name, (path, bodies) in sorted(CATEGORIES.items()):
+        counts: Counter[str] = Counter()
+        outcomes[name] = counts
+        run_category(client, name, path, bodies, per_category, counts, failures)
+    client.close()
+    return outcomes, failures
+
+
+def slow_clients(target: abuse.Target, good: int) -> tuple[list[float], int, int]:
+    abusers = abuse.Abusers(
+        target,
+        idle=200,
+        slowloris=50,
+        half_bodies=20,
+        path=ORDER_PATH,
+        sources=("127.0.0.2", "127.0.0.3", "127.0.0.4"),
+    )
+    times: list[float] = []
+    failed = 0
+    data = body(order())
+    try:
+        held = abusers.held
+        for _ in range(good):
+            try:
+                answer = abuse.post(target, ORDER_PATH, data, timeout=5.0)
+                if answer.status == 200:
+                    times.append(answer.seconds)
+                else:
+                    failed += 1
+            except OSError:
+                failed += 1
+    finally:
+        abusers.close()
+    return times, failed, held
+
+
+def big_bodies(target: abuse.Target, clients: int) -> Counter[str]:
+    review = order()
+    review["request"]["object"]["metadata"]["annotations"] = {"pad": "x" * (3 * 1024 * 1024 - 600)}
+    data = json.dumps(review).encode()
+    statuses: Counter[str] = Counter()
+
+    def one(_: int) -> str:
+        try:
+            return str(abuse.post(target, ORDER_PATH, data, timeout=20.0).status)
+        except OSError as exc:
+            return type(exc).__name__
+
+    with ThreadPoolExecutor(clients) as pool:
+        statuses.update(pool.map(one, range(clients)))
+    return statuses
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    args = parser.parse_args()
+    per_category = max(1, args.requests // len(CATEGORIES))
+    directory = Path(tempfile.mkdtemp(prefix="fuzz-webhooks-"))
+    log_path = directory / "server.log"
+    with log_path.open("wb") as log_file:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "harness.webhook_world", str(directory)],
+            stdin=subprocess.PIPE,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            "the webhook server",
+            (directory / "port").exists,
+            until=bool,
+            timeout=30,
+        )
+        target = abuse.Target(int((directory / "port").read_text()), directory / "ca.crt")
+        peak = Peak(server.pid)
+        rss = {"start": abuse.rss_kib(server.pid)}
+        start = time.perf_counter()
+        outcomes, failures = sweep(target, per_category)
+        sweep_seconds = time.perf_counter() - start
+        rss["after the sweep"] = abuse.rss_kib(server.pid)
+        times, failed, held = slow_clients(target, 200)
+        rss["after slow clients"] = abuse.rss_kib(server.pid)
+        big = big_bodies(target, 32)
+        rss["after 32 bodies of 3 MiB"] = abuse.rss_kib(server.pid)
+        peak.stop()
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(10)
+    total = sum(sum(c.values()) for c in outcomes.values())
+    print(f"sweep: {total} requests in {sweep_seconds:.1f}s")
+    for name, counts in outcomes.items():
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        print(f"  {name:9} {sum(counts.values()):6}  {shown}")
+    for failure in failures[:10]:
+        print(f"  FAILED {failure}")
+    print(
+        f"slow clients: {held} abusive connections held; {len(times)} good reviews: "
+        f"p50 {abuse.percentile(times, 50) * 1000:.1f} ms, "
+        f"p99 {abuse.percentile(times, 99) * 1000:.1f} ms, failures {failed}"
+    )
+    print("big bodies: " + ", ".join(f"{k} x{v}" for k, v in sorted(big.items())))
+    print(
+        "server RSS: "
+        + ", ".join(f"{k} {v / 1024:.0f} MiB" for k, v in rss.items())
+        + f", peak {peak.peak / 1024:.0f} MiB"
+    )
+    errors = [
+        line
+        for line in log_path.read_text().splitlines()
+        if "[error" in line or "Traceback" in line
+    ]
+    print(f"server error lines: {len(errors)}")
+    for line in errors[:5]:
+        print(f"  {line[:300]}")
+    return 1 if failures or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
