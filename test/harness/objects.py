@@ -1,0 +1,319 @@
+"""Builders of the objects unit tests feed the operator: GPUClasses, GPUClaims, Nodes, pods,
+VMIs, namespaces, ResourceQuotas, Secrets and admission requests.
+
+Each builder makes the smallest object the operator reads, with keyword arguments for the
+variations tests need; an argument left out leaves its field out (``rv=None``: no
+resourceVersion), so a test's object holds only what the test says.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuoperator import names
+from gpuoperator.runtime import admitting
+
+Obj = dict[str, Any]
+
+NS = "tenant-a"
+A10 = "nvidia.com/GA102GL_A10"
+VMI_API_VERSION = "kubevirt.io/v1"
+DELETED_AT = "2026-01-01T00:00:00Z"
+
+
+def _meta(
+    name: str,
+    namespace: str | None = None,
+    *,
+    uid: str | None = None,
+    rv: str | int | None = None,
+    generation: int | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    finalizers: list[str] | None = None,
+    owners: list[Obj] | None = None,
+    created: str | None = None,
+    deleting: bool = False,
+) -> Obj:
+    meta: Obj = {"name": name}
+    optional: dict[str, Any] = {
+        "namespace": namespace,
+        "uid": uid,
+        "resourceVersion": None if rv is None else str(rv),
+        "generation": generation,
+        "labels": labels,
+        "annotations": annotations,
+        "finalizers": finalizers,
+        "ownerReferences": owners,
+        "creationTimestamp": created,
+        "deletionTimestamp": DELETED_AT if deleting else None,
+    }
+    meta.update({k: v for k, v in optional.items() if v is not None})
+    return meta
+
+
+def owner(
+    name: str = "vm1", uid: str = "uid-vm1", *, kind: str = "VirtualMachineInstance"
+) -> Obj:
+    """A controller ownerReference (by default to a VMI)."""
+    api_version = VMI_API_VERSION if kind == "VirtualMachineInstance" else names.API_VERSION
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def gpuclass(
+    name: str = "a10",
+    *,
+    mode: str = "passthrough",
+    resource: str = A10,
+    tolerations: list[Obj] | None = None,
+    status: Obj | None = None,
+    deleting: bool = False,
+    finalizers: list[str] | None = None,
+    generation: int | None = None,
+    rv: str | int | None = None,
+    **spec: Any,
+) -> Obj:
+    """A GPUClass on a device-plugin resource; ``spec`` adds fields (``maxCount``,
+    ``profile``, ``license``, ``vendor`` …)."""
+    body: Obj = {"mode": mode, "source": {"devicePlugin": {"resourceName": resource}}}
+    if tolerations is not None:
+        body["tolerations"] = tolerations
+    body.update(spec)
+    obj: Obj = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GPU_CLASS,
+        "metadata": _meta(
+            name, finalizers=finalizers, deleting=deleting, generation=generation, rv=rv
+        ),
+        "spec": body,
+    }
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def claim(
+    name: str = "hold",
+    *,
+    namespace: str = NS,
+    class_name: str = "a10",
+    count: int = 1,
+    phase: str | None = None,
+    node: str | None = None,
+    attached: Obj | None = None,
+    owner_uid: str | None = None,
+    rv: str | int | None = None,
+    uid: str | None = None,
+    generation: int | None = None,
+    created: str | None = None,
+    finalizers: list[str] | None = None,
+    labels: dict[str, str] | None = None,
+    deleting: bool = False,
+    status: Obj | None = None,
+) -> Obj:
+    """A GPUClaim; ``owner_uid`` makes it a template claim owned by VMI ``vm1``; ``phase``,
+    ``node`` and ``attached`` (``{"vmi": …, "uid": …}``) fill its status, ``status`` adds
+    to it."""
+    owners = None
+    if owner_uid is not None:
+        labels = {**(labels or {}), names.TEMPLATE_CLAIM_LABEL: names.TRUE}
+        owners = [owner("vm1", owner_uid)]
+    body: Obj = dict(status or {})
+    if phase:
+        body["phase"] = phase
+    if node:
+        body["nodeName"] = node
+    if attached:
+        body["attachment"] = attached
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GPU_CLAIM,
+        "metadata": _meta(
+            name,
+            namespace,
+            uid=uid,
+            rv=rv,
+            generation=generation,
+            labels=labels,
+            finalizers=finalizers,
+            owners=owners,
+            created=created,
+            deleting=deleting,
+        ),
+        "spec": {"className": class_name, "count": count},
+        "status": body,
+    }
+
+
+def node(
+    name: str = "n1",
+    units: int | dict[str, int] = 4,
+    *,
+    ready: bool = True,
+    cordoned: bool = False,
+    taints: list[Obj] | None = None,
+    labels: dict[str, str] | None = None,
+    uid: str | None = None,
+) -> Obj:
+    """A Node whose kubelet reports ``units`` of A10 (or ``{resource: units}``)."""
+    counts = units if isinstance(units, dict) else {A10: units}
+    spec: Obj = {}
+    if cordoned:
+        spec["unschedulable"] = True
+    if taints is not None:
+        spec["taints"] = taints
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": _meta(name, labels=labels, uid=uid),
+        "spec": spec,
+        "status": {
+            "capacity": {r: str(n) for r, n in counts.items()},
+            "allocatable": {r: str(n) for r, n in counts.items()},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def vmi(
+    name: str = "vm1",
+    *,
+    namespace: str = NS,
+    uid: str = "uid-vm1",
+    refs: list[Obj] | None = None,
+    deleting: bool = False,
+    phase: str | None = None,
+    rv: str | int | None = "7",
+) -> Obj:
+    """A VMI with the claim references ``refs`` (annotation and label; none: no GPU)."""
+    labels = annotations = None
+    if refs is not None:
+        labels = {names.CLAIMS_LABEL: names.TRUE}
+        annotations = {names.CLAIMS_ANNOTATION: json.dumps(refs)}
+    obj: Obj = {
+        "apiVersion": VMI_API_VERSION,
+        "kind": "VirtualMachineInstance",
+        "metadata": _meta(
+            name,
+            namespace,
+            uid=uid,
+            rv=rv,
+            labels=labels,
+            annotations=annotations,
+            deleting=deleting,
+        ),
+        "spec": {},
+    }
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def pod(
+    name: str = "p",
+    *,
+    namespace: str = NS,
+    node_name: str | None = None,
+    requests: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    phase: str | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    owners: list[Obj] | None = None,
+    uid: str | None = None,
+    **spec: Any,
+) -> Obj:
+    """A pod with one container ``compute`` asking ``requests`` / ``limits``."""
+    resources: Obj = {}
+    if requests is not None:
+        resources["requests"] = requests
+    if limits is not None:
+        resources["limits"] = limits
+    body: Obj = {"containers": [{"name": "compute", "resources": resources}], **spec}
+    if node_name is not None:
+        body["nodeName"] = node_name
+    obj: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(
+            name, namespace, uid=uid, labels=labels, annotations=annotations, owners=owners
+        ),
+        "spec": body,
+    }
+    if phase is not None:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def namespace(
+    name: str = NS, *, labels: dict[str, str] | None = None, entitled: bool = False
+) -> Obj:
+    """A Namespace; ``entitled`` labels it for vGPU classes."""
+    if entitled:
+        labels = {**(labels or {}), names.VGPU_ENTITLED_LABEL: names.TRUE}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(name, labels=labels)}
+
+
+def quota(hard: dict[str, str], *, name: str = "gpus", namespace: str = NS) -> Obj:
+    """A ResourceQuota with ``spec.hard``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": _meta(name, namespace),
+        "spec": {"hard": hard},
+    }
+
+
+def secret(
+    name: str,
+    namespace: str,
+    *,
+    data: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    uid: str | None = None,
+    type_: str = "Opaque",
+) -> Obj:
+    """A Secret (``data`` already base64)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(name, namespace, uid=uid, labels=labels, annotations=annotations),
+        "type": type_,
+        "data": dict(data or {}),
+    }
+
+
+def admission_request(
+    obj: Obj,
+    *,
+    kind: str,
+    group: str = "",
+    version: str = "v1",
+    operation: str = "CREATE",
+    namespace: str = NS,
+    dry_run: bool = False,
+    old: Obj | None = None,
+) -> admitting.AdmissionRequest:
+    """The request an AdmissionReview v1 carrying ``obj`` parses into."""
+    request: Obj = {
+        "uid": "7f0c9a52-3c1e-4d7e-9d6b-1f2e3d4c5b6a",
+        "kind": {"group": group, "version": version, "kind": kind},
+        "operation": operation,
+        "namespace": namespace,
+        "name": (obj.get("metadata") or {}).get("name", ""),
+        "object": obj,
+        "oldObject": old,
+        "userInfo": {"username": "tenant", "groups": ["system:authenticated"]},
+        "dryRun": dry_run,
+    }
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return admitting.parse(json.dumps(review).encode())
