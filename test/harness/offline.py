@@ -8,8 +8,8 @@
   them with :func:`put`, or ``caches.<kind>.store.put``).
 * :class:`FakeApi`: a small API server (objects by kind, namespace and name, every call
   recorded): resourceVersion and UID preconditions answer 409, a missing object 404, a
-  taken name AlreadyExists; ``replace`` keeps the stored status and ``replace_status``
-  the stored rest (the status subresource); merge and JSON patches go through
+  taken name AlreadyExists; for the kinds with a status subresource ``replace`` keeps the
+  stored status and ``replace_status`` the stored rest; merge and JSON patches go through
   :func:`apply_patch`.
 * :class:`FakeRecorder`: the Events a controller records.
 * :func:`apply_patch`: the one RFC 7386 merge-patch and RFC 6902 JSON-patch applier.
@@ -35,6 +35,12 @@ from gpuoperator.runtime.recording import Recorder
 
 Obj = dict[str, Any]
 Hook = Callable[[Obj], None]
+
+#: Kinds whose ``status`` is a subresource (a PUT of the object keeps the stored status);
+#: the shipped Workload CRD, Secrets and the like have none.
+STATUS_SUBRESOURCE = frozenset(
+    {"GPUClaim", "GPUClass", "GPUNode", "Node", "Pod", "VirtualMachineInstance"}
+)
 
 
 # -- patches ----------------------------------------------------------------------------------
@@ -298,9 +304,11 @@ class FakeApi:
         with self.lock:
             current = self._current(kind, meta["name"], meta.get("namespace"))
             self._precondition(meta.get("resourceVersion") or "missing", current)
-            kept = {**copy.deepcopy(obj), "status": copy.deepcopy(current.get("status"))}
-            if "status" not in current:
-                kept.pop("status")
+            kept = copy.deepcopy(obj)
+            if kind.kind in STATUS_SUBRESOURCE:
+                kept.pop("status", None)
+                if "status" in current:
+                    kept["status"] = copy.deepcopy(current["status"])
             return self.add(kind, kept)
 
     def replace_status(self, kind: Kind, obj: Obj) -> Obj:
@@ -308,6 +316,8 @@ class FakeApi:
         name = meta["name"]
         self._record("replace_status", kind, name, obj)
         self._conflict("replace_status")
+        if kind.kind not in STATUS_SUBRESOURCE:
+            raise errors.NotFoundError(404, "NotFound", f"{kind.kind} has no status subresource")
         hook = self.before.get(name)
         if hook is not None:
             hook(obj)
