@@ -53,9 +53,7 @@ def _meta(
     return meta
 
 
-def owner(
-    name: str = "vm1", uid: str = "uid-vm1", *, kind: str = "VirtualMachineInstance"
-) -> Obj:
+def owner(name: str = "vm1", uid: str = "uid-vm1", *, kind: str = "VirtualMachineInstance") -> Obj:
     """A controller ownerReference (by default to a VMI)."""
     api_version = VMI_API_VERSION if kind == "VirtualMachineInstance" else names.API_VERSION
     return {

@@ -115,9 +115,7 @@ class OfflineManager:
     informers are made once per name and never started; ``controller`` keeps the reconciler
     (``reconcilers[name]``) and ``add_controller`` the sources it is woken by."""
 
-    def __init__(
-        self, writer: Any = None, *, clock: Clock = SYSTEM, registry: Any = None
-    ) -> None:
+    def __init__(self, writer: Any = None, *, clock: Clock = SYSTEM, registry: Any = None) -> None:
         from prometheus_client import CollectorRegistry
 
         self.writer = cast(Client, writer)

@@ -107,9 +107,7 @@ def test_a_class_with_no_eligible_node_is_not_available(world: World) -> None:
     assert (status["free"], status["maxFreePerNode"], status["nodes"]) == (0, 0, 0)
     [available] = status["conditions"]
     assert (available["status"], available["reason"]) == ("False", "NoEligibleNode")
-    assert [e["reason"] for e in logs if e["event"] == "class availability"] == [
-        "NoEligibleNode"
-    ]
+    assert [e["reason"] for e in logs if e["event"] == "class availability"] == ["NoEligibleNode"]
 
 
 def test_a_held_class_deletion_is_told_once_per_change_not_every_pass(world: World) -> None:
