@@ -188,7 +188,8 @@ class FakeApi:
     """A tiny API server: objects by (kind, namespace, name), every call recorded in
     ``calls`` as ``(verb, kind, name, payload)``.
 
-    ``conflict_next`` names verbs whose next call fails with 409; ``before[name]`` runs
+    ``conflict_next`` names verbs whose next call fails with 409, ``refuse[(verb,
+    namespace)]`` an error every such call answers; ``before[name]`` runs
     first inside a status write of that object (it may raise, or block to hold the write in
     flight); ``land_then_conflict`` names objects whose next status write is stored and then
     answered 409, as a retried write meeting its own first attempt is."""
@@ -200,6 +201,8 @@ class FakeApi:
         self.conflict_next: set[str] = set()
         self.before: dict[str, Hook] = {}
         self.land_then_conflict: set[str] = set()
+        #: (verb, namespace) -> the error every such call answers
+        self.refuse: dict[tuple[str, str], BaseException] = {}
         self._rv = 100
 
     @property
@@ -237,8 +240,11 @@ class FakeApi:
         with self.lock:
             self.calls.append((verb, kind.kind, name, copy.deepcopy(payload)))
 
-    def _conflict(self, verb: str) -> None:
+    def _conflict(self, verb: str, namespace: str | None = None) -> None:
         with self.lock:
+            refused = self.refuse.get((verb, namespace or ""))
+            if refused is not None:
+                raise refused
             if verb in self.conflict_next:
                 self.conflict_next.discard(verb)
                 raise errors.ConflictError(409, "Conflict", "the object has been modified")
@@ -269,7 +275,7 @@ class FakeApi:
     def create(self, kind: Kind, obj: Obj, **_: Any) -> Obj:
         meta = obj["metadata"]
         self._record("create", kind, meta["name"], obj)
-        self._conflict("create")
+        self._conflict("create", meta.get("namespace"))
         with self.lock:
             if (kind.kind, meta.get("namespace") or "", meta["name"]) in self.objects:
                 raise errors.AlreadyExistsError(409, "AlreadyExists", f"{meta['name']} exists")
@@ -286,7 +292,7 @@ class FakeApi:
         **_: Any,
     ) -> Obj:
         self._record("patch", kind, name, {"body": patch, "subresource": subresource})
-        self._conflict("patch")
+        self._conflict("patch", namespace)
         with self.lock:
             current = self._current(kind, name, namespace)
             if isinstance(patch, dict):
@@ -298,7 +304,7 @@ class FakeApi:
             return self.replace_status(kind, obj)
         meta = obj["metadata"]
         self._record("replace", kind, meta["name"], obj)
-        self._conflict("replace")
+        self._conflict("replace", meta.get("namespace"))
         with self.lock:
             current = self._current(kind, meta["name"], meta.get("namespace"))
             self._precondition(meta.get("resourceVersion") or "missing", current)
@@ -313,7 +319,7 @@ class FakeApi:
         meta = obj["metadata"]
         name = meta["name"]
         self._record("replace_status", kind, name, obj)
-        self._conflict("replace_status")
+        self._conflict("replace_status", meta.get("namespace"))
         if kind.kind not in STATUS_SUBRESOURCE:
             raise errors.NotFoundError(404, "NotFound", f"{kind.kind} has no status subresource")
         hook = self.before.get(name)
@@ -338,7 +344,7 @@ class FakeApi:
         **_: Any,
     ) -> None:
         self._record("delete", kind, name, {"uid": uid})
-        self._conflict("delete")
+        self._conflict("delete", namespace)
         with self.lock:
             current = self._current(kind, name, namespace)
             if uid and current["metadata"]["uid"] != uid:
