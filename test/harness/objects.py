@@ -19,7 +19,9 @@ Obj = dict[str, Any]
 NS = "tenant-a"
 A10 = "nvidia.com/GA102GL_A10"
 VMI_API_VERSION = "kubevirt.io/v1"
-DELETED_AT = "2026-01-01T00:00:00Z"
+T0 = "2026-01-01T00:00:00Z"
+#: The claim template a VMI built by :func:`vmi` carries by default.
+TEMPLATE: Obj = {"className": "a10", "count": 2}
 
 
 def _meta(
@@ -42,12 +44,12 @@ def _meta(
         "uid": uid,
         "resourceVersion": None if rv is None else str(rv),
         "generation": generation,
-        "labels": labels,
-        "annotations": annotations,
-        "finalizers": finalizers,
-        "ownerReferences": owners,
+        "labels": None if labels is None else dict(labels),
+        "annotations": None if annotations is None else dict(annotations),
+        "finalizers": None if finalizers is None else list(finalizers),
+        "ownerReferences": None if owners is None else [dict(o) for o in owners],
         "creationTimestamp": created,
-        "deletionTimestamp": DELETED_AT if deleting else None,
+        "deletionTimestamp": T0 if deleting else None,
     }
     meta.update({k: v for k, v in optional.items() if v is not None})
     return meta
@@ -249,6 +251,88 @@ def pod(
     if phase is not None:
         obj["status"] = {"phase": phase}
     return obj
+
+
+def launcher_pod(
+    name: str = "virt-launcher-vm1-abcde",
+    *,
+    namespace: str = NS,
+    vmi_name: str = "vm1",
+    vmi_uid: str = "uid-vm1",
+    refs: list[Obj] | None = None,
+    units: int = 3,
+    resource: str = A10,
+    gated: bool = True,
+    pinned_to: str | None = None,
+    unschedulable: bool = False,
+    migration: bool = False,
+) -> Obj:
+    """A VMI's virt-launcher pod as KubeVirt makes it, Pending: owned by the VMI, carrying
+    its claim references, asking ``units`` of ``resource``; ``gated`` behind the placement
+    gate (and another), ``pinned_to`` a node by required affinity, ``unschedulable`` as the
+    scheduler reports it, ``migration`` a migration target."""
+    refs = refs if refs is not None else [{"claim": "hold-a"}, {"claimTemplate": TEMPLATE}]
+    labels = {
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": vmi_uid,
+        "vm.kubevirt.io/name": vmi_name,
+        names.CLAIMS_LABEL: names.TRUE,
+    }
+    if migration:
+        labels["kubevirt.io/migrationJobUID"] = "mig-1"
+    spec: Obj = {
+        "containers": [
+            {
+                "name": "compute",
+                "resources": {
+                    "requests": {resource: str(units), "cpu": "1"},
+                    "limits": {resource: str(units)},
+                },
+            }
+        ],
+        "affinity": {
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+        },
+    }
+    if gated:
+        spec["schedulingGates"] = [
+            {"name": "other.example.com/gate"},
+            {"name": names.PLACEMENT_GATE},
+        ]
+    if pinned_to:
+        term = {"key": "kubernetes.io/hostname", "operator": "In", "values": [pinned_to]}
+        spec["affinity"]["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
+            }
+        }
+    reason = "Unschedulable" if unschedulable else "SchedulingGated"
+    message = f"0/2 nodes are available: 1 Insufficient {resource}" if unschedulable else ""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(
+            name,
+            namespace,
+            uid=f"uid-{name}",
+            labels=labels,
+            annotations={names.CLAIMS_ANNOTATION: json.dumps(refs)},
+            owners=[owner(vmi_name, vmi_uid)],
+        ),
+        "spec": spec,
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": T0,
+                }
+            ],
+        },
+    }
 
 
 def namespace(
