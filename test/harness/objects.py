@@ -121,7 +121,7 @@ def claim(
 ) -> Obj:
     """A GPUClaim; ``owner_uid`` makes it a template claim owned by VMI ``vm1``; ``phase``,
     ``node`` and ``attached`` (``{"vmi": …, "uid": …}``) fill its status, ``status`` adds
-    to it."""
+    to it (no status at all when none of them is given)."""
     owners = None
     if owner_uid is not None:
         labels = {**(labels or {}), names.TEMPLATE_CLAIM_LABEL: names.TRUE}
@@ -133,7 +133,7 @@ def claim(
         body["nodeName"] = node
     if attached:
         body["attachment"] = attached
-    return {
+    obj: Obj = {
         "apiVersion": names.API_VERSION,
         "kind": names.GPU_CLAIM,
         "metadata": _meta(
@@ -149,8 +149,10 @@ def claim(
             deleting=deleting,
         ),
         "spec": {"className": class_name, "count": count},
-        "status": body,
     }
+    if body:
+        obj["status"] = body
+    return obj
 
 
 def node(
