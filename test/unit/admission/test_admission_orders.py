@@ -6,6 +6,8 @@ a new class before its first status is not refused for room."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from admission import orders
@@ -33,7 +35,7 @@ def webhook(
     return orders.OrderWebhook(caches)
 
 
-def judge(hook: orders.OrderWebhook, obj: Obj, **request: object) -> admitting.Admission:
+def judge(hook: orders.OrderWebhook, obj: Obj, **request: Any) -> admitting.Admission:
     return hook(objects.admission_request(obj, kind=names.GPU_CLAIM, group=names.GROUP, **request))
 
 

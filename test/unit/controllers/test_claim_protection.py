@@ -13,6 +13,7 @@ import pytest
 from controllers import claim_protection
 from gpuoperator import names
 from gpuoperator.runtime import errors
+from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.kinds import GPUClaim
 from harness import objects
 from harness.objects import NS
@@ -26,10 +27,10 @@ ATTACHED = {"vmi": "vm1", "uid": "uid-vm1"}
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
-        claim_protection.register(self.manager, self.caches, self.recorder.recorder)
+        claim_protection.register(self.manager.as_manager(), self.caches, self.recorder.recorder)
         self.reconciler = self.manager.reconcilers[claim_protection.NAME]
 
-    def reconcile(self, name: str = "hold") -> object:
+    def reconcile(self, name: str = "hold") -> Result | None:
         return self.reconciler.reconcile((NS, name))
 
     def stored(self, name: str = "hold") -> Obj:

@@ -12,6 +12,7 @@ import structlog
 
 from controllers import class_status
 from gpuoperator import names
+from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.kinds import GPUClass
 from harness import objects
 from harness.objects import A10
@@ -23,10 +24,12 @@ FINALIZER = names.CLASS_PROTECTION_FINALIZER
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
-        class_status.register(self.manager, self.caches, self.inventory, self.recorder.recorder)
+        class_status.register(
+            self.manager.as_manager(), self.caches, self.inventory, self.recorder.recorder
+        )
         self.reconciler = self.manager.reconcilers[class_status.NAME]
 
-    def reconcile(self, name: str = "a10") -> object:
+    def reconcile(self, name: str = "a10") -> Result | None:
         return self.reconciler.reconcile(("", name))
 
     def stored_class(self, name: str = "a10") -> objects.Obj:

@@ -9,6 +9,7 @@ later look; one namespace's refusal holds up no other; with gpuForVMs off nothin
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pykube
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from controllers import license_copier
 from gpuoperator import names
 from gpuoperator.runtime import errors
+from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Informer
 from gpuoperator.settings import Settings
 from harness import objects
@@ -32,13 +34,13 @@ class World(OfflineCluster):
         super().__init__()
         settings = Settings.model_validate({"gpuForVMs": gpu_for_vms})
         license_copier.register(
-            self.manager, self.caches, self.recorder.recorder, settings, OPERATOR_NS
+            self.manager.as_manager(), self.caches, self.recorder.recorder, settings, OPERATOR_NS
         )
         self.reconciler = self.manager.reconcilers[license_copier.NAME]
         self.copies: Informer = self.manager.informers[license_copier.COPIES_INFORMER]
         self.sources: Informer = self.manager.informers[license_copier.SOURCES_INFORMER]
 
-    def reconcile(self, name: str = "l40s") -> object:
+    def reconcile(self, name: str = "l40s") -> Result | None:
         return self.reconciler.reconcile(("", name))
 
     def copy_in(self, namespace: str) -> Obj | None:
@@ -56,7 +58,7 @@ class World(OfflineCluster):
         return [name for verb, _, name, _ in self.api.writes() if verb == "delete"]
 
 
-def licensed_class(feature_type: int = 4, **spec: object) -> Obj:
+def licensed_class(feature_type: int = 4, **spec: Any) -> Obj:
     return objects.gpuclass(
         "l40s",
         mode="vgpu",

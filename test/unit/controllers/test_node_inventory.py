@@ -12,6 +12,7 @@ import structlog
 
 from controllers import node_inventory
 from gpuoperator import names
+from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.kinds import GPUNode
 from harness import objects
 from harness.objects import A10
@@ -23,11 +24,13 @@ Obj = objects.Obj
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
-        node_inventory.register(self.manager, self.caches, self.inventory, self.recorder.recorder)
+        node_inventory.register(
+            self.manager.as_manager(), self.caches, self.inventory, self.recorder.recorder
+        )
         self.reconciler = self.manager.reconcilers[node_inventory.NAME]
         self.put(self.caches.classes, objects.gpuclass())
 
-    def reconcile(self, name: str = "n1") -> object:
+    def reconcile(self, name: str = "n1") -> Result | None:
         return self.reconciler.reconcile(("", name))
 
     def gpunode(self, name: str = "n1") -> Obj | None:

@@ -12,6 +12,7 @@ import structlog
 
 from controllers import usage_records
 from gpuoperator import names
+from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.kinds import Workload
 from harness import objects
 from harness.objects import NS
@@ -24,10 +25,10 @@ RECORD = "gpuclaim-hold"
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
-        usage_records.register(self.manager, self.caches)
+        usage_records.register(self.manager.as_manager(), self.caches)
         self.reconciler = self.manager.reconcilers[usage_records.NAME]
 
-    def reconcile(self, name: str = "hold") -> object:
+    def reconcile(self, name: str = "hold") -> Result | None:
         return self.reconciler.reconcile((NS, name))
 
     def record(self) -> Obj | None:
