@@ -59,7 +59,8 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-def _tokens(path: str) -> list[str]:
+def pointer_tokens(path: str) -> list[str]:
+    """The unescaped reference tokens of a JSON pointer (RFC 6901)."""
     return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
 
 
@@ -67,12 +68,19 @@ def _step(parent: Any, token: str) -> Any:
     return parent[int(token)] if isinstance(parent, list) else parent[token]
 
 
-def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
+#: The JSON-patch operations the operator's webhooks emit.
+WEBHOOK_OPS = frozenset({"add"})
+ALL_OPS = frozenset({"add", "remove", "replace", "test"})
+
+
+def apply_json_patch(obj: Obj, ops: list[Obj], *, allowed: frozenset[str] = WEBHOOK_OPS) -> Obj:
     """RFC 6902 ``add``, ``remove``, ``replace`` and ``test``, on a copy; a failed ``test``
-    is a 409 as the API server answers it."""
+    is a 409 as the API server answers it. An operation not in ``allowed`` fails the test
+    (by default only ``add``: all a webhook patch may hold)."""
     out = copy.deepcopy(obj)
     for op in ops:
-        tokens = _tokens(op["path"])
+        assert op["op"] in allowed, f"unexpected JSON-patch op {op['op']!r}"
+        tokens = pointer_tokens(op["path"])
         parent: Any = out
         for token in tokens[:-1]:
             parent = _step(parent, token)
@@ -101,9 +109,10 @@ def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
 
 
 def apply_patch(obj: Obj, patch: Any) -> Obj:
-    """A JSON patch (a list of operations) or a merge patch (an object), on a copy."""
+    """A JSON patch (a list of operations, any of them) or a merge patch (an object), on a
+    copy, as the API server applies it."""
     if isinstance(patch, list):
-        return apply_json_patch(obj, patch)
+        return apply_json_patch(obj, patch, allowed=ALL_OPS)
     return cast(Obj, apply_merge_patch(obj, patch))
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from gpuoperator.model import references
 from gpuoperator.model.references import HeldRef, TemplateRef
+from harness.offline import apply_json_patch, apply_merge_patch, pointer_tokens
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -102,40 +103,6 @@ def vmi(
 def namespace(entitled: bool = False) -> Obj:
     labels = {"gpu.cozystack.io/vgpu-entitled": "true"} if entitled else {}
     return {"metadata": {"name": NS, "labels": labels}}
-
-
-def unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
-def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
-    """The ``add`` ops of RFC 6902 (all the module emits), on a copy."""
-    out = copy.deepcopy(obj)
-    for op in ops:
-        assert op["op"] == "add"
-        tokens = [unescape(t) for t in op["path"].split("/")[1:]]
-        parent: Any = out
-        for token in tokens[:-1]:
-            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
-        last, value = tokens[-1], copy.deepcopy(op["value"])
-        if isinstance(parent, list):
-            parent.insert(len(parent) if last == "-" else int(last), value)
-        else:
-            parent[last] = value
-    return out
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = apply_merge_patch(out.get(key), value)
-    return out
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -1070,7 +1037,7 @@ def test_pod_patches_combine_into_one_admission_patch() -> None:
 )
 def test_json_pointer_escapes(parts: tuple[str, ...], pointer: str) -> None:
     assert references.json_pointer(*parts) == pointer
-    assert [unescape(t) for t in pointer.split("/")[1:]] == list(parts)
+    assert pointer_tokens(pointer) == list(parts)
 
 
 # -- the placement controller -----------------------------------------------------------------
