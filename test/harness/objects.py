@@ -110,6 +110,7 @@ def claim(
     node: str | None = None,
     attached: Obj | None = None,
     owner_uid: str | None = None,
+    owners: list[Obj] | None = None,
     rv: str | int | None = None,
     uid: str | None = None,
     generation: int | None = None,
@@ -119,10 +120,10 @@ def claim(
     deleting: bool = False,
     status: Obj | None = None,
 ) -> Obj:
-    """A GPUClaim; ``owner_uid`` makes it a template claim owned by VMI ``vm1``; ``phase``,
+    """A GPUClaim; ``owner_uid`` makes it a template claim owned by VMI ``vm1`` (``owners``
+    sets the ownerReferences as they are); ``phase``,
     ``node`` and ``attached`` (``{"vmi": …, "uid": …}``) fill its status, ``status`` adds
-    to it (no status at all when none of them is given)."""
-    owners = None
+    to it (no status at all when none of them is given, an empty one with ``status={}``)."""
     if owner_uid is not None:
         labels = {**(labels or {}), names.TEMPLATE_CLAIM_LABEL: names.TRUE}
         owners = [owner("vm1", owner_uid)]
@@ -150,7 +151,7 @@ def claim(
         ),
         "spec": {"className": class_name, "count": count},
     }
-    if body:
+    if body or status is not None:
         obj["status"] = body
     return obj
 
