@@ -165,9 +165,12 @@ def node(
     taints: list[Obj] | None = None,
     labels: dict[str, str] | None = None,
     uid: str | None = None,
+    capacity: dict[str, int] | None = None,
 ) -> Obj:
-    """A Node whose kubelet reports ``units`` of A10 (or ``{resource: units}``)."""
+    """A Node whose kubelet reports ``units`` of A10 (or ``{resource: units}``) allocatable,
+    and as capacity unless ``capacity`` says otherwise."""
     counts = units if isinstance(units, dict) else {A10: units}
+    total = counts if capacity is None else capacity
     spec: Obj = {}
     if cordoned:
         spec["unschedulable"] = True
@@ -179,7 +182,7 @@ def node(
         "metadata": _meta(name, labels=labels, uid=uid),
         "spec": spec,
         "status": {
-            "capacity": {r: str(n) for r, n in counts.items()},
+            "capacity": {r: str(n) for r, n in total.items()},
             "allocatable": {r: str(n) for r, n in counts.items()},
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
