@@ -132,7 +132,7 @@ def claim(
         body["phase"] = phase
     if node:
         body["nodeName"] = node
-    if attached:
+    if attached is not None:
         body["attachment"] = attached
     obj: Obj = {
         "apiVersion": names.API_VERSION,
