@@ -368,13 +368,14 @@ def secret(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
     uid: str | None = None,
+    rv: str | int | None = None,
     type_: str = "Opaque",
 ) -> Obj:
     """A Secret (``data`` already base64)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(name, namespace, uid=uid, labels=labels, annotations=annotations),
+        "metadata": _meta(name, namespace, uid=uid, rv=rv, labels=labels, annotations=annotations),
         "type": type_,
         "data": dict(data or {}),
     }

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import scheduling
+from harness import objects
 
 Obj = dict[str, Any]
 
@@ -43,10 +44,7 @@ def node(
 
 
 def gpu_class(tolerations: list[Obj] | None = None) -> Obj:
-    spec: Obj = {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": "x.io/g"}}}
-    if tolerations is not None:
-        spec["tolerations"] = tolerations
-    return {"metadata": {"name": "a10"}, "spec": spec}
+    return objects.gpuclass(resource="x.io/g", tolerations=tolerations)
 
 
 GPU_TAINT = taint("nvidia.com/gpu", "present")
