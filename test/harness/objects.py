@@ -193,17 +193,20 @@ def vmi(
     name: str = "vm1",
     *,
     namespace: str = NS,
-    uid: str = "uid-vm1",
-    refs: list[Obj] | None = None,
+    uid: str | None = "uid-vm1",
+    refs: list[Obj] | str | None = None,
     deleting: bool = False,
     phase: str | None = None,
     rv: str | int | None = "7",
+    devices: Obj | None = None,
 ) -> Obj:
-    """A VMI with the claim references ``refs`` (annotation and label; none: no GPU)."""
+    """A VMI with the claim references ``refs`` (annotation and label; none: no GPU; a
+    string is the annotation as written) and ``spec.domain.devices`` when ``devices``."""
     labels = annotations = None
     if refs is not None:
         labels = {names.CLAIMS_LABEL: names.TRUE}
-        annotations = {names.CLAIMS_ANNOTATION: json.dumps(refs)}
+        text = refs if isinstance(refs, str) else json.dumps(refs)
+        annotations = {names.CLAIMS_ANNOTATION: text}
     obj: Obj = {
         "apiVersion": VMI_API_VERSION,
         "kind": "VirtualMachineInstance",
@@ -216,7 +219,7 @@ def vmi(
             annotations=annotations,
             deleting=deleting,
         ),
-        "spec": {},
+        "spec": {} if devices is None else {"domain": {"devices": devices}},
     }
     if phase:
         obj["status"] = {"phase": phase}
@@ -235,6 +238,7 @@ def pod(
     annotations: dict[str, str] | None = None,
     owners: list[Obj] | None = None,
     uid: str | None = None,
+    rv: str | int | None = None,
     **spec: Any,
 ) -> Obj:
     """A pod with one container ``compute`` asking ``requests`` / ``limits``."""
@@ -243,14 +247,23 @@ def pod(
         resources["requests"] = requests
     if limits is not None:
         resources["limits"] = limits
-    body: Obj = {"containers": [{"name": "compute", "resources": resources}], **spec}
+    container: Obj = {"name": "compute"}
+    if resources:
+        container["resources"] = resources
+    body: Obj = {"containers": [container], **spec}
     if node_name is not None:
         body["nodeName"] = node_name
     obj: Obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(
-            name, namespace, uid=uid, labels=labels, annotations=annotations, owners=owners
+            name,
+            namespace,
+            uid=uid,
+            rv=rv,
+            labels=labels,
+            annotations=annotations,
+            owners=owners,
         ),
         "spec": body,
     }
