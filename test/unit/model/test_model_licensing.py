@@ -22,7 +22,7 @@ SOURCE_CONF = base64.b64encode(b"FeatureType=2\nServerAddress=evil\n").decode()
 
 
 def gpu_class(name: str = "l40s", mode: str = "vgpu", **license_: Any) -> Obj:
-    extra = {"license": license_} if license_ else {}
+    extra: dict[str, Any] = {"license": license_} if license_ else {}
     return objects.gpuclass(name, mode=mode, **extra)
 
 

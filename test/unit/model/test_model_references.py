@@ -41,7 +41,7 @@ def gpuclass(
     max_count: int | None = None,
     tolerations: list[Obj] | None = None,
 ) -> Obj:
-    extra = {} if max_count is None else {"maxCount": max_count}
+    extra: dict[str, Any] = {} if max_count is None else {"maxCount": max_count}
     return objects.gpuclass(name, mode=mode, resource=resource, tolerations=tolerations, **extra)
 
 
