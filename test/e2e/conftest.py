@@ -1,5 +1,6 @@
 """E2E fixtures: a real control plane for the session, the product deployed on it, a fresh
-namespace per test.
+namespace per test, the test's fleet of nodes and objects, and a webhook-serving operator per
+module (``hooks``).
 
 Nothing here mocks the API server. Without ``E2E_KUBECONFIG`` the session starts the local
 control plane (``hack/localcluster``: etcd, kube-apiserver, kube-controller-manager,
