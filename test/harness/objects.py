@@ -199,14 +199,16 @@ def vmi(
     phase: str | None = None,
     rv: str | int | None = "7",
     devices: Obj | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> Obj:
     """A VMI with the claim references ``refs`` (annotation and label; none: no GPU; a
-    string is the annotation as written) and ``spec.domain.devices`` when ``devices``."""
-    labels = annotations = None
+    string is the annotation as written), ``spec.domain.devices`` when ``devices``, and
+    other ``labels`` and ``annotations``."""
     if refs is not None:
-        labels = {names.CLAIMS_LABEL: names.TRUE}
+        labels = {**(labels or {}), names.CLAIMS_LABEL: names.TRUE}
         text = refs if isinstance(refs, str) else json.dumps(refs)
-        annotations = {names.CLAIMS_ANNOTATION: text}
+        annotations = {**(annotations or {}), names.CLAIMS_ANNOTATION: text}
     obj: Obj = {
         "apiVersion": VMI_API_VERSION,
         "kind": "VirtualMachineInstance",
