@@ -160,7 +160,7 @@ def node(
     name: str = "n1",
     units: int | dict[str, int] = 4,
     *,
-    ready: bool = True,
+    ready: bool | str | None = True,
     cordoned: bool = False,
     taints: list[Obj] | None = None,
     labels: dict[str, str] | None = None,
@@ -168,9 +168,11 @@ def node(
     capacity: dict[str, int] | None = None,
 ) -> Obj:
     """A Node whose kubelet reports ``units`` of A10 (or ``{resource: units}``) allocatable,
-    and as capacity unless ``capacity`` says otherwise."""
+    and as capacity unless ``capacity`` says otherwise; its Ready condition is ``ready``
+    (a status string as written, None: no Ready condition)."""
     counts = units if isinstance(units, dict) else {A10: units}
     total = counts if capacity is None else capacity
+    status = ready if isinstance(ready, str) else ("True" if ready else "False")
     spec: Obj = {}
     if cordoned:
         spec["unschedulable"] = True
@@ -184,7 +186,7 @@ def node(
         "status": {
             "capacity": {r: str(n) for r, n in total.items()},
             "allocatable": {r: str(n) for r, n in counts.items()},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "conditions": [] if ready is None else [{"type": "Ready", "status": status}],
         },
     }
 

@@ -30,17 +30,7 @@ def node(
     taints: list[Obj] | None = None,
     name: str = "n1",
 ) -> Obj:
-    spec: Obj = {}
-    if unschedulable:
-        spec["unschedulable"] = True
-    if taints:
-        spec["taints"] = taints
-    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
-    return {
-        "metadata": {"name": name},
-        "spec": spec,
-        "status": {"allocatable": {}, "conditions": conditions},
-    }
+    return objects.node(name, {}, ready=ready, cordoned=unschedulable, taints=taints or None)
 
 
 def gpu_class(tolerations: list[Obj] | None = None) -> Obj:
