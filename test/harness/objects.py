@@ -243,9 +243,11 @@ def pod(
     owners: list[Obj] | None = None,
     uid: str | None = None,
     rv: str | int | None = None,
+    containers: list[Obj] | None = None,
     **spec: Any,
 ) -> Obj:
-    """A pod with one container ``compute`` asking ``requests`` / ``limits``."""
+    """A pod with one container ``compute`` asking ``requests`` / ``limits`` (or the
+    ``containers`` given)."""
     resources: Obj = {}
     if requests is not None:
         resources["requests"] = requests
@@ -254,7 +256,7 @@ def pod(
     container: Obj = {"name": "compute"}
     if resources:
         container["resources"] = resources
-    body: Obj = {"containers": [container], **spec}
+    body: Obj = {"containers": [container] if containers is None else containers, **spec}
     if node_name is not None:
         body["nodeName"] = node_name
     obj: Obj = {
