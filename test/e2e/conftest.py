@@ -1,5 +1,6 @@
 """E2E fixtures: a real control plane for the session, the product deployed on it, a fresh
-namespace per test.
+namespace per test, the test's fleet of nodes and objects, and a webhook-serving operator per
+module (``hooks``).
 
 Nothing here mocks the API server. Without ``E2E_KUBECONFIG`` the session starts the local
 control plane (``hack/localcluster``: etcd, kube-apiserver, kube-controller-manager,
@@ -30,7 +31,9 @@ import pykube
 import pytest
 
 from harness import kube
+from harness.fleet import Fleet
 from harness.operator import Deployed, ForbiddenRequests
+from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
 from localcluster.cluster import (
     KUBEVIRT_CRDS,
@@ -153,6 +156,29 @@ def namespace(api: pykube.HTTPClient, request: pytest.FixtureRequest) -> Iterato
     ns.create()
     yield name
     ns.delete()
+
+
+@pytest.fixture
+def fleet(api: pykube.HTTPClient) -> Iterator[Fleet]:
+    """The nodes and objects a test makes through ``Fleet``, removed after it. A module whose
+    fleet needs its operator running overrides this with one that also asks for it."""
+    f = Fleet(api)
+    yield f
+    f.cleanup()
+
+
+@pytest.fixture(scope="module")
+def hooks(
+    api: pykube.HTTPClient,
+    deployed: Deployed,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[WebhookOperator]:
+    """An operator serving the webhooks, for the module (its files under a directory named
+    after the module)."""
+    name = request.module.__name__.rpartition(".")[2].removeprefix("test_")
+    with webhook_operator(api, deployed, tmp_path_factory.mktemp(name)) as w:
+        yield w
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

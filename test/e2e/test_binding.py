@@ -41,13 +41,6 @@ def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -
     deployed.release_lease(api)
 
 
-@pytest.fixture
-def fleet(api: pykube.HTTPClient) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
-
-
 def claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
     c = GPUClaim(
         api,

@@ -38,10 +38,9 @@ def operator(
 
 
 @pytest.fixture
-def fleet(api: pykube.HTTPClient, operator: OperatorProcess) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
+def fleet(fleet: Fleet, operator: OperatorProcess) -> Fleet:
+    """The shared fleet, with this module's operator running."""
+    return fleet
 
 
 def class_status(api: pykube.HTTPClient, name: str) -> Obj:

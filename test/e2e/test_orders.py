@@ -3,7 +3,6 @@ refusal of DESIGN.md §5 with its message, dry runs, and template claims passing
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +16,14 @@ from harness.fleet import Fleet
 from harness.kube import refused
 from harness.operator import Deployed
 from harness.waiting import wait_for
-from harness.webhooks import WebhookOperator, webhook_operator
+from harness.webhooks import WebhookOperator
 from localcluster.cluster import kubectl
 
 
-@pytest.fixture(scope="module")
-def hooks(
-    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, deployed, tmp_path_factory.mktemp("orders")) as w:
-        yield w
-
-
 @pytest.fixture
-def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
+def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
+    """The shared fleet, with this module's webhooks served."""
+    return fleet
 
 
 def order(

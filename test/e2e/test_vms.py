@@ -5,7 +5,6 @@ webhook gates the launcher pod and the placement controller pins it to the claim
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pykube
@@ -15,26 +14,16 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, refused
-from harness.operator import Deployed
 from harness.waiting import wait_for
-from harness.webhooks import WebhookOperator, webhook_operator
+from harness.webhooks import WebhookOperator
 
 CONVERGE = 30.0
 
 
-@pytest.fixture(scope="module")
-def hooks(
-    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, deployed, tmp_path_factory.mktemp("vms")) as w:
-        yield w
-
-
 @pytest.fixture
-def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
+def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
+    """The shared fleet, with this module's webhooks served."""
+    return fleet
 
 
 @pytest.fixture

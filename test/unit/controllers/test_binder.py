@@ -4,15 +4,15 @@ in flight: a pass never leaves while its writes are in flight, its own retried w
 recognised, the next pass reads the assumed state, and a Lost claim that cannot be bound
 again waits as Pending.
 
-The oracle of every over-allocation check is the double's stored claims (what the API
+The API server double is the harness's (``harness.offline.FakeApi``). The oracle of every
+over-allocation check is the double's stored claims (what the API
 server holds), summed here, never the inventory the binder itself counts with.
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import threading
-from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -20,17 +20,18 @@ from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
 from controllers.claim_status import ASSUME_TTL, ClaimStatus
-from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.informing import Handlers
+from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
+from harness import objects
+from harness.offline import FakeApi, FakeRecorder, offline_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -39,94 +40,6 @@ WAIT = 10.0  # seconds any step of a test may wait for another thread (a deadlin
 
 
 # -- doubles ----------------------------------------------------------------------------------
-
-
-class _NoServerManager:
-    """Enough of ``Manager`` for ``caches.register``: informers that are never started."""
-
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
-
-
-Hook = Callable[[Obj], None]
-
-
-class Api:
-    """The claims an API server holds. ``replace_status`` checks the resourceVersion and
-    stores the status; ``before[name]`` runs first inside a write (it may raise, or block to
-    hold the write in flight); ``land_then_conflict`` names claims whose write is stored and
-    then answered 409, as a retried write meeting its own first attempt is."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.claims: dict[str, Obj] = {}
-        self.writes: list[str] = []
-        self.before: dict[str, Hook] = {}
-        self.land_then_conflict: set[str] = set()
-        self._rv = 100
-
-    def add(self, obj: Obj) -> Obj:
-        with self.lock:
-            return self._store(obj)
-
-    def _store(self, obj: Obj) -> Obj:
-        self._rv += 1
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["resourceVersion"] = str(self._rv)
-        self.claims[stored["metadata"]["name"]] = stored
-        return copy.deepcopy(stored)
-
-    def replace_status(self, _kind: Kind, obj: Obj) -> Obj:
-        name = obj["metadata"]["name"]
-        with self.lock:
-            self.writes.append(name)
-        hook = self.before.get(name)
-        if hook is not None:
-            hook(obj)
-        with self.lock:
-            current = self.claims.get(name)
-            if current is None:
-                raise errors.NotFoundError(404, "NotFound", f"gpuclaims {name} not found")
-            if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                raise errors.ConflictError(409, "Conflict", "the object has been modified")
-            stored = self._store({**current, "status": copy.deepcopy(obj.get("status"))})
-            if name in self.land_then_conflict:
-                self.land_then_conflict.discard(name)
-                raise errors.ConflictError(409, "Conflict", "the object has been modified")
-            return stored
-
-    def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
-        with self.lock:
-            if name not in self.claims:
-                raise errors.NotFoundError(404, "NotFound", f"gpuclaims {name} not found")
-            return copy.deepcopy(self.claims[name])
-
-    def held(self, node: str) -> int:
-        """Units the stored claims hold on ``node`` (the over-allocation oracle)."""
-        with self.lock:
-            return sum(
-                int(c["spec"]["count"])
-                for c in self.claims.values()
-                if (c.get("status") or {}).get("phase") == "Bound"
-                and c["status"].get("nodeName") == node
-            )
-
-    def status(self, name: str) -> Obj:
-        with self.lock:
-            return copy.deepcopy(self.claims[name].get("status") or {})
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str]] = []
-
-    def event(self, obj: Obj, type_: str, reason: str, message: str, **_: Any) -> None:
-        self.seen.append((obj["metadata"]["name"], reason, message))
-
-    def reasons(self, name: str) -> list[str]:
-        return [reason for who, reason, _ in self.seen if who == name]
 
 
 class WatchedLock:
@@ -149,49 +62,23 @@ class WatchedLock:
 # -- objects ----------------------------------------------------------------------------------
 
 
-def gpu_class(name: str) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
-    }
+def at(second: int) -> str:
+    return f"2026-01-01T00:00:{second:02d}Z"
 
 
-def node(name: str, units: int, *, ready: bool = True) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {},
-        "status": {
-            "capacity": {RESOURCE: str(units)},
-            "allocatable": {RESOURCE: str(units)},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
-
-
-def claim(name: str, cls: str, count: int, second: int, **status: Any) -> Obj:
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.GPU_CLAIM,
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "uid": f"uid-{name}",
-            "generation": 1,
-            "creationTimestamp": f"2026-01-01T00:00:{second:02d}Z",
-            "finalizers": [names.CLAIM_PROTECTION_FINALIZER],
-        },
-        "spec": {"className": cls, "count": count},
-        **({"status": status} if status else {}),
-    }
+claim = functools.partial(
+    objects.claim, uid=None, generation=1, finalizers=[names.CLAIM_PROTECTION_FINALIZER]
+)
+node = objects.node
 
 
 class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
-        self.caches = cachesmod.register(cast("Manager", _NoServerManager()))
+        self.caches = offline_caches()
         self.inventory = Inventory(clock=self.clock)
-        self.api = Api()
-        self.events = Events()
+        self.api = FakeApi()
+        self.events = FakeRecorder()
         self.statuses = ClaimStatus(
             cast("Client", self.api),
             self.inventory,
@@ -221,19 +108,40 @@ class World:
         self.inventory.delete_node(gone)
 
     def put_claim(self, obj: Obj) -> Obj:
-        stored = self.api.add(obj)
+        stored = self.api.add(GPUClaim, obj)
         self.caches.claims.store.put(stored)
         self.inventory.apply_claim(stored)
         return stored
 
     def sync(self, name: str) -> None:
         """Deliver the API server's current claim to the cache, as the watch would."""
-        stored = self.api.get(None, name)  # type: ignore[arg-type]
+        stored = self.api.get(GPUClaim, name, NS)
         self.caches.claims.store.put(stored)
         self.inventory.apply_claim(stored)
 
     def reconcile(self, class_name: str) -> object:
         return self.binder.reconcile(("", class_name))
+
+    def writes(self) -> list[str]:
+        """The claims whose status was written, in order (each attempt counts)."""
+        with self.api.lock:
+            return [name for verb, _, name, _ in self.api.calls if verb == "replace_status"]
+
+    def status(self, name: str) -> Obj:
+        stored = self.api.stored(GPUClaim, name, NS)
+        assert stored is not None
+        return stored.get("status") or {}
+
+    def held(self, node: str) -> int:
+        """Units the stored claims hold on ``node`` (the over-allocation oracle)."""
+        with self.api.lock:
+            return sum(
+                int(c["spec"]["count"])
+                for (kind, _, _), c in self.api.objects.items()
+                if kind == "GPUClaim"
+                and (c.get("status") or {}).get("phase") == "Bound"
+                and c["status"].get("nodeName") == node
+            )
 
 
 @pytest.fixture
@@ -250,20 +158,19 @@ def test_a_failed_write_does_not_let_the_next_pass_plan_while_another_write_is_i
     """Two classes on one resource, one 2-unit node. The "small" pass binds two 1-unit
     claims: the first write fails (the claim was deleted meanwhile), the second is slow. The
     "large" pass (a 2-unit claim) must not bind on figures the slow write is about to take."""
-    world.put_class(gpu_class("small"))
-    world.put_class(gpu_class("large"))
+    world.put_class(objects.gpuclass("small", resource=RESOURCE))
+    world.put_class(objects.gpuclass("large", resource=RESOURCE))
     world.put_node(node("n1", 2))
-    world.put_claim(claim("s1", "small", 1, second=1))
-    world.put_claim(claim("s2", "small", 1, second=2))
-    world.put_claim(claim("big", "large", 2, second=3))
+    world.put_claim(claim("s1", class_name="small", count=1, created=at(1)))
+    world.put_claim(claim("s2", class_name="small", count=1, created=at(2)))
+    world.put_claim(claim("big", class_name="large", count=2, created=at(3)))
     # The slow write lands once the "large" pass has to wait for the lock, or has ended.
     s2_in_flight, go = threading.Event(), threading.Event()
     world.inventory.decisions = WatchedLock(contended=go)  # type: ignore[assignment]
 
     def deleted_meanwhile(_obj: Obj) -> None:
         assert s2_in_flight.wait(WAIT)  # fail only once the other write is in flight
-        with world.api.lock:
-            world.api.claims.pop("s1")
+        world.api.remove(GPUClaim, "s1", NS)
 
     def slow(_obj: Obj) -> None:
         s2_in_flight.set()
@@ -307,17 +214,17 @@ def test_a_failed_write_does_not_let_the_next_pass_plan_while_another_write_is_i
     large.join(WAIT)
     assert not small.is_alive() and not large.is_alive()
 
-    assert world.api.held("n1") <= 2, f"{world.api.held('n1')} units held on a 2-unit node"
-    assert world.api.status("s2")["phase"] == "Bound"
-    assert world.api.status("big").get("phase") != "Bound"
+    assert world.held("n1") <= 2, f"{world.held('n1')} units held on a 2-unit node"
+    assert world.status("s2")["phase"] == "Bound"
+    assert world.status("big").get("phase") != "Bound"
     assert [type(f) for f in failures] in ([], [errors.NotFoundError])
 
 
 def test_a_pass_raises_a_write_failure_only_after_its_other_writes_ended(world: World) -> None:
-    world.put_class(gpu_class("small"))
+    world.put_class(objects.gpuclass("small", resource=RESOURCE))
     world.put_node(node("n1", 4))
-    world.put_claim(claim("s1", "small", 1, second=1))
-    world.put_claim(claim("s2", "small", 1, second=2))
+    world.put_claim(claim("s1", class_name="small", count=1, created=at(1)))
+    world.put_claim(claim("s2", class_name="small", count=1, created=at(2)))
     s2_landed = threading.Event()
 
     def boom(_obj: Obj) -> None:
@@ -327,43 +234,44 @@ def test_a_pass_raises_a_write_failure_only_after_its_other_writes_ended(world: 
     with pytest.raises(errors.ApiError):
         world.reconcile("small")
     assert s2_landed.is_set()
-    assert world.api.status("s2")["phase"] == "Bound"
+    assert world.status("s2")["phase"] == "Bound"
     # The refused write is forgotten: s1 is counted as the watch has it (Pending, no hold).
     assert (world.inventory.claim((NS, "s1")) or {}).get("status") is None
     assert world.inventory.claim((NS, "s2"))["status"]["phase"] == "Bound"  # type: ignore[index]
 
 
 def test_a_conflict_on_the_binders_own_retried_write_counts_as_bound(world: World) -> None:
-    world.put_class(gpu_class("small"))
+    world.put_class(objects.gpuclass("small", resource=RESOURCE))
     world.put_node(node("n1", 4))
-    world.put_claim(claim("s1", "small", 2, second=1))
+    world.put_claim(claim("s1", class_name="small", count=2, created=at(1)))
     world.api.land_then_conflict.add("s1")
 
     world.reconcile("small")
 
-    assert world.api.status("s1")["phase"] == "Bound"
+    assert world.status("s1")["phase"] == "Bound"
     counted = world.inventory.claim((NS, "s1"))
     assert counted is not None and counted["status"]["nodeName"] == "n1"
     assert world.events.reasons("s1") == ["Bound"]
-    writes = len(world.api.writes)
+    writes = len(world.writes())
     world.reconcile("small")  # the cache still shows it Pending: nothing more to do
-    assert len(world.api.writes) == writes
+    assert len(world.writes()) == writes
 
 
 def test_a_conflict_from_another_writer_forgets_the_binding(world: World) -> None:
-    world.put_class(gpu_class("small"))
+    world.put_class(objects.gpuclass("small", resource=RESOURCE))
     world.put_node(node("n1", 4))
-    world.put_claim(claim("s1", "small", 2, second=1))
+    world.put_claim(claim("s1", class_name="small", count=2, created=at(1)))
 
     def someone_else_writes(_obj: Obj) -> None:
-        with world.api.lock:
-            world.api._store(world.api.claims["s1"])
+        stored = world.api.stored(GPUClaim, "s1", NS)
+        assert stored is not None
+        world.api.add(GPUClaim, stored)
 
     world.api.before["s1"] = someone_else_writes
 
     world.reconcile("small")
 
-    assert world.api.status("s1").get("phase") is None
+    assert world.status("s1").get("phase") is None
     assert world.inventory.node("n1") is not None
     assert (world.inventory.claim((NS, "s1")) or {}).get("status") is None
     assert world.events.reasons("s1") == []
@@ -372,9 +280,9 @@ def test_a_conflict_from_another_writer_forgets_the_binding(world: World) -> Non
 def test_a_bind_with_an_unknown_outcome_waits_for_the_watch_then_expires_and_binds_again(
     world: World,
 ) -> None:
-    world.put_class(gpu_class("small"))
+    world.put_class(objects.gpuclass("small", resource=RESOURCE))
     world.put_node(node("n1", 2))
-    world.put_claim(claim("s1", "small", 2, second=1))
+    world.put_claim(claim("s1", class_name="small", count=2, created=at(1)))
 
     def timed_out(_obj: Obj) -> None:
         raise errors.ApiError(504, "Timeout", "the server was unable to return a response")
@@ -384,15 +292,15 @@ def test_a_bind_with_an_unknown_outcome_waits_for_the_watch_then_expires_and_bin
         world.reconcile("small")
     assert world.inventory.node("n1") is not None
     # It may have landed: its units stay counted, and the next pass does not resend it.
-    writes = len(world.api.writes)
+    writes = len(world.writes())
     result = world.reconcile("small")
-    assert len(world.api.writes) == writes
+    assert len(world.writes()) == writes
     assert isinstance(result, Result) and result.requeue_after is not None
     assert result.requeue_after > ASSUME_TTL - 1
     world.api.before.clear()
     world.clock.advance(result.requeue_after)
     world.reconcile("small")
-    assert world.api.status("s1")["phase"] == "Bound"
+    assert world.status("s1")["phase"] == "Bound"
 
 
 # -- defect: phantom re-planning right after a bind -------------------------------------------
@@ -401,22 +309,22 @@ def test_a_bind_with_an_unknown_outcome_waits_for_the_watch_then_expires_and_bin
 def test_the_pass_after_a_bind_neither_plans_it_again_nor_reports_no_capacity(
     world: World,
 ) -> None:
-    world.put_class(gpu_class("a10"))
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
     world.put_node(node("n1", 4))
     world.put_node(node("n2", 4))
-    world.put_claim(claim("four", "a10", 4, second=1))
+    world.put_claim(claim("four", class_name="a10", count=4, created=at(1)))
 
     world.reconcile("a10")
-    assert world.api.status("four")["phase"] == "Bound"
-    writes = list(world.api.writes)
+    assert world.status("four")["phase"] == "Bound"
+    writes = list(world.writes())
 
     world.reconcile("a10")  # the claims cache still shows "four" Pending
 
-    assert world.api.writes == writes, "the bound claim was planned again"
+    assert world.writes() == writes, "the bound claim was planned again"
     assert "NoCapacity" not in world.events.reasons("four")
     world.sync("four")  # the watch catches up: the same answer
     world.reconcile("a10")
-    assert world.api.writes == writes
+    assert world.writes() == writes
 
 
 # -- defect: node loss noticed late; Lost goes back to Pending ---------------------------------
@@ -424,9 +332,11 @@ def test_the_pass_after_a_bind_neither_plans_it_again_nor_reports_no_capacity(
 
 def test_deleting_a_node_that_was_already_not_ready_wakes_the_classes_of_its_claims() -> None:
     inventory = Inventory()
-    inventory.apply_class(gpu_class("a10"))
+    inventory.apply_class(objects.gpuclass("a10", resource=RESOURCE))
     inventory.apply_node(node("n1", 4))
-    inventory.apply_claim(claim("hold", "a10", 2, second=1, phase="Bound", nodeName="n1"))
+    inventory.apply_claim(
+        claim("hold", class_name="a10", count=2, created=at(1), phase="Bound", node="n1")
+    )
     inventory.apply_node(node("n1", 4, ready=False))
     notices: list[Obj] = []
     inventory.changes.add_handlers(Handlers(on_add=notices.append))
@@ -439,17 +349,17 @@ def test_deleting_a_node_that_was_already_not_ready_wakes_the_classes_of_its_cla
 def test_a_lost_claim_that_cannot_be_bound_again_waits_as_pending_with_the_reason(
     world: World,
 ) -> None:
-    world.put_class(gpu_class("a10"))
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
     world.put_node(node("n1", 4))
-    world.put_claim(claim("hold", "a10", 2, second=1))
+    world.put_claim(claim("hold", class_name="a10", count=2, created=at(1)))
     world.reconcile("a10")
     world.sync("hold")
-    assert world.api.status("hold")["nodeName"] == "n1"
+    assert world.status("hold")["nodeName"] == "n1"
 
     world.delete_node("n1")
     world.reconcile("a10")
 
-    status = world.api.status("hold")
+    status = world.status("hold")
     assert status["phase"] == "Pending"
     assert "nodeName" not in status
     [bound] = [c for c in status["conditions"] if c["type"] == "Bound"]
@@ -457,14 +367,14 @@ def test_a_lost_claim_that_cannot_be_bound_again_waits_as_pending_with_the_reaso
     assert "n1 is gone" in bound["message"]
     assert world.events.reasons("hold") == ["Bound", "NodeLost", "NoCapacity"]
     world.sync("hold")
-    writes = list(world.api.writes)
+    writes = list(world.writes())
     world.reconcile("a10")  # waiting on: the condition keeps naming the lost node
-    assert world.api.writes == writes
+    assert world.writes() == writes
 
     world.put_node(node("n2", 4))
     world.sync("hold")
     world.reconcile("a10")
-    assert (world.api.status("hold")["phase"], world.api.status("hold")["nodeName"]) == (
+    assert (world.status("hold")["phase"], world.status("hold")["nodeName"]) == (
         "Bound",
         "n2",
     )

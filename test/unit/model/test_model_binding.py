@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import binding, capacity
+from harness import objects
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -30,10 +31,7 @@ def gpuclass(
     mode: str = "passthrough",
     tolerations: list[Obj] | None = None,
 ) -> Obj:
-    spec: Obj = {"mode": mode, "source": {"devicePlugin": {"resourceName": resource}}}
-    if tolerations is not None:
-        spec["tolerations"] = tolerations
-    return {"metadata": {"name": name}, "spec": spec}
+    return objects.gpuclass(name, resource=resource, mode=mode, tolerations=tolerations)
 
 
 A10 = gpuclass(tolerations=[{"key": "gpu.cozystack.io/dedicated", "operator": "Exists"}])
@@ -48,20 +46,7 @@ def node(
     cordoned: bool = False,
     taints: list[Obj] | None = None,
 ) -> Obj:
-    spec: Obj = {}
-    if cordoned:
-        spec["unschedulable"] = True
-    if taints:
-        spec["taints"] = taints
-    return {
-        "metadata": {"name": name},
-        "spec": spec,
-        "status": {
-            "capacity": {k: str(v) for k, v in allocatable.items()},
-            "allocatable": {k: str(v) for k, v in allocatable.items()},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+    return objects.node(name, allocatable, ready=ready, cordoned=cordoned, taints=taints or None)
 
 
 def stamp(moment: datetime.datetime) -> str:
@@ -84,17 +69,19 @@ def claim(
     refused: list[Obj] | None = None,
     deleting: bool = False,
 ) -> Obj:
-    meta: Obj = {"name": name, "namespace": namespace, "creationTimestamp": at(created)}
+    obj = objects.claim(
+        name,
+        namespace=namespace,
+        class_name=class_name,
+        count=count,
+        created=at(created),
+        phase=phase,
+        node=node_name,
+        status={} if refused is None else {"refusedNodes": refused},
+    )
     if deleting:
-        meta["deletionTimestamp"] = at(created + 1)
-    status: Obj = {}
-    if phase is not None:
-        status["phase"] = phase
-    if node_name is not None:
-        status["nodeName"] = node_name
-    if refused is not None:
-        status["refusedNodes"] = refused
-    return {"metadata": meta, "spec": {"className": class_name, "count": count}, "status": status}
+        obj["metadata"]["deletionTimestamp"] = at(created + 1)
+    return obj
 
 
 def ledger_of(nodes: list[Obj], bound: list[tuple[Obj, str]] | None = None) -> capacity.Ledger:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import capacity, scheduling
+from harness import objects
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -33,30 +34,18 @@ def node(
     taints: list[Obj] | None = None,
 ) -> Obj:
     allocatable = allocatable or {}
-    spec: Obj = {}
-    if cordoned:
-        spec["unschedulable"] = True
-    if taints:
-        spec["taints"] = taints
-    return {
-        "metadata": {"name": name},
-        "spec": spec,
-        "status": {
-            "capacity": {k: str(v) for k, v in (capacity_ or allocatable).items()},
-            "allocatable": {k: str(v) for k, v in allocatable.items()},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+    return objects.node(
+        name,
+        allocatable,
+        capacity=capacity_ or allocatable,
+        ready=ready,
+        cordoned=cordoned,
+        taints=taints or None,
+    )
 
 
 def vmi_owner(uid: str) -> Obj:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "name": f"vm-{uid}",
-        "uid": uid,
-        "controller": True,
-    }
+    return objects.owner(f"vm-{uid}", uid)
 
 
 def pod(
@@ -73,26 +62,22 @@ def pod(
 ) -> Obj:
     """A pod; ``labelled`` sets the claims label (anyone can), ``vmi`` makes it a launcher pod
     controlled by the VMI of that UID (``launcher_label``: with KubeVirt's label)."""
-    meta: Obj = {"name": name, "namespace": namespace}
     labels: dict[str, str] = {}
     if labelled:
         labels["gpu.cozystack.io/claims"] = "true"
-    if vmi is not None:
-        meta["ownerReferences"] = [vmi_owner(vmi)]
-        if launcher_label:
-            labels["kubevirt.io"] = "virt-launcher"
+    if vmi is not None and launcher_label:
+        labels["kubevirt.io"] = "virt-launcher"
     if migration:
         labels["kubevirt.io/migrationJobUID"] = "m-1"
-    if labels:
-        meta["labels"] = labels
-    spec: Obj = {
-        "containers": [
-            {"name": "c", "resources": {"requests": {k: str(v) for k, v in usage.items()}}}
-        ]
-    }
-    if node_name:
-        spec["nodeName"] = node_name
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+    return objects.pod(
+        name,
+        namespace=namespace,
+        node_name=node_name or None,
+        requests={k: str(v) for k, v in usage.items()},
+        phase=phase,
+        labels=labels or None,
+        owners=None if vmi is None else [vmi_owner(vmi)],
+    )
 
 
 def claim(
@@ -108,24 +93,22 @@ def claim(
 ) -> Obj:
     """A claim; ``attached`` records an attachment to the VMI of that UID (``""``: not
     confirmed yet, no UID), ``owned_by`` makes it the template claim of that VMI."""
-    meta: Obj = {"name": name, "namespace": namespace}
-    if deleting:
-        meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    if owned_by is not None:
-        meta["ownerReferences"] = [vmi_owner(owned_by)]
-    status: Obj = {"phase": phase}
-    if node_name:
-        status["nodeName"] = node_name
-    if attached is not None:
-        status["attachment"] = {"vmi": f"vm-{attached or 'x'}", "uid": attached or None}
-    return {"metadata": meta, "spec": {"className": "a10", "count": count}, "status": status}
+    return objects.claim(
+        name,
+        namespace=namespace,
+        count=count,
+        phase=phase,
+        node=node_name or None,
+        attached=None
+        if attached is None
+        else {"vmi": f"vm-{attached or 'x'}", "uid": attached or None},
+        owners=None if owned_by is None else [vmi_owner(owned_by)],
+        deleting=deleting,
+    )
 
 
 def gpu_class(name: str, resource: str, tolerations: list[Obj] | None = None) -> Obj:
-    spec: Obj = {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": resource}}}
-    if tolerations:
-        spec["tolerations"] = tolerations
-    return {"metadata": {"name": name}, "spec": spec}
+    return objects.gpuclass(name, resource=resource, tolerations=tolerations or None)
 
 
 # -- per-node figures ----------------------------------------------------------------------

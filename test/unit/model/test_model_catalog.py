@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import capacity, catalog
+from harness import objects
 
 Obj = dict[str, Any]
 RESOURCES = ["r.io/a", "r.io/b"]
@@ -15,40 +16,23 @@ NODES = [f"n{i}" for i in range(4)]
 
 
 def node(name: str, units: dict[str, int], ready: bool, cordoned: bool, tainted: bool) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "unschedulable": cordoned,
-            "taints": [{"key": "gpu", "effect": "NoSchedule"}] if tainted else [],
-        },
-        "status": {
-            "allocatable": {r: str(n) for r, n in units.items()},
-            "capacity": {r: str(n) for r, n in units.items()},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
+    taints = [{"key": "gpu", "effect": "NoSchedule"}] if tainted else []
+    return objects.node(name, units, ready=ready, cordoned=cordoned, taints=taints)
 
 
 def gpu_class(name: str, resource: str, tolerant: bool) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "mode": "passthrough",
-            "source": {"devicePlugin": {"resourceName": resource}},
-            "tolerations": [{"key": "gpu", "operator": "Exists"}] if tolerant else [],
-        },
-    }
+    tolerations = [{"key": "gpu", "operator": "Exists"}] if tolerant else []
+    return objects.gpuclass(name, resource=resource, tolerations=tolerations)
 
 
 def pod(i: int, node_name: str, resource: str, units: int) -> Obj:
-    return {
-        "metadata": {"name": f"p{i}", "namespace": "t"},
-        "spec": {
-            "nodeName": node_name,
-            "containers": [{"name": "c", "resources": {"requests": {resource: str(units)}}}],
-        },
-        "status": {"phase": "Running"},
-    }
+    return objects.pod(
+        f"p{i}",
+        namespace="t",
+        node_name=node_name,
+        requests={resource: str(units)},
+        phase="Running",
+    )
 
 
 nodes_st = st.builds(

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuoperator.model import claims
+from harness import objects
 
 Obj = dict[str, Any]
 
@@ -24,20 +25,13 @@ def owner(uid: str = "u1", name: str = "vm", **extra: Any) -> Obj:
 
 
 def claim(attachment: Obj | None = None, owners: list[Obj] | None = None) -> Obj:
-    meta: Obj = {"name": "c", "namespace": "ns"}
-    if owners is not None:
-        meta["ownerReferences"] = owners
-    status: Obj = {"phase": "Bound", "nodeName": "n1"}
-    if attachment is not None:
-        status["attachment"] = attachment
-    return {"metadata": meta, "spec": {"className": "a10", "count": 1}, "status": status}
+    return objects.claim(
+        "c", namespace="ns", phase="Bound", node="n1", attached=attachment, owners=owners
+    )
 
 
 def vmi(name: str = "vm", uid: str = "u1", *, deleting: bool = False, phase: str = "") -> Obj:
-    meta: Obj = {"name": name, "namespace": "ns", "uid": uid}
-    if deleting:
-        meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {"phase": phase} if phase else {}}
+    return objects.vmi(name, namespace="ns", uid=uid, deleting=deleting, phase=phase or None)
 
 
 def test_the_phases_are_the_contracts() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from gpuoperator import names
 from gpuoperator.model import licensing
+from harness import objects
 
 Obj = dict[str, Any]
 
@@ -21,25 +22,24 @@ SOURCE_CONF = base64.b64encode(b"FeatureType=2\nServerAddress=evil\n").decode()
 
 
 def gpu_class(name: str = "l40s", mode: str = "vgpu", **license_: Any) -> Obj:
-    spec: Obj = {"mode": mode}
-    if license_:
-        spec["license"] = license_
-    return {"metadata": {"name": name}, "spec": spec}
+    extra: dict[str, Any] = {"license": license_} if license_ else {}
+    return objects.gpuclass(name, mode=mode, **extra)
 
 
 def source(data: Obj | None = None, *, type_: str = "Opaque", rv: str = "41") -> Obj:
-    return {
-        "metadata": {"name": "nls-token", "namespace": "gpu-operator", "resourceVersion": rv},
-        "type": type_,
-        "data": {"client_configuration_token.tok": TOKEN} if data is None else data,
-    }
+    return objects.secret(
+        "nls-token",
+        "gpu-operator",
+        data={"client_configuration_token.tok": TOKEN} if data is None else data,
+        rv=rv,
+        type_=type_,
+    )
 
 
 def claim(namespace: str, class_name: str = "l40s", *, deleting: bool = False) -> Obj:
-    meta: Obj = {"name": f"c-{namespace}", "namespace": namespace}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "spec": {"className": class_name, "count": 1}}
+    return objects.claim(
+        f"c-{namespace}", namespace=namespace, class_name=class_name, deleting=deleting
+    )
 
 
 def decoded_conf(secret: Obj) -> str:

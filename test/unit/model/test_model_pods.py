@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import pods
+from harness import objects
 
 Obj = dict[str, Any]
 G = "nvidia.com/gpu"
@@ -34,15 +35,20 @@ def pod(
     phase: str | None = "Running",
     labels: dict[str, str] | None = None,
 ) -> Obj:
-    spec: Obj = {"containers": containers or [], "nodeName": "n1"}
+    spec: Obj = {}
     if init:
         spec["initContainers"] = init
     if overhead:
         spec["overhead"] = overhead
-    meta: Obj = {"name": "p", "namespace": "ns"}
-    if labels:
-        meta["labels"] = labels
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase} if phase else {}}
+    return objects.pod(
+        "p",
+        namespace="ns",
+        node_name="n1",
+        containers=containers or [],
+        phase=phase,
+        labels=labels or None,
+        **spec,
+    )
 
 
 @pytest.mark.parametrize(

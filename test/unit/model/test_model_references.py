@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from gpuoperator.model import references
 from gpuoperator.model.references import HeldRef, TemplateRef
+from harness import objects
+from harness.offline import apply_json_patch, apply_merge_patch, pointer_tokens
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -39,12 +41,8 @@ def gpuclass(
     max_count: int | None = None,
     tolerations: list[Obj] | None = None,
 ) -> Obj:
-    spec: Obj = {"mode": mode, "source": {"devicePlugin": {"resourceName": resource}}}
-    if max_count is not None:
-        spec["maxCount"] = max_count
-    if tolerations is not None:
-        spec["tolerations"] = tolerations
-    return {"metadata": {"name": name}, "spec": spec}
+    extra: dict[str, Any] = {} if max_count is None else {"maxCount": max_count}
+    return objects.gpuclass(name, mode=mode, resource=resource, tolerations=tolerations, **extra)
 
 
 CLASSES: dict[str, Obj] = {
@@ -63,15 +61,16 @@ def claim(
     deleting: bool = False,
     attachment: Obj | None = None,
 ) -> Obj:
-    meta: Obj = {"name": name, "namespace": NS, "resourceVersion": "7"}
-    if template:
-        meta["labels"] = {"gpu.cozystack.io/template-claim": "true"}
-    if deleting:
-        meta["deletionTimestamp"] = "2024-05-01T11:00:00Z"
-    obj: Obj = {"metadata": meta, "spec": {"className": class_name, "count": count}}
-    if attachment is not None:
-        obj["status"] = {"phase": "Bound", "attachment": attachment}
-    return obj
+    return objects.claim(
+        name,
+        class_name=class_name,
+        count=count,
+        rv=7,
+        labels={"gpu.cozystack.io/template-claim": "true"} if template else None,
+        deleting=deleting,
+        phase="Bound" if attachment is not None else None,
+        attached=attachment,
+    )
 
 
 def vmi(
@@ -83,59 +82,18 @@ def vmi(
     host_devices: list[Obj] | None = None,
     deleting: bool = False,
 ) -> Obj:
-    meta: Obj = {"name": name, "namespace": NS}
-    if uid:
-        meta["uid"] = uid
-    if refs is not None:
-        meta["labels"] = {"gpu.cozystack.io/claims": "true"}
-        meta["annotations"] = {"gpu.cozystack.io/claims": refs}
-    if deleting:
-        meta["deletionTimestamp"] = "2024-05-01T11:00:00Z"
     devices: Obj = {"disks": []}
     if gpus is not None:
         devices["gpus"] = gpus
     if host_devices is not None:
         devices["hostDevices"] = host_devices
-    return {"metadata": meta, "spec": {"domain": {"devices": devices}}}
+    return objects.vmi(
+        name, uid=uid or None, refs=refs, deleting=deleting, rv=None, devices=devices
+    )
 
 
 def namespace(entitled: bool = False) -> Obj:
-    labels = {"gpu.cozystack.io/vgpu-entitled": "true"} if entitled else {}
-    return {"metadata": {"name": NS, "labels": labels}}
-
-
-def unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
-def apply_json_patch(obj: Obj, ops: list[Obj]) -> Obj:
-    """The ``add`` ops of RFC 6902 (all the module emits), on a copy."""
-    out = copy.deepcopy(obj)
-    for op in ops:
-        assert op["op"] == "add"
-        tokens = [unescape(t) for t in op["path"].split("/")[1:]]
-        parent: Any = out
-        for token in tokens[:-1]:
-            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
-        last, value = tokens[-1], copy.deepcopy(op["value"])
-        if isinstance(parent, list):
-            parent.insert(len(parent) if last == "-" else int(last), value)
-        else:
-            parent[last] = value
-    return out
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = apply_merge_patch(out.get(key), value)
-    return out
+    return objects.namespace(NS, entitled=entitled)
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -888,6 +846,9 @@ def test_attachment_patch_records_the_vmi_by_name_and_drops_a_stale_uid() -> Non
 # -- the pod webhook --------------------------------------------------------------------------
 
 
+LAUNCHER_LABELS = {"kubevirt.io": "virt-launcher", "gpu.cozystack.io/claims": "true"}
+
+
 def pod(
     *,
     labels: Obj | None = None,
@@ -896,27 +857,20 @@ def pod(
     tolerations: list[Obj] | None = None,
     affinity: Obj | None = None,
 ) -> Obj:
-    meta: Obj = {
-        "name": "virt-launcher-vm1-abcde",
-        "namespace": NS,
-        "resourceVersion": "99",
-        "labels": {"kubevirt.io": "virt-launcher", "gpu.cozystack.io/claims": "true"}
-        if labels is None
-        else labels,
-    }
-    if annotations is not None:
-        meta["annotations"] = annotations
-    spec: Obj = {"containers": [{"name": "compute"}]}
+    spec: Obj = {}
     if gates is not None:
         spec["schedulingGates"] = gates
     if tolerations is not None:
         spec["tolerations"] = tolerations
     if affinity is not None:
         spec["affinity"] = affinity
-    return {"metadata": meta, "spec": spec}
-
-
-LAUNCHER_LABELS = {"kubevirt.io": "virt-launcher", "gpu.cozystack.io/claims": "true"}
+    return objects.pod(
+        "virt-launcher-vm1-abcde",
+        rv=99,
+        labels=dict(LAUNCHER_LABELS) if labels is None else labels,
+        annotations=annotations,
+        **spec,
+    )
 
 
 @pytest.mark.parametrize(
@@ -1070,7 +1024,7 @@ def test_pod_patches_combine_into_one_admission_patch() -> None:
 )
 def test_json_pointer_escapes(parts: tuple[str, ...], pointer: str) -> None:
     assert references.json_pointer(*parts) == pointer
-    assert [unescape(t) for t in pointer.split("/")[1:]] == list(parts)
+    assert pointer_tokens(pointer) == list(parts)
 
 
 # -- the placement controller -----------------------------------------------------------------

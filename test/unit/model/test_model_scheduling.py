@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import scheduling
+from harness import objects
 
 Obj = dict[str, Any]
 
@@ -29,24 +30,11 @@ def node(
     taints: list[Obj] | None = None,
     name: str = "n1",
 ) -> Obj:
-    spec: Obj = {}
-    if unschedulable:
-        spec["unschedulable"] = True
-    if taints:
-        spec["taints"] = taints
-    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
-    return {
-        "metadata": {"name": name},
-        "spec": spec,
-        "status": {"allocatable": {}, "conditions": conditions},
-    }
+    return objects.node(name, {}, ready=ready, cordoned=unschedulable, taints=taints or None)
 
 
 def gpu_class(tolerations: list[Obj] | None = None) -> Obj:
-    spec: Obj = {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": "x.io/g"}}}
-    if tolerations is not None:
-        spec["tolerations"] = tolerations
-    return {"metadata": {"name": "a10"}, "spec": spec}
+    return objects.gpuclass(resource="x.io/g", tolerations=tolerations)
 
 
 GPU_TAINT = taint("nvidia.com/gpu", "present")

@@ -8,15 +8,13 @@ from typing import Any
 import pytest
 
 from gpuoperator.model import tenants
+from harness import objects
 
 LABEL = "gpu.cozystack.io/vgpu-entitled"
 
 
 def namespace(labels: dict[str, str] | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "tenant-a"}
-    if labels is not None:
-        meta["labels"] = labels
-    return {"metadata": meta}
+    return objects.namespace("tenant-a", labels=labels)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.kinds import GPUClaim
+from harness import objects
 
 Reply = tuple[int, dict[str, str], Any]
 
@@ -111,15 +112,7 @@ def client(script: Script, clock: FakeClock) -> Client:
 
 
 def claim(rv: str | None = "5") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "hold", "namespace": "t"}
-    if rv:
-        meta["resourceVersion"] = rv
-    return {
-        "apiVersion": "cozystack.io/v1alpha1",
-        "kind": "GPUClaim",
-        "metadata": meta,
-        "spec": {"className": "a10", "count": 1},
-    }
+    return objects.claim("hold", namespace="t", rv=rv)
 
 
 def test_paths_for_core_and_group_kinds() -> None:

@@ -134,24 +134,20 @@ def test_terminal_and_fenced_outcomes_are_not_retried(outcome: Exception, result
     assert result_line(logs)["result"] == result
 
 
+WAIT = 10.0  # seconds a step may wait for another thread (a deadline, not a pause)
+
+
 def test_started_controller_reconciles_seeded_and_enqueued_keys_once_each() -> None:
     seen: list[Key] = []
     done = threading.Event()
     lock = threading.Lock()
-    concurrent = 0
-    peak = 0
 
     class Counting:
         def reconcile(self, key: Key) -> None:
-            nonlocal concurrent, peak
             with lock:
-                concurrent += 1
-                peak = max(peak, concurrent)
                 seen.append(key)
                 if len(seen) == 3:
                     done.set()
-            with lock:
-                concurrent -= 1
 
     c: Controller[Key] = Controller(
         "seeded",
@@ -163,7 +159,112 @@ def test_started_controller_reconciles_seeded_and_enqueued_keys_once_each() -> N
     c.enqueue(("", "dropped-while-stopped"))
     c.start()
     c.enqueue(("", "c"))
-    assert done.wait(10)
+    assert done.wait(WAIT)
     assert c.stop(5)
     assert sorted(seen) == [("", "a"), ("", "b"), ("", "c")]
     assert not c.running
+
+
+class Journal:
+    """Reconciles that write ``("start", key)`` and ``("end", key)`` and keep the most
+    reconciles of one key, and of all keys, that ran at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: list[tuple[str, Key]] = []
+        self.active: dict[Key, int] = {}
+        self.peak_per_key = 0
+        self.peak = 0
+
+    def start(self, key: Key) -> None:
+        with self.lock:
+            self.entries.append(("start", key))
+            self.active[key] = self.active.get(key, 0) + 1
+            self.peak_per_key = max(self.peak_per_key, self.active[key])
+            self.peak = max(self.peak, sum(self.active.values()))
+
+    def end(self, key: Key) -> None:
+        with self.lock:
+            self.entries.append(("end", key))
+            self.active[key] -= 1
+
+    def of(self, key: Key) -> list[str]:
+        with self.lock:
+            return [step for step, k in self.entries if k == key]
+
+
+def test_a_key_added_again_while_it_is_reconciled_runs_again_only_after_the_first_returned() -> (
+    None
+):
+    """The first reconcile of "a" blocks; "a" is added again, then "b". A free worker takes
+    "b", never the second "a" (the queue hands out a key only once it is done), and the second
+    "a" starts after the first returned."""
+    a, b = ("", "a"), ("", "b")
+    journal = Journal()
+    first_started, release = threading.Event(), threading.Event()
+    b_done, second_a_done = threading.Event(), threading.Event()
+
+    class Blocking:
+        def reconcile(self, key: Key) -> None:
+            journal.start(key)
+            try:
+                if key == a and not first_started.is_set():
+                    first_started.set()
+                    assert release.wait(WAIT)
+            finally:
+                journal.end(key)
+                if key == b:
+                    b_done.set()
+                elif journal.of(a).count("end") == 2:
+                    second_a_done.set()
+
+    c: Controller[Key] = Controller("stingy", Blocking(), workers=2, registry=CollectorRegistry())
+    c.start()
+    try:
+        c.enqueue(a)
+        assert first_started.wait(WAIT)
+        c.enqueue(a)  # dirty while processing
+        c.enqueue(b)
+        assert b_done.wait(WAIT)
+        assert journal.of(a) == ["start"], "the second reconcile of a started while the first ran"
+        release.set()
+        assert second_a_done.wait(WAIT)
+    finally:
+        release.set()
+        assert c.stop(5)
+    assert journal.of(a) == ["start", "end", "start", "end"]
+    assert journal.peak_per_key == 1
+
+
+def test_different_keys_are_reconciled_at_once_by_several_workers() -> None:
+    """Each reconcile waits at a barrier for the other: both pass only if two workers run
+    them at the same time."""
+    journal = Journal()
+    both = threading.Barrier(2, timeout=WAIT)
+    passed: list[Key] = []
+    finished = threading.Event()
+
+    class Meeting:
+        def reconcile(self, key: Key) -> None:
+            journal.start(key)
+            try:
+                both.wait()
+                with journal.lock:
+                    passed.append(key)
+            finally:
+                journal.end(key)
+                with journal.lock:
+                    if len(journal.entries) == 4:
+                        finished.set()
+
+    c: Controller[Key] = Controller("parallel", Meeting(), workers=2, registry=CollectorRegistry())
+    c.start()
+    try:
+        c.enqueue(("", "a"))
+        c.enqueue(("", "b"))
+        assert finished.wait(WAIT)
+    finally:
+        both.abort()
+        assert c.stop(5)
+    assert sorted(passed) == [("", "a"), ("", "b")]
+    assert journal.peak == 2

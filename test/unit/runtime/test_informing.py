@@ -25,15 +25,13 @@ from gpuoperator.runtime.informing import (
     by_label,
     by_namespace,
 )
+from harness import objects
 
 Obj = dict[str, Any]
 
 
 def pod(name: str, rv: str, node: str = "", ns: str = "default", **labels: str) -> Obj:
-    return {
-        "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels},
-        "spec": {"nodeName": node},
-    }
+    return objects.pod(name, namespace=ns, rv=rv, labels=labels, node_name=node, containers=[])
 
 
 class ScriptedSource:

@@ -8,15 +8,15 @@ split set where it fits, a refused pinned pod recorded with expiry and deleted, 
 targets never touched).
 
 Real ``Store``s (through the real shared-cache registration) and a real ``Inventory``; the
-API server is a small fake that keeps objects, applies merge patches, honours
-resourceVersion and UID preconditions, and records every call.
+API server is the harness's fake (``harness.offline.FakeApi``): it keeps objects, applies
+merge patches, honours resourceVersion and UID preconditions, and records every call.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
-import json
+import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -24,19 +24,17 @@ import pykube
 import pytest
 
 from controllers import attachments, claim_protection, claim_status, placement, template_claims
-from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import references, slimming
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
 from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
+from harness import objects
+from harness.offline import FakeApi, FakeRecorder, offline_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -46,343 +44,25 @@ GATE = names.PLACEMENT_GATE
 START = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
-# -- fakes ------------------------------------------------------------------------------------
-
-
-class _NoServerManager:
-    """Enough of ``Manager`` for ``caches.register``: informers that are never started."""
-
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
-
-
-def make_caches() -> cachesmod.Caches:
-    return cachesmod.register(cast("Manager", _NoServerManager()))
-
-
-def _merge(target: Obj, patch: Obj) -> Obj:
-    """RFC 7386 JSON merge patch."""
-    out = copy.deepcopy(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-class FakeApi:
-    """A tiny API server: objects by (kind, namespace, name), every call recorded."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], Obj] = {}
-        self.calls: list[tuple[str, str, str, Any]] = []
-        self.conflict_next: set[str] = set()  # verbs whose next call fails with 409
-        self._rv = 100
-
-    def add(self, kind: Kind, obj: Obj) -> Obj:
-        self._rv += 1
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["resourceVersion"] = str(self._rv)
-        stored["metadata"].setdefault("uid", f"uid-{stored['metadata']['name']}")
-        self.objects[
-            (kind.kind, stored["metadata"].get("namespace", ""), obj["metadata"]["name"])
-        ] = stored
-        return copy.deepcopy(stored)
-
-    def writes(self) -> list[tuple[str, str, str, Any]]:
-        return [c for c in self.calls if c[0] != "get"]
-
-    def _conflict(self, verb: str) -> None:
-        if verb in self.conflict_next:
-            self.conflict_next.discard(verb)
-            raise errors.ConflictError(409, "Conflict", "the object has been modified")
-
-    def _stored(self, kind: Kind, name: str, namespace: str | None) -> Obj:
-        found = self.objects.get((kind.kind, namespace or "", name))
-        if found is None:
-            raise errors.NotFoundError(404, "NotFound", f"{kind.kind} {name} not found")
-        return found
-
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
-        self.calls.append(("get", kind.kind, name, None))
-        return copy.deepcopy(self._stored(kind, name, namespace))
-
-    def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
-        try:
-            return self.get(kind, name, namespace)
-        except errors.NotFoundError:
-            return None
-
-    def create(self, kind: Kind, obj: Obj) -> Obj:
-        self.calls.append(("create", kind.kind, obj["metadata"]["name"], copy.deepcopy(obj)))
-        key = (kind.kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-        if key in self.objects:
-            raise errors.AlreadyExistsError(409, "AlreadyExists", "exists")
-        return self.add(kind, obj)
-
-    def patch(
-        self,
-        kind: Kind,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-        **_: Any,
-    ) -> Obj:
-        self.calls.append(("patch", kind.kind, name, {"body": patch, "subresource": subresource}))
-        self._conflict("patch")
-        current = self._stored(kind, name, namespace)
-        wanted = (patch.get("metadata") or {}).get("resourceVersion")
-        if wanted and wanted != current["metadata"]["resourceVersion"]:
-            raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
-        merged = _merge(current, patch)
-        return self.add(kind, merged)
-
-    def replace(self, kind: Kind, obj: Obj) -> Obj:
-        name = obj["metadata"]["name"]
-        self.calls.append(("replace", kind.kind, name, copy.deepcopy(obj)))
-        self._conflict("replace")
-        current = self._stored(kind, name, obj["metadata"].get("namespace"))
-        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
-        return self.add(kind, {**copy.deepcopy(obj), "status": current.get("status")})
-
-    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
-        name = obj["metadata"]["name"]
-        self.calls.append(("replace_status", kind.kind, name, copy.deepcopy(obj)))
-        self._conflict("replace_status")
-        current = self._stored(kind, name, obj["metadata"].get("namespace"))
-        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise errors.ConflictError(409, "Conflict", "stale resourceVersion")
-        return self.add(kind, {**current, "status": copy.deepcopy(obj.get("status"))})
-
-    def delete(
-        self, kind: Kind, name: str, namespace: str | None = None, *, uid: str | None = None
-    ) -> None:
-        self.calls.append(("delete", kind.kind, name, {"uid": uid}))
-        current = self._stored(kind, name, namespace)
-        if uid and current["metadata"]["uid"] != uid:
-            raise errors.ConflictError(409, "Conflict", "uid precondition failed")
-        del self.objects[(kind.kind, namespace or "", name)]
-
-
-class FakeRecorder:
-    def __init__(self) -> None:
-        self.events: list[Obj] = []
-
-    def event(
-        self,
-        obj: Obj,
-        type_: str,
-        reason: str,
-        message: str,
-        *,
-        kind: str | None = None,
-        api_version: str = names.API_VERSION,
-    ) -> None:
-        self.events.append(
-            {
-                "name": obj["metadata"]["name"],
-                "kind": kind,
-                "apiVersion": api_version,
-                "type": type_,
-                "reason": reason,
-                "message": message,
-            }
-        )
-
-    def reasons(self) -> list[str]:
-        return [e["reason"] for e in self.events]
-
-
 # -- objects ----------------------------------------------------------------------------------
 
-
-def vmi(
-    name: str = "vm1",
-    uid: str = VMI_UID,
-    refs: list[Obj] | None = None,
-    deleting: bool = False,
-    phase: str | None = None,
-) -> Obj:
-    refs = refs if refs is not None else [{"claim": "hold-a"}, {"claimTemplate": TEMPLATE}]
-    obj: Obj = {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "uid": uid,
-            "resourceVersion": "7",
-            "labels": {names.CLAIMS_LABEL: names.TRUE},
-            "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-        },
-        "spec": {},
-    }
-    if deleting:
-        obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    if phase:
-        obj["status"] = {"phase": phase}
-    return obj
+TEMPLATE = objects.TEMPLATE
+A10_CLASS = objects.gpuclass()
+vmi = functools.partial(
+    objects.vmi, refs=[{"claim": "hold-a"}, {"claimTemplate": TEMPLATE}], uid=VMI_UID
+)
+claim = functools.partial(
+    objects.claim,
+    rv="11",
+    generation=1,
+    finalizers=[names.CLAIM_PROTECTION_FINALIZER],
+    created="2026-01-01T00:00:00Z",
+)
+launcher_pod = objects.launcher_pod
 
 
-TEMPLATE: Obj = {"className": "a10", "count": 2}
-
-
-def claim(
-    name: str,
-    *,
-    count: int = 1,
-    phase: str | None = None,
-    node: str | None = None,
-    attached: Obj | None = None,
-    owner_uid: str | None = None,
-    rv: str = "11",
-) -> Obj:
-    obj: Obj = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.GPU_CLAIM,
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "uid": f"uid-{name}",
-            "resourceVersion": rv,
-            "generation": 1,
-            "finalizers": [names.CLAIM_PROTECTION_FINALIZER],
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": {"className": "a10", "count": count},
-        "status": {},
-    }
-    if owner_uid:
-        obj["metadata"]["labels"] = {names.TEMPLATE_CLAIM_LABEL: names.TRUE}
-        obj["metadata"]["ownerReferences"] = [
-            {
-                "apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachineInstance",
-                "name": "vm1",
-                "uid": owner_uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-    if phase:
-        obj["status"]["phase"] = phase
-    if node:
-        obj["status"]["nodeName"] = node
-    if attached:
-        obj["status"]["attachment"] = attached
-    return obj
-
-
-def gpu_node(name: str, units: int = 4) -> Obj:
-    return {
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {},
-        "status": {
-            "capacity": {A10: str(units)},
-            "allocatable": {A10: str(units)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-A10_CLASS: Obj = {
-    "metadata": {"name": "a10"},
-    "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": A10}}},
-}
-
-
-def launcher_pod(
-    name: str = "virt-launcher-vm1-abcde",
-    *,
-    gated: bool = True,
-    pinned_to: str | None = None,
-    unschedulable: bool = False,
-    migration: bool = False,
-    vmi_name: str = "vm1",
-) -> Obj:
-    refs = [{"claim": "hold-a"}, {"claimTemplate": TEMPLATE}]
-    labels = {
-        "kubevirt.io": "virt-launcher",
-        "kubevirt.io/created-by": VMI_UID,
-        "vm.kubevirt.io/name": vmi_name,
-        names.CLAIMS_LABEL: names.TRUE,
-    }
-    if migration:
-        labels["kubevirt.io/migrationJobUID"] = "mig-1"
-    spec: Obj = {
-        "containers": [
-            {
-                "name": "compute",
-                "resources": {"requests": {A10: "3", "cpu": "1"}, "limits": {A10: "3"}},
-            }
-        ],
-        "affinity": {
-            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
-        },
-    }
-    if gated:
-        spec["schedulingGates"] = [{"name": "other.example.com/gate"}, {"name": GATE}]
-    if pinned_to:
-        spec["affinity"]["nodeAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {
-                                "key": "kubernetes.io/hostname",
-                                "operator": "In",
-                                "values": [pinned_to],
-                            }
-                        ]
-                    }
-                ]
-            }
-        }
-    reason = "Unschedulable" if unschedulable else "SchedulingGated"
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "uid": f"uid-{name}",
-            "labels": labels,
-            "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "name": vmi_name,
-                    "uid": VMI_UID,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": spec,
-        "status": {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": reason,
-                    "message": "0/2 nodes are available: 1 Insufficient nvidia.com/GA102GL_A10"
-                    if unschedulable
-                    else "",
-                    "lastTransitionTime": "2026-01-01T00:00:00Z",
-                }
-            ],
-        },
-    }
+def gpu_node(name: str) -> Obj:
+    return objects.node(name, 4, labels={"kubernetes.io/hostname": name})
 
 
 # -- a world ----------------------------------------------------------------------------------
@@ -390,7 +70,7 @@ def launcher_pod(
 
 class World:
     def __init__(self, *, gpu_for_vms: bool = True) -> None:
-        self.caches = make_caches()
+        self.caches = offline_caches()
         self.api = FakeApi()
         self.recorder = FakeRecorder()
         self.clock = FakeClock(START)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness import ledger
+from harness import ledger, objects
 
 Obj = dict[str, Any]
 R = "example.com/gpu"
@@ -22,24 +22,33 @@ OWNER = {
 
 
 def claim(count: int, *, attached: str = "", owned: bool = False, node: str = "n1") -> Obj:
-    meta: Obj = {"name": "c", "namespace": "ns"}
-    if owned:
-        meta["ownerReferences"] = [OWNER]
-    status: Obj = {"phase": "Bound", "nodeName": node}
-    if attached:
-        status["attachment"] = {"vmi": "vm", "uid": attached}
-    return {"metadata": meta, "spec": {"className": "a", "count": count}, "status": status}
+    return objects.claim(
+        "c",
+        namespace="ns",
+        class_name="a",
+        count=count,
+        phase="Bound",
+        node=node,
+        attached={"vmi": "vm", "uid": attached} if attached else None,
+        owners=[OWNER] if owned else None,
+    )
 
 
 def pod(
     units: int, *, launcher: bool = False, labels: dict[str, str] | None = None, **spec: Any
 ) -> Obj:
-    meta: Obj = {"name": "p", "namespace": "ns", "labels": dict(labels or {})}
+    labels = dict(labels or {})
     if launcher:
-        meta["labels"]["kubevirt.io"] = "virt-launcher"
-        meta["ownerReferences"] = [OWNER]
-    containers = [{"name": "c", "resources": {"limits": {R: str(units)}}}]
-    return {"metadata": meta, "spec": {"nodeName": "n1", "containers": containers, **spec}}
+        labels["kubevirt.io"] = "virt-launcher"
+    return objects.pod(
+        "p",
+        namespace="ns",
+        node_name="n1",
+        limits={R: str(units)},
+        labels=labels,
+        owners=[OWNER] if launcher else None,
+        **spec,
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,13 @@ untouched. Its registration (config/webhook) is checked with the shipped manifes
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from admission import pods
 from gpuoperator.runtime import admitting
+from harness import objects
 from harness.offline import apply_json_patch, store_caches
 
 Obj = dict[str, Any]
@@ -27,14 +27,7 @@ L40S_TAINT = {"key": "gpu.example.com/model", "value": "l40s", "effect": "NoSche
 
 
 def gpuclass(name: str, tolerations: list[Obj]) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "mode": "passthrough",
-            "source": {"devicePlugin": {"resourceName": f"nvidia.com/{name}"}},
-            "tolerations": tolerations,
-        },
-    }
+    return objects.gpuclass(name, resource=f"nvidia.com/{name}", tolerations=tolerations)
 
 
 CLASSES = [
@@ -44,14 +37,11 @@ CLASSES = [
 ]
 
 
-def claim(name: str, class_name: str, namespace: str = NS) -> Obj:
-    return {
-        "metadata": {"name": name, "namespace": namespace, "resourceVersion": "3"},
-        "spec": {"className": class_name, "count": 1},
-    }
-
-
-CLAIMS = [claim("hold-l", "l40s"), claim("hold-a", "a10"), claim("elsewhere", "plain", "other")]
+CLAIMS = [
+    objects.claim("hold-l", class_name="l40s", rv=3),
+    objects.claim("hold-a", class_name="a10", rv=3),
+    objects.claim("elsewhere", class_name="plain", namespace="other", rv=3),
+]
 
 
 def pod(
@@ -99,19 +89,7 @@ def pod(
 
 
 def request(obj: Obj, operation: str = "CREATE") -> admitting.AdmissionRequest:
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "operation": operation,
-            "namespace": NS,
-            "object": obj,
-            "userInfo": {"username": "system:serviceaccount:kubevirt:kubevirt-controller"},
-        },
-    }
-    return admitting.parse(json.dumps(review).encode())
+    return objects.admission_request(obj, kind="Pod", operation=operation)
 
 
 @pytest.fixture

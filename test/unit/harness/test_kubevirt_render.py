@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from harness import kubevirt as kv
+from harness import objects
 
 A10 = "nvidia.com/GA102GL_A10"
 L40S = "nvidia.com/L40S-24Q"
@@ -17,33 +18,26 @@ Obj = dict[str, Any]
 
 
 def vmi(**spec: Any) -> Obj:
-    base: Obj = {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": "vm-a",
-            "namespace": "tenant",
-            "uid": UID,
-            "labels": {"app": "web", "gpu.cozystack.io/claims": "true"},
-            "annotations": {
-                "gpu.cozystack.io/claims": '[{"claim":"hold-a"}]',
-                "kubectl.kubernetes.io/last-applied-configuration": "{}",
-                "kubectl.kubernetes.io/restartedAt": "now",
-                "note": "kept",
-            },
+    base = objects.vmi(
+        "vm-a",
+        namespace="tenant",
+        uid=UID,
+        rv=None,
+        refs='[{"claim":"hold-a"}]',
+        labels={"app": "web"},
+        annotations={
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            "kubectl.kubernetes.io/restartedAt": "now",
+            "note": "kept",
         },
-        "spec": {
-            "domain": {
-                "devices": {
-                    "gpus": [
-                        {"name": "gpu0", "deviceName": A10},
-                        {"name": "gpu1", "deviceName": A10},
-                        {"name": "gpu2", "deviceName": L40S},
-                    ]
-                }
-            }
+        devices={
+            "gpus": [
+                {"name": "gpu0", "deviceName": A10},
+                {"name": "gpu1", "deviceName": A10},
+                {"name": "gpu2", "deviceName": L40S},
+            ]
         },
-    }
+    )
     base["spec"].update(spec)
     return base
 

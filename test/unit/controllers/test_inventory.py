@@ -9,42 +9,17 @@ from typing import Any
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import Handlers
+from harness import objects
 
 Obj = dict[str, Any]
 RESOURCE = "nvidia.com/GA102GL_A10"
 KEY = ("t", "hold")
 
 
-def gpu_class() -> Obj:
-    return {
-        "metadata": {"name": "a10"},
-        "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
-    }
-
-
-def node(name: str = "n1", units: int = 4) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {},
-        "status": {
-            "capacity": {RESOURCE: str(units)},
-            "allocatable": {RESOURCE: str(units)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
 def claim(rv: int, phase: str | None = None, node_name: str = "n1", count: int = 3) -> Obj:
-    status: Obj = {}
-    if phase:
-        status = {"phase": phase}
-        if phase == "Bound":
-            status["nodeName"] = node_name
-    return {
-        "metadata": {"name": "hold", "namespace": "t", "resourceVersion": str(rv)},
-        "spec": {"className": "a10", "count": count},
-        "status": status,
-    }
+    """The claim t/hold at resourceVersion ``rv``; a Bound one on ``node_name``."""
+    node = node_name if phase == "Bound" else None
+    return objects.claim(namespace="t", rv=rv, count=count, phase=phase, node=node, status={})
 
 
 def free(inventory: Inventory, name: str = "n1") -> int:
@@ -57,8 +32,8 @@ def free(inventory: Inventory, name: str = "n1") -> int:
 def world() -> tuple[Inventory, FakeClock]:
     clock = FakeClock()
     inventory = Inventory(clock=clock)
-    inventory.apply_class(gpu_class())
-    inventory.apply_node(node())
+    inventory.apply_class(objects.gpuclass(resource=RESOURCE))
+    inventory.apply_node(objects.node())
     inventory.apply_claim(claim(10))
     return inventory, clock
 

@@ -1,0 +1,143 @@
+"""Claim protection over the fake API server and the product's caches, wired by its own
+``register`` (what its VM-facing cases leave open; those are in test_controllers_vms.py): a
+claim that is not being deleted and already carries the finalizer is not written; one being
+deleted without it is left alone; a release removes only this finalizer, with the claim's
+resourceVersion as precondition, so a stale cache is a conflict, not a lost write; the VMI is
+read from the API server only when the cache shows no live user; a hold told once is told
+again after the claim's deletion was cancelled."""
+
+from __future__ import annotations
+
+import pytest
+
+from controllers import claim_protection
+from gpuoperator import names
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.controlling import Result
+from gpuoperator.runtime.kinds import GPUClaim
+from harness import objects
+from harness.objects import NS
+from harness.offline import OfflineCluster
+
+Obj = objects.Obj
+FINALIZER = names.CLAIM_PROTECTION_FINALIZER
+ATTACHED = {"vmi": "vm1", "uid": "uid-vm1"}
+
+
+class World(OfflineCluster):
+    def __init__(self) -> None:
+        super().__init__()
+        claim_protection.register(self.manager.as_manager(), self.caches, self.recorder.recorder)
+        self.reconciler = self.manager.reconcilers[claim_protection.NAME]
+
+    def reconcile(self, name: str = "hold") -> Result | None:
+        return self.reconciler.reconcile((NS, name))
+
+    def stored(self, name: str = "hold") -> Obj:
+        stored = self.api.stored(GPUClaim, name, NS)
+        assert stored is not None
+        return stored
+
+    def reads(self) -> list[tuple[str, str]]:
+        return [(kind, name) for verb, kind, name, _ in self.api.calls if verb == "get"]
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def test_a_protected_claim_that_is_not_deleted_is_not_written(world: World) -> None:
+    world.put(world.caches.claims, objects.claim(finalizers=[FINALIZER]))
+    assert world.reconcile() is None
+    assert world.api.calls == []
+
+
+def test_a_deleted_claim_without_the_finalizer_is_left_alone(world: World) -> None:
+    world.put(
+        world.caches.claims,
+        objects.claim(deleting=True, finalizers=["example.com/other"], attached=ATTACHED),
+    )
+    assert world.reconcile() is None
+    assert world.api.calls == [] and world.recorder.events == []
+
+
+def test_a_claim_gone_from_the_cache_writes_nothing(world: World) -> None:
+    assert world.reconcile("gone") is None
+    assert world.api.calls == []
+
+
+def test_a_release_removes_only_this_finalizer(world: World) -> None:
+    world.put(
+        world.caches.claims,
+        objects.claim(
+            deleting=True, finalizers=["example.com/before", FINALIZER, "example.com/after"]
+        ),
+    )
+
+    assert world.reconcile() is None
+
+    assert [verb for verb, *_ in world.api.writes()] == ["replace"]
+    assert world.stored()["metadata"]["finalizers"] == ["example.com/before", "example.com/after"]
+    assert world.recorder.events == []
+
+
+def test_a_release_on_a_stale_cache_is_a_conflict_not_a_lost_write(world: World) -> None:
+    world.put(world.caches.claims, objects.claim(deleting=True, finalizers=[FINALIZER]))
+    world.api.add(GPUClaim, world.stored())  # someone else wrote it since: a newer version
+
+    with pytest.raises(errors.ConflictError):
+        world.reconcile()
+    assert world.stored()["metadata"]["finalizers"] == [FINALIZER]
+
+
+def test_a_live_user_in_the_cache_is_not_read_again(world: World) -> None:
+    world.put(world.caches.vmis, objects.vmi(refs=[{"claim": "hold"}]))
+    world.put(
+        world.caches.claims,
+        objects.claim(deleting=True, finalizers=[FINALIZER], attached=ATTACHED),
+    )
+
+    assert world.reconcile() is None
+
+    assert world.reads() == [] and world.api.writes() == []
+    [event] = world.recorder.events
+    assert (event["type"], event["reason"], event["kind"]) == ("Normal", "DeletionHeld", "GPUClaim")
+    assert "still exists" in event["message"]
+
+
+def test_a_user_the_cache_does_not_show_is_read_from_the_api_server_before_release(
+    world: World,
+) -> None:
+    world.put(
+        world.caches.claims,
+        objects.claim(deleting=True, finalizers=[FINALIZER], attached=ATTACHED),
+    )
+
+    assert world.reconcile() is None
+
+    assert world.reads() == [("VirtualMachineInstance", "vm1")]
+    assert world.stored()["metadata"]["finalizers"] == []
+
+
+def test_a_hold_is_told_again_after_the_deletion_was_cancelled(world: World) -> None:
+    world.put(world.caches.vmis, objects.vmi(refs=[{"claim": "hold"}]))
+    held = objects.claim(deleting=True, finalizers=[FINALIZER], attached=ATTACHED)
+    world.put(world.caches.claims, held)
+    world.reconcile()
+    world.put(world.caches.claims, objects.claim(finalizers=[FINALIZER], attached=ATTACHED))
+    world.reconcile()  # no longer being deleted: forgotten
+
+    world.put(world.caches.claims, held)
+    world.reconcile()
+
+    assert world.recorder.reasons() == ["DeletionHeld", "DeletionHeld"]
+
+
+def test_claim_protection_is_woken_by_claims_and_by_the_vmis_they_serve(world: World) -> None:
+    world.put(world.caches.claims, objects.claim("hold", attached=ATTACHED))
+    world.put(world.caches.claims, objects.claim("other", attached={"vmi": "vm2"}))
+    [(claims, by_claim), (vmis, by_vmi)] = world.manager.sources[claim_protection.NAME]
+    assert (claims, vmis) == (world.caches.claims, world.caches.vmis)
+    assert list(by_claim(objects.claim("x"))) == [(NS, "x")]
+    assert list(by_vmi(objects.vmi("vm1"))) == [(NS, "hold")]
