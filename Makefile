@@ -7,12 +7,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries up down status lint test unit e2e clean
+.PHONY: help venv binaries up down status lint test unit e2e bench clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
 	@echo "make down    stop it"
 	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit and e2e)"
+	@echo "make bench   the benchmark table P1-P6 (quick; BENCH_ARGS=--full for issue 13's sizes)"
 
 venv: $(VENV)/.installed
 
@@ -52,6 +53,11 @@ unit: venv
 
 e2e: venv binaries
 	$(BIN)/pytest test/e2e $(PYTEST_ARGS)
+
+# The benchmark suite (hack/bench/suite.py): its own clusters, one table on stdout.
+BENCH_ARGS ?=
+bench: venv binaries
+	@PYTHONPATH=hack:test $(BIN)/python hack/bench/suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

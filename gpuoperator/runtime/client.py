@@ -118,8 +118,8 @@ class _Metrics:
         kw: dict[str, Any] = {"registry": registry}
         self.requests = Counter(
             "gpuoperator_rest_client_requests_total",
-            "API requests by method and HTTP code",
-            ["method", "code"],
+            "API requests by method, resource (plural, with its subresource) and HTTP code",
+            ["method", "resource", "code"],
             **kw,
         )
         self.latency = Histogram(
@@ -324,7 +324,7 @@ class Client:
             timeout=seconds,
         )
         self._metrics.latency.labels(method).observe(time.monotonic() - start)
-        self._metrics.requests.labels(method, str(resp.status_code)).inc()
+        self._metrics.requests.labels(method, resource_of(path), str(resp.status_code)).inc()
         if resp.ok:
             return resp.json() if resp.content else None
         error = errors.from_status(resp.status_code, _status_body(resp))
@@ -503,7 +503,9 @@ class Client:
             stream=True,
             timeout=(10.0, timeout_seconds + 30.0),
         )
-        self._metrics.requests.labels("WATCH", str(resp.status_code)).inc()
+        self._metrics.requests.labels(
+            "WATCH", resource_of(self.path(kind, namespace)), str(resp.status_code)
+        ).inc()
         if opened is not None:
             opened(resp)
         try:
@@ -523,6 +525,19 @@ class Client:
                 yield etype, obj
         finally:
             resp.close()
+
+
+def resource_of(path: str) -> str:
+    """The resource an API path names, as the request metrics label it: the plural, and
+    ``/<subresource>`` when there is one (``gpuclaims/status``, ``events``)."""
+    parts = [p for p in path.split("/") if p]
+    # /api/v1/... or /apis/<group>/<version>/...
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    if not rest:
+        return ""
+    return rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
 
 
 def _status_body(resp: requests.Response) -> dict[str, object] | None:

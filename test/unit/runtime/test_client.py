@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config
+from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config, resource_of
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.kinds import GPUClaim
 
@@ -126,6 +126,14 @@ def test_paths_for_core_and_group_kinds() -> None:
     assert Client.path(pykube.Pod, "t", "p", "status") == "/api/v1/namespaces/t/pods/p/status"
     assert Client.path(GPUClaim, "t") == "/apis/cozystack.io/v1alpha1/namespaces/t/gpuclaims"
     assert Client.path(pykube.Node, None, "n") == "/api/v1/nodes/n"
+
+
+def test_request_metrics_name_the_resource_and_its_subresource() -> None:
+    assert resource_of(Client.path(GPUClaim, "t", "c", "status")) == "gpuclaims/status"
+    assert resource_of(Client.path(pykube.Event, "t")) == "events"
+    assert resource_of(Client.path(pykube.Node, None, "n")) == "nodes"
+    assert resource_of(Client.path(pykube.Namespace, None, "t")) == "namespaces"
+    assert resource_of(Client.path(pykube.Namespace)) == "namespaces"
 
 
 def test_a_read_is_retried_on_503_then_succeeds(script: Script, client: Client) -> None:
