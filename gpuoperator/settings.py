@@ -24,6 +24,7 @@ OVERRIDES = {
     "refusalTTL": ("GPUOP_REFUSAL_TTL", "refusal-ttl"),
     "operatorServiceAccount": ("GPUOP_OPERATOR_SERVICE_ACCOUNT", "operator-service-account"),
     "gpuForVMs": ("GPUOP_GPU_FOR_VMS", "gpu-for-vms"),
+    "statusInterval": ("GPUOP_STATUS_INTERVAL", "status-interval"),
 }
 
 
@@ -68,10 +69,23 @@ class Settings(BaseModel):
         description="the operator's service account (system:serviceaccount:<ns>:<name>)",
     )
     gpu_for_vms: bool = Field(True, alias="gpuForVMs")
+    status_interval: float = Field(
+        1.0,
+        alias="statusInterval",
+        description="the least seconds between two status writes of one GPUNode or GPUClass "
+        "(their figures change with every binding; 0 writes every change)",
+    )
 
     @field_validator("refusal_ttl", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+    @field_validator("status_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: object) -> float:
+        if str(value).strip() in ("0", "0s", "0.0"):
+            return 0.0
         return parse_duration(value)
 
 

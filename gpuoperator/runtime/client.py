@@ -5,7 +5,9 @@ What pykube-ng leaves to its callers, done once here:
 * one ``HTTPClient`` per thread (a ``requests.Session`` is not thread-safe), and a separate
   one for watches, whose read timeout outlasts the server-side ``timeoutSeconds`` (pykube's
   default 10 s timeout would cut an idle watch);
-* client-side QPS/burst limiting shared by every thread;
+* client-side QPS/burst limiting shared by every thread of a client; ``Client.own_limit()``
+  is a view with a bucket of its own at the same QPS/burst (as kube-controller-manager
+  gives each controller its own client, and kube-scheduler its event recorder);
 * retries with tenacity on 429, on 5xx for reads, and on connection errors, honouring
   ``Retry-After``;
 * typed errors (``errors.ConflictError``, ``NotFoundError``, ``GoneError``...);
@@ -174,6 +176,7 @@ class Client:
         self._config = config_factory()
         self._config_lock = threading.Lock()
         self._local = threading.local()
+        self._qps, self._burst = qps, burst
         self._throttle = BucketRateLimiter(qps=qps, burst=burst, clock=clock)
         self._clock = clock
         self._timeout = timeout
@@ -195,6 +198,15 @@ class Client:
         view.__dict__.update(self.__dict__)
         view._fence = guard
         view._remaining = remaining
+        return view
+
+    def own_limit(self) -> Client:
+        """A view of this client (same connections, credentials and fence) with a QPS/burst
+        bucket of its own at the same rate: one component's burst of writes does not delay
+        another's. The API server's own limits still apply to the sum."""
+        view = object.__new__(Client)
+        view.__dict__.update(self.__dict__)
+        view._throttle = BucketRateLimiter(qps=self._qps, burst=self._burst, clock=self._clock)
         return view
 
     def dedicated_http(self, timeout: float) -> pykube.HTTPClient:

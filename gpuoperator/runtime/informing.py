@@ -63,6 +63,20 @@ def resource_version(obj: Obj) -> int | None:
         return None
 
 
+def newest(cached: Obj | None, written: Obj | None) -> Obj | None:
+    """The newer of a cached object and the server's reply to our own write of it: the
+    write while the cache has not delivered it yet (same uid, higher resourceVersion), else
+    the cache (``None`` when the cache no longer has it)."""
+    if cached is None or written is None:
+        return cached
+    if (cached.get("metadata") or {}).get("uid") != (written.get("metadata") or {}).get("uid"):
+        return cached
+    mine, seen = resource_version(written), resource_version(cached)
+    if mine is not None and seen is not None and mine > seen:
+        return written
+    return cached
+
+
 # ---- index functions ----------------------------------------------------------------------
 def by_namespace(obj: Obj) -> Iterable[str]:
     ns = (obj.get("metadata") or {}).get("namespace")

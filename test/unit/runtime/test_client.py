@@ -346,3 +346,24 @@ def test_inline_client_keys_are_written_readable_by_the_owner_only(tmp_path: Pat
 def test_a_missing_kubeconfig_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope"):
         load_config(str(tmp_path / "nope"))
+
+
+def test_a_view_with_its_own_limit_does_not_wait_behind_the_client_bucket(
+    script: Script, clock: FakeClock
+) -> None:
+    doc = {
+        "clusters": [{"name": "c", "cluster": {"server": script.url}}],  # type: ignore[attr-defined]
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    shared = Client(lambda: pykube.KubeConfig(doc), clock=clock, qps=1, burst=1)
+    own = shared.own_limit()
+    for _ in range(3):
+        script.reply(200, claim())
+    start = clock.monotonic()
+    shared.get(GPUClaim, "hold", "t")  # the shared bucket's one token
+    own.get(GPUClaim, "hold", "t")  # a bucket of its own: no wait
+    assert clock.monotonic() == start
+    shared.get(GPUClaim, "hold", "t")  # the shared bucket is empty: waits 1/qps
+    assert clock.monotonic() - start == pytest.approx(1.0)
