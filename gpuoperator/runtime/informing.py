@@ -312,6 +312,7 @@ class ListWatcher(Protocol):
         label_selector: str | None = ...,
         field_selector: str | None = ...,
         page_size: int = ...,
+        transform: Callable[[Obj], Obj] | None = ...,
     ) -> tuple[list[Obj], str]: ...
 
     def watch(
@@ -473,9 +474,11 @@ class Informer:
             label_selector=o.label_selector,
             field_selector=o.field_selector,
             page_size=o.page_size,
+            transform=o.transform,  # applied page by page: never a whole list of full objects
         )
         self._metrics.lists.labels(self.name, reason).inc()
-        fresh = {key_of(obj): self._transform(obj) for obj in items}
+        fresh = {key_of(obj): obj for obj in items}
+        del items
         with self._handlers_lock:
             for key in set(self.store.keys()) - set(fresh):
                 old = self.store.remove(key)
