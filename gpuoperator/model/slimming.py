@@ -172,6 +172,16 @@ def slim_node(node: Obj) -> Obj:
     }
 
 
+def without_managed_fields(obj: Obj) -> Obj:
+    """The object without ``metadata.managedFields`` (server-side apply's bookkeeping,
+    often larger than the object itself and read by nobody here). A write of the result
+    keeps them: an update that carries no managedFields leaves the server's as they are."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def slim_metadata(obj: Obj) -> Obj:
     """Only the metadata (names, labels, ownership): enough for namespaces."""
     return {"metadata": _meta(obj.get("metadata") or {}, annotations=False)}

@@ -181,3 +181,19 @@ def test_a_kubevirt_pod_without_gpus_is_kept_in_full() -> None:
     pod = plain_pod()
     pod["metadata"]["labels"] = {"kubevirt.io": "virt-launcher"}
     assert "containers" in slimming.slim_pod(pod)["spec"]
+
+
+def test_managed_fields_are_dropped_and_nothing_else() -> None:
+    claim: dict[str, Any] = {
+        "metadata": {"name": "c", "namespace": "t", "managedFields": [{"manager": "kubectl"}]},
+        "spec": {"className": "a10", "count": 1},
+        "status": {"phase": "Bound"},
+    }
+    assert slimming.without_managed_fields(claim) == {
+        "metadata": {"name": "c", "namespace": "t"},
+        "spec": {"className": "a10", "count": 1},
+        "status": {"phase": "Bound"},
+    }
+    assert claim["metadata"]["managedFields"]  # the original is left alone
+    lean = {"metadata": {"name": "c"}}
+    assert slimming.without_managed_fields(lean) is lean
