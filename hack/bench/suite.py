@@ -60,7 +60,7 @@ from admission import registration
 from gpuoperator import cli, names
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.kinds import GPUClaim, GPUNode, Lease
+from gpuoperator.runtime.kinds import GPUClaim, GPUNode, Lease, Workload
 from harness.kubevirt import KubeVirtSimulator
 from localcluster.cluster import (
     OPERATOR_NAMESPACE,
@@ -90,6 +90,21 @@ def quantile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User plus system CPU seconds a process has used so far (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def apiserver_cpu(cluster: LocalCluster) -> float:
+    return sum(cpu_seconds(cluster.procs[c].pid()) for c in ("kube-apiserver", "etcd"))
 
 
 def rss_mib(pid: int) -> float:
@@ -461,11 +476,16 @@ def p1_operator(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+    cpu_before = cpu_seconds(cluster.operator.pid()), apiserver_cpu(cluster)
     released = time.monotonic()
     release_lease(client)
     if not watch.wait(orders, 900):
         log(f"P1: only {len(watch.at)} of {orders} bound within 900 s")
     first = min(watch.at.values()) if watch.at else released
+    cpu_used = (
+        cpu_seconds(cluster.operator.pid()) - cpu_before[0],
+        apiserver_cpu(cluster) - cpu_before[1],
+    )
     time.sleep(3.0)  # status figures written after the last bind count too
     after = writes_by_resource(scrape(metrics_port))
     if spy is not None:
@@ -473,7 +493,12 @@ def p1_operator(
         spy.wait(60)
     watch.stop()
     writes = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in after}
+    CPU["operator"] = cpu_used
     return watch, {r: n for r, n in writes.items() if n}, first - released
+
+
+#: CPU seconds (the process, API server + etcd) each side of P1 used while binding.
+CPU: dict[str, tuple[float, float]] = {}
 
 
 def p1_steady(cluster: LocalCluster, client: Client, orders: int) -> tuple[Watch, dict[str, float]]:
@@ -546,6 +571,7 @@ def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, fl
     binary = cache_root() / "bin" / f"kube-scheduler-{versions()['KUBE_VERSION']}"
     (port,) = free_ports(1)
     proc = Process("bench-peer-scheduler", cluster.dir)
+    api_before = apiserver_cpu(cluster)
     started = time.monotonic()
     proc.start(
         [
@@ -560,6 +586,7 @@ def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, fl
     try:
         if not watch.wait(pods, 900):
             log(f"P1 peer: only {len(watch.at)} of {pods} scheduled within 900 s")
+        CPU["peer"] = (cpu_seconds(proc.pid()), apiserver_cpu(cluster) - api_before)
     finally:
         proc.stop()
         watch.stop()
@@ -568,7 +595,7 @@ def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, fl
 
 
 def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None:
-    cluster = LocalCluster(args.cluster)
+    cluster = BigCluster(args.cluster)
     profile = p1_profile(args.nodes, cache_root() / f"{args.cluster}-profile.yaml")
     took = cluster.up(
         profile,
@@ -579,6 +606,7 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
     log(f"cluster {args.cluster}: {2 * args.nodes} nodes up in {took:.0f}s")
     try:
         client = client_for(cluster.kubeconfig)
+        wait_nodes_ready(client, 2 * args.nodes)
         # A first run leads and creates the GPUNodes (the steady state a replica that takes
         # over meets); the measured replica starts while the suite holds its Lease.
         cluster.run_operator(log=log, extra=("--metrics-insecure",))
@@ -658,6 +686,13 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
             "after its scheduler started (rates run first to last)"
         )
         notes.append(f"P1 (waiting orders) writes per bound claim: {_per_claim(writes, bound)}")
+        if "operator" in CPU and "peer" in CPU:
+            (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
+            notes.append(
+                f"P1 CPU while binding: operator {op_cpu:.1f}s + API server/etcd {op_api:.1f}s "
+                f"for {bound} claims; peer scheduler {peer_cpu:.1f}s (with its start) + API "
+                f"server/etcd {peer_api:.1f}s for {len(peer.at)} pods"
+            )
         live = max(1, args.orders // 5)
         log(f"steady path: {live} orders created live while the operator leads")
         steady, steady_writes = p1_steady(cluster, client, live)
@@ -727,6 +762,24 @@ class BigCluster(LocalCluster):
 
     def _nodes_ready(self) -> bool:
         return True  # checked by the caller with a timeout fit for thousands of nodes
+
+
+def wait_nodes_ready(client: Client, count: int) -> None:
+    def ready() -> bool:
+        items, _ = client.list(pykube.Node, page_size=5000)
+        return (
+            sum(
+                any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (n.get("status") or {}).get("conditions") or []
+                )
+                for n in items
+            )
+            >= count
+        )
+
+    took = wait_until(f"{count} nodes Ready", ready, 900, interval=2.0)
+    log(f"{count} nodes Ready after {took:.0f}s")
 
 
 def big_profile(nodes: int, path: Path) -> Path:
@@ -898,22 +951,7 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
     try:
         client = client_for(cluster.kubeconfig)
 
-        def ready_nodes() -> int:
-            items, _ = client.list(pykube.Node)
-            return sum(
-                any(
-                    c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (n.get("status") or {}).get("conditions") or []
-                )
-                for n in items
-            )
-
-        wait_until(
-            f"{args.big_nodes} nodes Ready",
-            lambda: ready_nodes() >= args.big_nodes,
-            900,
-            interval=2.0,
-        )
+        wait_nodes_ready(client, args.big_nodes)
         log(f"P4: {args.big_nodes} nodes Ready ({took:.0f}s to start the cluster)")
         for ns in ("bench-pods", "bench-claims", OPERATOR_NAMESPACE):
             ensure_namespace(client, ns)
@@ -924,12 +962,15 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
         # A first operator run creates the GPUNodes and settles (the steady state a restarted
         # replica meets); the measured run is the second.
         proc, _pid, _ = start_operator(cluster, "bench-operator-first")
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if len(client.list(GPUNode)[0]) >= args.big_nodes:
-                break
-            time.sleep(2.0)  # waiting for the first run's GPUNodes
-        time.sleep(5.0)
+
+        def settled() -> bool:
+            gpunodes = len(client.list(GPUNode, page_size=5000)[0])
+            workloads = len(client.list(Workload, page_size=5000)[0])
+            return gpunodes >= args.big_nodes and workloads >= args.big_claims
+
+        took = wait_until("the first run's GPUNodes and Workloads", settled, 1200, proc, 5.0)
+        log(f"P4: the first run created the GPUNodes and Workloads in {took:.0f}s")
+        time.sleep(5.0)  # their last status writes
         proc.stop()
         proc, pid, sync = start_operator(cluster, "bench-operator")
         synced_rss = rss_mib(pid)
