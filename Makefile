@@ -22,7 +22,7 @@ KIND         ?= kind
 KIND_CLUSTER ?= gpuoperator-e2e
 KIND_KUBECONFIG ?= $(GPUOP_CACHE)/kind/$(KIND_CLUSTER).kubeconfig
 
-.PHONY: help venv binaries tools up down status lint test unit e2e fuzz image e2e-kind clean
+.PHONY: help venv binaries tools up down status lint test unit e2e fuzz bench image e2e-kind clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
@@ -31,6 +31,7 @@ help:
 	@echo "make image   build the operator's image (needs Docker)"
 	@echo "make e2e-kind  image -> kind cluster -> config/overlays/kind -> e2e against the deployed operator"
 	@echo "make fuzz    the webhooks' bad-input sweep at >= 10,000 requests, slow clients, RSS"
+	@echo "make bench   the benchmark table P1-P6 (quick; BENCH_ARGS=--full for issue 13's sizes)"
 
 venv: $(VENV)/.installed
 
@@ -108,6 +109,11 @@ e2e-kind: venv binaries
 FUZZ_ARGS ?=
 fuzz: venv
 	PYTHONPATH=.:hack:test $(BIN)/python test/fuzz/fuzz_admission.py $(FUZZ_ARGS)
+
+# The benchmark suite (hack/bench/suite.py): its own clusters, one table on stdout.
+BENCH_ARGS ?=
+bench: venv binaries
+	@PYTHONPATH=hack:test $(BIN)/python hack/bench/suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

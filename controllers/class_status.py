@@ -5,6 +5,11 @@ The figures come from the inventory's catalog, which keeps them incrementally: a
 claim or node event re-derives one node's contribution, and this controller only copies
 the result of the classes that changed. The finalizer
 ``gpu.cozystack.io/class-protection`` holds a class while any claim names it.
+
+The figures change with every binding of the class: they are written at most once per
+``statusInterval`` per class (``runtime.pacing``; the first change at once, later ones when
+the interval has passed), and a status this controller wrote counts as the current one
+until the cache delivers it or a newer version.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.model import conditions
+from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.informing import Key, newest
 from gpuoperator.runtime.kinds import GPUClass
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
+from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +63,7 @@ class ClassStatus:
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry = REGISTRY,
+        status_interval: float = 0.0,
     ) -> None:
         self.caches = caches
         self.inventory = inventory
@@ -65,11 +74,18 @@ class ClassStatus:
         #: class name -> the last "deletion waits" message told (told again only on change)
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
+        self._pacer: Pacer[str] = Pacer(status_interval, clock=clock)
+        #: class name -> the GPUClass as this controller last wrote its status
+        self._written: dict[str, Obj] = {}
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
-        cls = self.caches.classes.store.get(("", name))
+        cached = self.caches.classes.store.get(("", name))
+        cls = newest(cached, self._written.get(name))
+        if cls is cached:
+            self._written.pop(name, None)  # the cache has caught up with our last write
         if cls is None:
+            self._pacer.forget(name)
             for kind in ("allocatable", "allocated", "free"):
                 self.gauge.remove(name, kind)
             with self._held_lock:
@@ -119,8 +135,18 @@ class ClassStatus:
             ),
         }
         if desired != status:
+            wait = self._pacer.delay(name)
+            if wait > 0:
+                return Result(requeue_after=wait)  # written at most once per interval
             was = conditions.is_true(status.get("conditions"), AVAILABLE)
-            self.writer.replace_status(GPUClass, {**cls, "status": desired})
+            try:
+                self._written[name] = self.writer.replace_status(
+                    GPUClass, {**cls, "status": desired}
+                )
+            except errors.ConflictError:
+                self._written.pop(name, None)  # changed meanwhile: read the cache again
+                raise
+            self._pacer.wrote(name)
             if was != figures.available or "conditions" not in status:
                 log.info(
                     "class availability",
@@ -171,10 +197,21 @@ def _resource(cls: Obj) -> str:
 
 
 def register(
-    manager: Manager, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    recorder: Recorder,
+    settings: Settings,
+    workers: int = 2,
 ) -> Controller[Key]:
     reconciler = ClassStatus(
-        caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
+        caches,
+        inventory,
+        manager.writer_for(NAME),
+        recorder,
+        clock=manager.clock,
+        registry=manager.registry,
+        status_interval=settings.status_interval,
     )
     controller = manager.controller(NAME, reconciler, workers=workers, seed=caches.class_keys)
     manager.add_controller(

@@ -7,6 +7,12 @@ kubelet counts and what the ledger holds (``devices``), the eligible classes wit
 units (``classes``), ``Schedulable`` (Ready and not cordoned) and ``Overcommitted`` (pods
 without claims overrun the holds: the pods are named, and a Warning Event says so once per
 episode).
+
+The figures change with every claim bound on the node: they are written at most once per
+``statusInterval`` per node (``runtime.pacing``), the first change at once, later ones
+gathered and written when the interval has passed. A status this controller wrote counts
+as the current one until the cache delivers it or a newer version (so the next pass does
+not send a write based on a version already replaced, which the server would refuse).
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.informing import Key, newest
 from gpuoperator.runtime.kinds import GPUNode
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
+from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +64,7 @@ class NodeInventory:
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry = REGISTRY,
+        status_interval: float = 0.0,
     ) -> None:
         self.caches = caches
         self.inventory = inventory
@@ -64,13 +73,21 @@ class NodeInventory:
         self.clock = clock
         self.gauge = _gauge(registry)
         self._exported: dict[str, set[str]] = {}
+        self._pacer: Pacer[str] = Pacer(status_interval, clock=clock)
+        #: node -> the GPUNode as this controller last wrote it
+        self._written: dict[str, Obj] = {}
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
         view = self.inventory.node(name)
-        current = self.caches.gpunodes.store.get(("", name))
+        cached = self.caches.gpunodes.store.get(("", name))
+        current = newest(cached, self._written.get(name))
+        if current is cached:
+            self._written.pop(name, None)  # the cache has caught up with our last write
         if view is None:
             self._unexport(name)
+            self._written.pop(name, None)
+            self._pacer.forget(name)
             if current is not None:
                 self._delete(current, "the node is gone or has no GPU resource")
             return None
@@ -81,10 +98,20 @@ class NodeInventory:
                 return Result(requeue_after=1.0)
         status = self._status(view, current)
         if status != current.get("status"):
+            wait = self._pacer.delay(name)
+            if wait > 0:
+                return Result(requeue_after=wait)  # written at most once per interval
             was_over = conditions.is_true(
                 (current.get("status") or {}).get("conditions"), OVERCOMMITTED
             )
-            self.writer.replace_status(GPUNode, {**current, "status": status})
+            try:
+                self._written[name] = self.writer.replace_status(
+                    GPUNode, {**current, "status": status}
+                )
+            except errors.ConflictError:
+                self._written.pop(name, None)  # changed meanwhile: read the cache again
+                raise
+            self._pacer.wrote(name)
             now_over = conditions.is_true(status["conditions"], OVERCOMMITTED)
             if now_over and not was_over:
                 message = conditions.find(status["conditions"], OVERCOMMITTED)["message"]  # type: ignore[index]
@@ -180,11 +207,22 @@ class NodeInventory:
 
 
 def register(
-    manager: Manager, caches: Caches, inventory: Inventory, recorder: Recorder, workers: int = 2
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    recorder: Recorder,
+    settings: Settings,
+    workers: int = 2,
 ) -> Controller[Key]:
     """Wire the controller: node and GPUNode events, and inventory changes, enqueue nodes."""
     reconciler = NodeInventory(
-        caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
+        caches,
+        inventory,
+        manager.writer_for(NAME),
+        recorder,
+        clock=manager.clock,
+        registry=manager.registry,
+        status_interval=settings.status_interval,
     )
     controller = manager.controller(
         NAME,

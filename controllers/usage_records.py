@@ -105,7 +105,7 @@ def _owned_by(record: Obj, claim: Obj | None) -> bool:
 def register(manager: Manager, caches: Caches, workers: int = 2) -> Controller[Key]:
     controller = manager.controller(
         NAME,
-        UsageRecords(caches, manager.writer),
+        UsageRecords(caches, manager.writer_for(NAME)),
         workers=workers,
         seed=lambda: list(caches.claims.store),
     )

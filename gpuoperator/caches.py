@@ -60,6 +60,10 @@ class Caches:
         return [("", name) for _, name in self.classes.store]
 
 
+#: Every kind cached whole is cached without its managedFields.
+lean = slimming.without_managed_fields
+
+
 def register(manager: Manager) -> Caches:
     """Create (once) the shared informers on ``manager``."""
     return Caches(
@@ -74,30 +78,35 @@ def register(manager: Manager) -> Caches:
                 },
             ),
         ),
-        classes=manager.informer(GPUClass),
+        classes=manager.informer(GPUClass, InformerOptions(transform=lean)),
         claims=manager.informer(
             GPUClaim,
             InformerOptions(
+                transform=lean,
                 indexers={
                     BY_NAMESPACE: informing.by_namespace,
                     BY_NODE: informing.by_field("status", "nodeName"),
                     BY_CLASS: informing.by_field("spec", "className"),
-                }
+                },
             ),
         ),
-        gpunodes=manager.informer(GPUNode),
-        kubevirts=manager.informer(KubeVirt, InformerOptions(optional=True)),
+        gpunodes=manager.informer(GPUNode, InformerOptions(transform=lean)),
+        kubevirts=manager.informer(KubeVirt, InformerOptions(optional=True, transform=lean)),
         namespaces=manager.informer(
             pykube.Namespace, InformerOptions(transform=slimming.slim_metadata)
         ),
         quotas=manager.informer(
-            pykube.ResourceQuota, InformerOptions(indexers={BY_NAMESPACE: informing.by_namespace})
+            pykube.ResourceQuota,
+            InformerOptions(transform=lean, indexers={BY_NAMESPACE: informing.by_namespace}),
         ),
         workloads=manager.informer(
-            Workload, InformerOptions(indexers={BY_NAMESPACE: informing.by_namespace})
+            Workload,
+            InformerOptions(transform=lean, indexers={BY_NAMESPACE: informing.by_namespace}),
         ),
         vmis=manager.informer(
             VirtualMachineInstance,
-            InformerOptions(optional=True, indexers={BY_NAMESPACE: informing.by_namespace}),
+            InformerOptions(
+                optional=True, transform=lean, indexers={BY_NAMESPACE: informing.by_namespace}
+            ),
         ),
     )

@@ -122,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--operator-service-account", dest="operatorServiceAccount")
     s.add_argument("--gpu-for-vms", dest="gpuForVMs", type=_bool, metavar="BOOL")
     s.add_argument("--drain-moves", dest="drainMoves", type=_bool, metavar="BOOL")
+    s.add_argument("--status-interval", dest="statusInterval")
     return p
 
 
@@ -351,19 +352,23 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     shared = caches.register(manager)
     inventory = Inventory(clock=manager.clock)
     inventory.connect(shared)
-    recorder = Recorder(manager.writer)
-    node_inventory.register(manager, shared, inventory, recorder)
-    class_status.register(manager, shared, inventory, recorder)
+    # Events, the bindings, usage records and the status figures each write through a
+    # client-side rate bucket of their own (Manager.writer_for); the others share one.
+    recorder = Recorder(manager.writer_for("events"))
+    node_inventory.register(manager, shared, inventory, recorder, operator_settings)
+    class_status.register(manager, shared, inventory, recorder, operator_settings)
     # Claims by phase and reason, and the oldest pending claim: computed on each scrape.
     claim_metrics.register(manager, shared)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
     # The one write-back of claim bindings, shared by the binder and placement.
     statuses = claim_status.ClaimStatus(
-        manager.writer, inventory, recorder, registry=manager.registry
+        manager.writer_for(binder.NAME), inventory, recorder, registry=manager.registry
     )
     binder.register(manager, shared, inventory, statuses, operator_settings)
-    usage_records.register(manager, shared)
-    claim_protection.register(manager, shared, recorder)
+    usage_records.register(manager, shared, workers=4)
+    # Every new claim's first write is its protection finalizer, and the binder waits for
+    # it: as many workers as the binder has writers, so it is not the bottleneck of a burst.
+    claim_protection.register(manager, shared, recorder, workers=8)
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)

@@ -25,6 +25,7 @@ OVERRIDES = {
     "operatorServiceAccount": ("GPUOP_OPERATOR_SERVICE_ACCOUNT", "operator-service-account"),
     "gpuForVMs": ("GPUOP_GPU_FOR_VMS", "gpu-for-vms"),
     "drainMoves": ("GPUOP_DRAIN_MOVES", "drain-moves"),
+    "statusInterval": ("GPUOP_STATUS_INTERVAL", "status-interval"),
 }
 
 
@@ -74,10 +75,23 @@ class Settings(BaseModel):
         alias="drainMoves",
         description="move the idle holds of a cordoned node to other eligible nodes",
     )
+    status_interval: float = Field(
+        1.0,
+        alias="statusInterval",
+        description="the least seconds between two status writes of one GPUNode or GPUClass "
+        "(their figures change with every binding; 0 writes every change)",
+    )
 
     @field_validator("refusal_ttl", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+    @field_validator("status_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: object) -> float:
+        if str(value).strip() in ("0", "0s", "0.0"):
+            return 0.0
         return parse_duration(value)
 
 

@@ -40,6 +40,7 @@ the same plan.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime
 import enum
@@ -196,6 +197,41 @@ def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[st
     return out
 
 
+class _FreeIndex:
+    """The free units of a plan's nodes, kept by amount so each choice costs a walk over the
+    few distinct amounts instead of a sort of every node: ``choose`` answers exactly what
+    ``choose(_fitting(need, frees, refused), policy)`` does (binpack the least free that
+    fits, spread the most, ties to the smallest name). ``frees`` is the same dict the caller
+    reads, updated by ``take``."""
+
+    def __init__(self, frees: dict[str, int]) -> None:
+        self.frees = frees
+        self._names: dict[int, list[str]] = {}
+        for name in sorted(frees):
+            self._names.setdefault(frees[name], []).append(name)
+
+    def choose(self, need: int, refused: set[str], policy: Policy) -> str | None:
+        if policy not in (BINPACK, SPREAD):
+            raise ValueError(f"placementPolicy {policy!r}: binpack or spread are allowed")
+        if need < 1:
+            return None
+        amounts = sorted((f for f in self._names if f >= need), reverse=policy == SPREAD)
+        for amount in amounts:
+            for name in self._names[amount]:  # sorted by name
+                if name not in refused:
+                    return name
+        return None
+
+    def take(self, name: str, units: int) -> None:
+        before = self.frees[name]
+        after = self.frees[name] = before - units
+        names = self._names[before]
+        del names[bisect.bisect_left(names, name)]
+        if not names:
+            del self._names[before]
+        bisect.insort(self._names.setdefault(after, []), name)
+
+
 def _fitting(need: int, frees: Mapping[str, int], refused: set[str]) -> list[tuple[str, int]]:
     if need < 1:
         return []
@@ -309,6 +345,7 @@ def plan(
     resource = gpuclasses.resource_name(cls)
     serving = _serving(cls, nodes, ledger)
     frees = {n: ledger.free(n, resource) for n in serving}
+    by_free = _FreeIndex(frees)
     largest = max((ledger.allocatable(n, resource) for n in serving), default=0)
     queue = [c for c in pending_in_order(claims_of_class) if ordering.ordered_class(c) == name]
 
@@ -333,9 +370,9 @@ def plan(
             )
             continue
         refused = unexpired_refusals(claim, now)
-        node = choose(_fitting(need, frees, refused), policy)
+        node = by_free.choose(need, refused, policy)
         if node is not None:
-            frees[node] -= need
+            by_free.take(node, need)
             bindings.append((key, node))
             for older in passed:
                 counts[older] += 1

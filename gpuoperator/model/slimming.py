@@ -4,6 +4,18 @@ The operator watches every pod and node of the cluster (GPU use is counted on al
 so the caches store these slim copies: at 40,000 pods, full objects would not fit the
 operator's memory goal. Extended resources (``domain/name``) are the only quantities kept:
 GPU accounting needs nothing else. Pure functions of plain data.
+
+**Most pods are kept as a stub.** A pod that requests no extended resource (in any
+container, init container or its overhead, as a request or a limit), carries no KubeVirt
+label (``kubevirt.io``: launcher and temporary pods, which placement reads) and no
+scheduling gate uses no GPU unit and is nothing any controller acts on: the cache keeps
+only its name, namespace, uid, resourceVersion, deletionTimestamp, ``spec.nodeName`` and
+``status.phase``. That is enough for every reader: capacity counts its use as nothing
+(``model.pods.requests`` of a stub is empty, as of the full pod), the node index still
+finds it, and an update that gives it a GPU request cannot happen (container resources are
+immutable; a resize of an extended resource is refused too), so a stub never hides a
+change capacity would need. At 40,000 pods of which a few hundred use GPUs, this is most of
+the operator's memory.
 """
 
 from __future__ import annotations
@@ -77,9 +89,41 @@ def _container(c: Obj) -> Obj:
     return out
 
 
+_STUB_META = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+
+
+def _uses_extended(spec: Obj) -> bool:
+    for group in ("containers", "initContainers"):
+        for c in spec.get(group) or []:
+            resources = c.get("resources") or {} if isinstance(c, dict) else {}
+            if _extended(resources.get("requests")) or _extended(resources.get("limits")):
+                return True
+    return bool(_extended(spec.get("overhead")))
+
+
+def needs_full_pod(pod: Obj) -> bool:
+    """Whether a reader may need more of ``pod`` than the stub (module docstring)."""
+    spec = pod.get("spec") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (
+        "kubevirt.io" in labels
+        or names.CLAIMS_LABEL in labels
+        or bool(spec.get("schedulingGates"))
+        or _uses_extended(spec)
+    )
+
+
 def slim_pod(pod: Obj) -> Obj:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
+    if not needs_full_pod(pod):
+        meta = pod.get("metadata") or {}
+        stub: Obj = {
+            "metadata": {k: meta[k] for k in _STUB_META if k in meta},
+            "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
+            "status": {"phase": status["phase"]} if status.get("phase") else {},
+        }
+        return stub
     out_spec: Obj = {"containers": [_container(c) for c in spec.get("containers") or []]}
     if spec.get("initContainers"):
         out_spec["initContainers"] = [_container(c) for c in spec["initContainers"]]
@@ -126,6 +170,16 @@ def slim_node(node: Obj) -> Obj:
             else [],
         },
     }
+
+
+def without_managed_fields(obj: Obj) -> Obj:
+    """The object without ``metadata.managedFields`` (server-side apply's bookkeeping,
+    often larger than the object itself and read by nobody here). A write of the result
+    keeps them: an update that carries no managedFields leaves the server's as they are."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 def slim_metadata(obj: Obj) -> Obj:

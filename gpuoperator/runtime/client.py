@@ -5,7 +5,9 @@ What pykube-ng leaves to its callers, done once here:
 * one ``HTTPClient`` per thread (a ``requests.Session`` is not thread-safe), and a separate
   one for watches, whose read timeout outlasts the server-side ``timeoutSeconds`` (pykube's
   default 10 s timeout would cut an idle watch);
-* client-side QPS/burst limiting shared by every thread;
+* client-side QPS/burst limiting shared by every thread of a client; ``Client.own_limit()``
+  is a view with a bucket of its own at the same QPS/burst (as kube-controller-manager
+  gives each controller its own client, and kube-scheduler its event recorder);
 * retries with tenacity on 429, on 5xx for reads, and on connection errors, honouring
   ``Retry-After``;
 * typed errors (``errors.ConflictError``, ``NotFoundError``, ``GoneError``...);
@@ -118,8 +120,8 @@ class _Metrics:
         kw: dict[str, Any] = {"registry": registry}
         self.requests = Counter(
             "gpuoperator_rest_client_requests_total",
-            "API requests by method and HTTP code",
-            ["method", "code"],
+            "API requests by method, resource (plural, with its subresource) and HTTP code",
+            ["method", "resource", "code"],
             **kw,
         )
         self.latency = Histogram(
@@ -174,6 +176,7 @@ class Client:
         self._config = config_factory()
         self._config_lock = threading.Lock()
         self._local = threading.local()
+        self._qps, self._burst = qps, burst
         self._throttle = BucketRateLimiter(qps=qps, burst=burst, clock=clock)
         self._clock = clock
         self._timeout = timeout
@@ -195,6 +198,15 @@ class Client:
         view.__dict__.update(self.__dict__)
         view._fence = guard
         view._remaining = remaining
+        return view
+
+    def own_limit(self) -> Client:
+        """A view of this client (same connections, credentials and fence) with a QPS/burst
+        bucket of its own at the same rate: one component's burst of writes does not delay
+        another's. The API server's own limits still apply to the sum."""
+        view = object.__new__(Client)
+        view.__dict__.update(self.__dict__)
+        view._throttle = BucketRateLimiter(qps=self._qps, burst=self._burst, clock=self._clock)
         return view
 
     def dedicated_http(self, timeout: float) -> pykube.HTTPClient:
@@ -324,7 +336,7 @@ class Client:
             timeout=seconds,
         )
         self._metrics.latency.labels(method).observe(time.monotonic() - start)
-        self._metrics.requests.labels(method, str(resp.status_code)).inc()
+        self._metrics.requests.labels(method, resource_of(path), str(resp.status_code)).inc()
         if resp.ok:
             return resp.json() if resp.content else None
         error = errors.from_status(resp.status_code, _status_body(resp))
@@ -357,8 +369,13 @@ class Client:
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> tuple[list[Obj], str]:
         """All objects, page by page, and the list's resourceVersion.
+
+        ``transform``, when given, is applied to each object as its page arrives, so only
+        one page of full objects is held at a time (an informer's slimming transform keeps
+        a 40,000-pod list from ever being in memory whole).
 
         An expired continue token (410 while paging) restarts the list from the top, as
         client-go's pager falls back to a full list.
@@ -373,7 +390,9 @@ class Client:
             try:
                 while True:
                     page: Obj = self.request("GET", self.path(kind, namespace), params=params)
-                    items.extend(page.get("items") or [])
+                    got = page.pop("items", None) or []
+                    items.extend(map(transform, got) if transform is not None else got)
+                    del got
                     token = (page.get("metadata") or {}).get("continue")
                     if not token:
                         return items, str(page["metadata"].get("resourceVersion", ""))
@@ -503,7 +522,9 @@ class Client:
             stream=True,
             timeout=(10.0, timeout_seconds + 30.0),
         )
-        self._metrics.requests.labels("WATCH", str(resp.status_code)).inc()
+        self._metrics.requests.labels(
+            "WATCH", resource_of(self.path(kind, namespace)), str(resp.status_code)
+        ).inc()
         if opened is not None:
             opened(resp)
         try:
@@ -523,6 +544,19 @@ class Client:
                 yield etype, obj
         finally:
             resp.close()
+
+
+def resource_of(path: str) -> str:
+    """The resource an API path names, as the request metrics label it: the plural, and
+    ``/<subresource>`` when there is one (``gpuclaims/status``, ``events``)."""
+    parts = [p for p in path.split("/") if p]
+    # /api/v1/... or /apis/<group>/<version>/...
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    if not rest:
+        return ""
+    return rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
 
 
 def _status_body(resp: requests.Response) -> dict[str, object] | None:

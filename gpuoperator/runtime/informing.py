@@ -63,6 +63,20 @@ def resource_version(obj: Obj) -> int | None:
         return None
 
 
+def newest(cached: Obj | None, written: Obj | None) -> Obj | None:
+    """The newer of a cached object and the server's reply to our own write of it: the
+    write while the cache has not delivered it yet (same uid, higher resourceVersion), else
+    the cache (``None`` when the cache no longer has it)."""
+    if cached is None or written is None:
+        return cached
+    if (cached.get("metadata") or {}).get("uid") != (written.get("metadata") or {}).get("uid"):
+        return cached
+    mine, seen = resource_version(written), resource_version(cached)
+    if mine is not None and seen is not None and mine > seen:
+        return written
+    return cached
+
+
 # ---- index functions ----------------------------------------------------------------------
 def by_namespace(obj: Obj) -> Iterable[str]:
     ns = (obj.get("metadata") or {}).get("namespace")
@@ -298,6 +312,7 @@ class ListWatcher(Protocol):
         label_selector: str | None = ...,
         field_selector: str | None = ...,
         page_size: int = ...,
+        transform: Callable[[Obj], Obj] | None = ...,
     ) -> tuple[list[Obj], str]: ...
 
     def watch(
@@ -459,9 +474,11 @@ class Informer:
             label_selector=o.label_selector,
             field_selector=o.field_selector,
             page_size=o.page_size,
+            transform=o.transform,  # applied page by page: never a whole list of full objects
         )
         self._metrics.lists.labels(self.name, reason).inc()
-        fresh = {key_of(obj): self._transform(obj) for obj in items}
+        fresh = {key_of(obj): obj for obj in items}
+        del items
         with self._handlers_lock:
             for key in set(self.store.keys()) - set(fresh):
                 old = self.store.remove(key)

@@ -95,6 +95,18 @@ class Manager:
         self._log = log.bind(identity=options.identity)
         #: Writes on behalf of controllers go through this view: refused once we stop leading.
         self.writer = client.fenced(self.is_leader, remaining=self._lease_remaining)
+        self._writers: dict[str, Client] = {}
+
+    def writer_for(self, component: str) -> Client:
+        """The fenced writer of one component, with a client-side QPS/burst bucket of its own
+        (``Client.own_limit``): the binder's writes do not queue behind Events or status
+        figures, as each kube-controller-manager controller has its own client. One view per
+        name, created once."""
+        if component not in self._writers:
+            self._writers[component] = self.client.own_limit().fenced(
+                self.is_leader, remaining=self._lease_remaining
+            )
+        return self._writers[component]
 
     # ---- wiring -------------------------------------------------------------------
     def informer(

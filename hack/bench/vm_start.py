@@ -81,6 +81,71 @@ def run(api: pykube.HTTPClient, ns: str, bodies: list[dict[str, Any]]) -> list[f
     return [scheduled[n] - created[n] for n in scheduled if n in created]
 
 
+def measure(api: pykube.HTTPClient, vms: int) -> tuple[list[float], list[float]]:
+    """VM create to Running, through the gate with held claims and with raw ``gpus``
+    entries, on a cluster with the operator leading and the KubeVirt stand-in running;
+    returns the seconds of each VM (claims, raw). Leaves the namespaces it used."""
+    namespace(api, "vms-claims")
+    for i in range(vms):
+        GPUClaim(
+            api,
+            {
+                "apiVersion": names.API_VERSION,
+                "kind": names.GPU_CLAIM,
+                "metadata": {"name": f"hold-{i}", "namespace": "vms-claims"},
+                "spec": {"className": "a10", "count": 1},
+            },
+        ).create()
+    while (
+        sum(
+            (c.obj.get("status") or {}).get("phase") == "Bound"
+            for c in GPUClaim.objects(api, namespace="vms-claims")
+        )
+        < vms
+    ):
+        time.sleep(0.2)  # waiting for the holds before the measured part
+    with_claims = run(
+        api,
+        "vms-claims",
+        [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "metadata": {
+                    "name": f"vm-{i}",
+                    "namespace": "vms-claims",
+                    "labels": {names.CLAIMS_LABEL: "true"},
+                    "annotations": {names.CLAIMS_ANNOTATION: json.dumps([{"claim": f"hold-{i}"}])},
+                },
+                "spec": {"domain": {"devices": {}}},
+            }
+            for i in range(vms)
+        ],
+    )
+    for v in VirtualMachineInstance.objects(api, namespace="vms-claims"):
+        v.delete()
+    for c in GPUClaim.objects(api, namespace="vms-claims"):
+        c.delete()
+    namespace(api, "vms-raw")
+    raw = run(
+        api,
+        "vms-raw",
+        [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "metadata": {"name": f"vm-{i}", "namespace": "vms-raw"},
+                "spec": {
+                    "tolerations": [TOLERATION],
+                    "domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": A10}]}},
+                },
+            }
+            for i in range(vms)
+        ],
+    )
+    return with_claims, raw
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vms", type=int, default=100)
@@ -97,66 +162,7 @@ def main() -> int:
     simulator = KubeVirtSimulator(api)
     simulator.start()
     try:
-        namespace(api, "vms-claims")
-        for i in range(args.vms):
-            GPUClaim(
-                api,
-                {
-                    "apiVersion": names.API_VERSION,
-                    "kind": names.GPU_CLAIM,
-                    "metadata": {"name": f"hold-{i}", "namespace": "vms-claims"},
-                    "spec": {"className": "a10", "count": 1},
-                },
-            ).create()
-        while (
-            sum(
-                (c.obj.get("status") or {}).get("phase") == "Bound"
-                for c in GPUClaim.objects(api, namespace="vms-claims")
-            )
-            < args.vms
-        ):
-            time.sleep(0.2)  # waiting for the holds before the measured part
-        with_claims = run(
-            api,
-            "vms-claims",
-            [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "metadata": {
-                        "name": f"vm-{i}",
-                        "namespace": "vms-claims",
-                        "labels": {names.CLAIMS_LABEL: "true"},
-                        "annotations": {
-                            names.CLAIMS_ANNOTATION: json.dumps([{"claim": f"hold-{i}"}])
-                        },
-                    },
-                    "spec": {"domain": {"devices": {}}},
-                }
-                for i in range(args.vms)
-            ],
-        )
-        for v in VirtualMachineInstance.objects(api, namespace="vms-claims"):
-            v.delete()
-        for c in GPUClaim.objects(api, namespace="vms-claims"):
-            c.delete()
-        namespace(api, "vms-raw")
-        raw = run(
-            api,
-            "vms-raw",
-            [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "metadata": {"name": f"vm-{i}", "namespace": "vms-raw"},
-                    "spec": {
-                        "tolerations": [TOLERATION],
-                        "domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": A10}]}},
-                    },
-                }
-                for i in range(args.vms)
-            ],
-        )
+        with_claims, raw = measure(api, args.vms)
         for label, values in (
             ("through the gate (held claims)", with_claims),
             ("raw gpus entries, no webhooks", raw),

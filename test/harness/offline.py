@@ -134,6 +134,10 @@ class OfflineManager:
         self.reconcilers: dict[str, Reconciler[Key]] = {}
         self.sources: dict[str, list[tuple[Source, Mapper]]] = {}
 
+    def writer_for(self, _component: str) -> Client:
+        """Every component writes to the one fake API server."""
+        return self.writer
+
     def informer(
         self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
     ) -> Informer:

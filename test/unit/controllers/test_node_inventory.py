@@ -14,6 +14,7 @@ from controllers import node_inventory
 from gpuoperator import names
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.kinds import GPUNode
+from gpuoperator.settings import Settings
 from harness import objects
 from harness.objects import A10
 from harness.offline import OfflineCluster
@@ -24,8 +25,14 @@ Obj = objects.Obj
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
+        # Every change written at once (statusInterval 0): these tests are about what is
+        # written; the coalescing of writes has tests of its own.
         node_inventory.register(
-            self.manager.as_manager(), self.caches, self.inventory, self.recorder.recorder
+            self.manager.as_manager(),
+            self.caches,
+            self.inventory,
+            self.recorder.recorder,
+            Settings.model_validate({"statusInterval": 0}),
         )
         self.reconciler = self.manager.reconcilers[node_inventory.NAME]
         self.put(self.caches.classes, objects.gpuclass())

@@ -700,3 +700,29 @@ def test_plan_never_over_allocates(
             if c["spec"]["count"] <= largest
         ]
         assert bound_keys == queue[: len(bound_keys)]
+
+
+@given(
+    frees=st.dictionaries(
+        st.sampled_from([f"n{i}" for i in range(12)]), st.integers(0, 8), max_size=12
+    ),
+    orders=st.lists(
+        st.tuples(
+            st.integers(1, 9),
+            st.frozensets(st.sampled_from([f"n{i}" for i in range(12)]), max_size=3),
+        ),
+        max_size=20,
+    ),
+    policy=st.sampled_from([binding.BINPACK, binding.SPREAD]),
+)
+def test_the_plans_free_index_chooses_what_choose_over_fitting_nodes_does(
+    frees: dict[str, int], orders: list[tuple[int, frozenset[str]]], policy: binding.Policy
+) -> None:
+    index = binding._FreeIndex(dict(frees))
+    for need, refused in orders:
+        expected = binding.choose(binding._fitting(need, frees, set(refused)), policy)
+        assert index.choose(need, set(refused), policy) == expected
+        if expected is not None:
+            frees[expected] -= need
+            index.take(expected, need)
+        assert index.frees == frees

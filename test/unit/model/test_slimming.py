@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuoperator import names
 from gpuoperator.model import slimming
 
@@ -137,3 +139,61 @@ def test_a_slim_node_keeps_gpu_resources_taints_cordon_and_readiness() -> None:
         "allocatable": {"nvidia.com/GA102GL_A10": "8"},
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
     }
+
+
+def plain_pod(resources: dict[str, object] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "web-1",
+            "namespace": "t",
+            "uid": "u2",
+            "resourceVersion": "9",
+            "labels": {"app": "web"},
+            "annotations": {"note": "x" * 100},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web", "controller": True}],
+        },
+        "spec": {
+            "nodeName": "cpu-0",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "resources": resources or {"requests": {"cpu": "1"}}}],
+        },
+        "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [{"type": "Ready"}]},
+    }
+
+
+def test_a_pod_without_gpus_or_kubevirt_labels_is_kept_as_a_stub() -> None:
+    assert slimming.slim_pod(plain_pod()) == {
+        "metadata": {"name": "web-1", "namespace": "t", "uid": "u2", "resourceVersion": "9"},
+        "spec": {"nodeName": "cpu-0"},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_a_pod_with_an_extended_resource_even_as_a_limit_is_kept_in_full() -> None:
+    slim = slimming.slim_pod(plain_pod({"limits": {"nvidia.com/GA102GL_A10": "1"}}))
+    assert slim["spec"]["containers"] == [
+        {"name": "c", "resources": {"requests": {"nvidia.com/GA102GL_A10": "1"}}}
+    ]
+    assert slim["metadata"]["labels"] == {"app": "web"}
+
+
+def test_a_kubevirt_pod_without_gpus_is_kept_in_full() -> None:
+    pod = plain_pod()
+    pod["metadata"]["labels"] = {"kubevirt.io": "virt-launcher"}
+    assert "containers" in slimming.slim_pod(pod)["spec"]
+
+
+def test_managed_fields_are_dropped_and_nothing_else() -> None:
+    claim: dict[str, Any] = {
+        "metadata": {"name": "c", "namespace": "t", "managedFields": [{"manager": "kubectl"}]},
+        "spec": {"className": "a10", "count": 1},
+        "status": {"phase": "Bound"},
+    }
+    assert slimming.without_managed_fields(claim) == {
+        "metadata": {"name": "c", "namespace": "t"},
+        "spec": {"className": "a10", "count": 1},
+        "status": {"phase": "Bound"},
+    }
+    assert claim["metadata"]["managedFields"]  # the original is left alone
+    lean = {"metadata": {"name": "c"}}
+    assert slimming.without_managed_fields(lean) is lean

@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config
+from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config, resource_of
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.kinds import GPUClaim
 from harness import objects
@@ -119,6 +119,14 @@ def test_paths_for_core_and_group_kinds() -> None:
     assert Client.path(pykube.Pod, "t", "p", "status") == "/api/v1/namespaces/t/pods/p/status"
     assert Client.path(GPUClaim, "t") == "/apis/cozystack.io/v1alpha1/namespaces/t/gpuclaims"
     assert Client.path(pykube.Node, None, "n") == "/api/v1/nodes/n"
+
+
+def test_request_metrics_name_the_resource_and_its_subresource() -> None:
+    assert resource_of(Client.path(GPUClaim, "t", "c", "status")) == "gpuclaims/status"
+    assert resource_of(Client.path(pykube.Event, "t")) == "events"
+    assert resource_of(Client.path(pykube.Node, None, "n")) == "nodes"
+    assert resource_of(Client.path(pykube.Namespace, None, "t")) == "namespaces"
+    assert resource_of(Client.path(pykube.Namespace)) == "namespaces"
 
 
 def test_a_read_is_retried_on_503_then_succeeds(script: Script, client: Client) -> None:
@@ -331,3 +339,24 @@ def test_inline_client_keys_are_written_readable_by_the_owner_only(tmp_path: Pat
 def test_a_missing_kubeconfig_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope"):
         load_config(str(tmp_path / "nope"))
+
+
+def test_a_view_with_its_own_limit_does_not_wait_behind_the_client_bucket(
+    script: Script, clock: FakeClock
+) -> None:
+    doc = {
+        "clusters": [{"name": "c", "cluster": {"server": script.url}}],  # type: ignore[attr-defined]
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    shared = Client(lambda: pykube.KubeConfig(doc), clock=clock, qps=1, burst=1)
+    own = shared.own_limit()
+    for _ in range(3):
+        script.reply(200, claim())
+    start = clock.monotonic()
+    shared.get(GPUClaim, "hold", "t")  # the shared bucket's one token
+    own.get(GPUClaim, "hold", "t")  # a bucket of its own: no wait
+    assert clock.monotonic() == start
+    shared.get(GPUClaim, "hold", "t")  # the shared bucket is empty: waits 1/qps
+    assert clock.monotonic() - start == pytest.approx(1.0)

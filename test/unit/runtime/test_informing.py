@@ -43,11 +43,14 @@ class ScriptedSource:
         self.watches: queue.Queue[list[tuple[str, Obj]] | Exception] = queue.Queue()
         self.watch_rvs: list[str] = []
 
-    def list(self, kind: Any, namespace: Any = None, **_kw: Any) -> tuple[list[Obj], str]:
+    def list(
+        self, kind: Any, namespace: Any = None, *, transform: Any = None, **_kw: Any
+    ) -> tuple[list[Obj], str]:
         answer = self.lists.get(timeout=10)
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        items, rv = answer
+        return [transform(o) for o in items] if transform else items, rv
 
     def watch(
         self,

@@ -1,0 +1,186 @@
+"""GPUNode and GPUClass figures are written at most once per ``statusInterval`` per object:
+the first change at once, later ones gathered and written once the interval has passed; a
+status the controller wrote counts as current until the cache delivers it, so no write
+leaves on a replaced version."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controllers import class_status, node_inventory
+from gpuoperator import caches as cachesmod
+from gpuoperator import names, settings
+from gpuoperator.inventory import Inventory
+from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.controlling import Result
+from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
+from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.recording import Recorder
+
+Obj = dict[str, Any]
+RESOURCE = "nvidia.com/GA102GL_A10"
+INTERVAL = 5.0
+
+
+class _NoServerManager:
+    def informer(
+        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
+    ) -> Informer:
+        return Informer(cast("ListWatcher", object()), kind, options, name=name)
+
+
+class Writer:
+    """Records status writes and answers each with the object at the next resourceVersion."""
+
+    def __init__(self) -> None:
+        self.statuses: list[tuple[str, str, Obj]] = []  # (kind, name, status)
+        self.preconditions: list[str] = []
+        self.rv = 100
+
+    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
+        self.rv += 1
+        self.preconditions.append(obj["metadata"]["resourceVersion"])
+        self.statuses.append((kind.kind, obj["metadata"]["name"], obj["status"]))
+        out = copy.deepcopy(obj)
+        out["metadata"]["resourceVersion"] = str(self.rv)
+        return out
+
+    def replace(self, _kind: Kind, obj: Obj) -> Obj:
+        return obj
+
+
+def gpu_class() -> Obj:
+    return {
+        "metadata": {
+            "name": "a10",
+            "uid": "u-class",
+            "resourceVersion": "1",
+            "generation": 1,
+            "finalizers": [names.CLASS_PROTECTION_FINALIZER],
+        },
+        "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
+    }
+
+
+def node(units: int = 8) -> Obj:
+    return {
+        "metadata": {"name": "n1", "uid": "u-node", "resourceVersion": "1"},
+        "spec": {},
+        "status": {
+            "capacity": {RESOURCE: str(units)},
+            "allocatable": {RESOURCE: str(units)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def claim(name: str) -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": "t", "resourceVersion": "5", "uid": name},
+        "spec": {"className": "a10", "count": 1},
+        "status": {"phase": "Bound", "nodeName": "n1"},
+    }
+
+
+class World:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.caches = cachesmod.register(cast("Manager", _NoServerManager()))
+        self.inventory = Inventory(clock=self.clock)
+        self.writer = Writer()
+        self.caches.classes.store.put(gpu_class())
+        self.inventory.apply_class(gpu_class())
+        self.inventory.apply_node(node())
+        self.caches.gpunodes.store.put(
+            {"metadata": {"name": "n1", "uid": "u-gpunode", "resourceVersion": "1"}}
+        )
+
+    def bind(self, name: str) -> None:
+        self.inventory.apply_claim(claim(name))
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def nodes(world: World, interval: float = INTERVAL) -> node_inventory.NodeInventory:
+    return node_inventory.NodeInventory(
+        world.caches,
+        world.inventory,
+        cast("Client", world.writer),
+        cast("Recorder", object()),
+        clock=world.clock,
+        registry=CollectorRegistry(),
+        status_interval=interval,
+    )
+
+
+def classes(world: World, interval: float = INTERVAL) -> class_status.ClassStatus:
+    return class_status.ClassStatus(
+        world.caches,
+        world.inventory,
+        cast("Client", world.writer),
+        cast("Recorder", object()),
+        clock=world.clock,
+        registry=CollectorRegistry(),
+        status_interval=interval,
+    )
+
+
+def free_written(status: Obj) -> int:
+    if "free" in status:  # a GPUClass
+        return int(status["free"])
+    return int(status["devices"][0]["free"])
+
+
+@pytest.mark.parametrize("make", [nodes, classes], ids=["gpunode", "gpuclass"])
+def test_figures_are_written_at_most_once_per_interval_and_the_last_change_lands(
+    world: World, make: Any
+) -> None:
+    reconciler = make(world)
+    key = ("", "n1") if make is nodes else ("", "a10")
+    assert reconciler.reconcile(key) is None  # the first change is written at once
+    for i in range(3):
+        world.bind(f"c{i}")
+        world.clock.advance(1.0)
+        result = reconciler.reconcile(key)
+        assert isinstance(result, Result)
+        assert result.requeue_after == pytest.approx(INTERVAL - (i + 1))
+    assert len(world.writer.statuses) == 1
+    world.clock.advance(result.requeue_after)
+    assert reconciler.reconcile(key) is None
+    assert [free_written(s) for _k, _n, s in world.writer.statuses] == [8, 5]
+    # The second write rested on the first write's reply, not on the stale cached version.
+    assert world.writer.preconditions == ["1", "101"]
+
+
+@pytest.mark.parametrize("make", [nodes, classes], ids=["gpunode", "gpuclass"])
+def test_an_interval_of_zero_writes_every_change(world: World, make: Any) -> None:
+    reconciler = make(world, 0.0)
+    key = ("", "n1") if make is nodes else ("", "a10")
+    reconciler.reconcile(key)
+    world.bind("c0")
+    reconciler.reconcile(key)
+    assert [free_written(s) for _k, _n, s in world.writer.statuses] == [8, 7]
+
+
+def test_unchanged_figures_are_not_written_again(world: World) -> None:
+    reconciler = nodes(world)
+    reconciler.reconcile(("", "n1"))
+    world.clock.advance(INTERVAL)
+    reconciler.reconcile(("", "n1"))
+    assert len(world.writer.statuses) == 1
+
+
+def test_the_interval_is_a_setting_with_a_default_of_one_second() -> None:
+    assert settings.load(None, {}, {}).status_interval == 1.0
+    assert settings.load({"statusInterval": "2.5s"}, {}, {}).status_interval == 2.5
+    assert settings.load(None, {"GPUOP_STATUS_INTERVAL": "0"}, {}).status_interval == 0.0
+    with pytest.raises(settings.SettingsError, match="statusInterval"):
+        settings.load(None, {}, {"statusInterval": "soon"})
