@@ -15,7 +15,7 @@ import pytest
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from harness.fleet import Fleet
-from harness.kube import Obj, replace
+from harness.kube import Obj, mutate, replace
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 
@@ -217,9 +217,8 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
     claim(api, namespace, "hold", cls, 2)
     assert bound_node(api, namespace, "hold") == doomed
     node = fleet.nodes.pop(0)
-    node.reload()
-    node.obj["spec"]["unschedulable"] = True
-    node.update()
+    # The node lifecycle controller and kwok write the node too: retry on their 409s.
+    mutate(node, lambda n: n["spec"].update(unschedulable=True))
     wait_for(
         "the class to count the cordoned node out",
         lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},

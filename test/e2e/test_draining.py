@@ -17,7 +17,7 @@ import pytest
 
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
-from harness.fleet import Fleet
+from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.operator import Deployed
 from harness.waiting import wait_for
@@ -138,6 +138,7 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
 ) -> None:
     cls = fleet.gpu_class()
     first, other = fleet.node(4), fleet.node(4)
+    published(api, cls, 4)
     # Binpack puts all three on the first node (least free that fits, ties by name).
     assert [order(api, tenant, n, cls, 1) for n in ("idle-1", "idle-2", "run")] == [first] * 3
     start_vm(api, tenant, "vm-1", "run")
@@ -177,6 +178,7 @@ def test_a_hold_that_fits_nowhere_stays_and_says_why_then_moves_when_room_frees(
 ) -> None:
     cls = fleet.gpu_class()
     first, other = fleet.node(4), fleet.node(4)
+    published(api, cls, 4)
     assert order(api, tenant, "big", cls, 3) == first
     assert order(api, tenant, "filler", cls, 2) == other  # 1 free on the first: it goes on
     cordon(api, first)

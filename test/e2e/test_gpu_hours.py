@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance
-from harness.fleet import Fleet
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.operator import Deployed
 from harness.waiting import wait_for
@@ -77,13 +77,7 @@ def test_a_claim_counts_idle_then_in_use_while_its_vm_runs(
 ) -> None:
     cls = fleet.gpu_class()
     fleet.node(4)
-    # The order webhook refuses what the class does not publish as fitting on one node.
-    wait_for(
-        "the node's units published",
-        lambda: (GPUClass.objects(api).get(name=cls).obj.get("status") or {}).get("free"),
-        until=lambda n: n == 4,
-        timeout=CONVERGE,
-    )
+    published(api, cls, 4)
     GPUClaim(
         api,
         {

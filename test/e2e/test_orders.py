@@ -10,9 +10,9 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from gpuoperator.runtime.kinds import GPUClaim
 from harness import kube
-from harness.fleet import Fleet
+from harness.fleet import Fleet, published
 from harness.kube import refused
 from harness.operator import Deployed
 from harness.waiting import wait_for
@@ -45,15 +45,6 @@ def order(
     )
     claim.create()
     return claim
-
-
-def published(api: pykube.HTTPClient, cls: str, max_free: int) -> None:
-    wait_for(
-        f"{cls} to publish maxFreePerNode={max_free}",
-        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
-        until=lambda s: s.get("maxFreePerNode") == max_free,
-        timeout=15,
-    )
 
 
 def quota(api: pykube.HTTPClient, namespace: str, name: str, hard: dict[str, str]) -> None:

@@ -128,8 +128,9 @@ def test_describe_quota_shows_the_gpus_held_beside_each_budget(
 
     # A budget added later is filled in too.
     rq = pykube.ResourceQuota.objects(api, namespace=namespace).get(name="gpus")
-    rq.obj["spec"]["hard"][key_b] = "2"
-    rq.update()
+    rq.patch(
+        {"spec": {"hard": {key_b: "2"}}}
+    )  # no resourceVersion: the quota controller writes it too
     expected = {**expected, key_b: ("0", "2")}
     wait_for(
         "describe quota to show the new budget",

@@ -90,3 +90,15 @@ def _ready(api: pykube.HTTPClient, name: str) -> bool:
         c["type"] == "Ready" and c["status"] == "True"
         for c in node.obj["status"].get("conditions", [])
     )
+
+
+def published(api: pykube.HTTPClient, cls: str, max_free: int, timeout: float = 15) -> None:
+    """Wait until ``cls`` publishes ``maxFreePerNode == max_free``. The order webhook judges
+    an order against the published figure, which the operator writes at most once per
+    statusInterval: a test that orders right after adding nodes waits for it first."""
+    wait_for(
+        f"{cls} to publish maxFreePerNode={max_free}",
+        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
+        until=lambda s: s.get("maxFreePerNode") == max_free,
+        timeout=timeout,
+    )
