@@ -437,7 +437,8 @@ def test_a_vm_deleted_in_the_foreground_takes_its_template_claim_with_it(
         timeout=CONVERGE,
     )
     v.delete(propagation_policy="Foreground")
-    # Garbage collection learns the VMI kind at its periodic discovery (30 s).
+    # Garbage collection learns the VMI kind at its periodic discovery (every 30 s) and
+    # may need a second round on a loaded machine.
     wait_for(
         "the VMI and its template claim gone",
         lambda: (
@@ -445,7 +446,7 @@ def test_a_vm_deleted_in_the_foreground_takes_its_template_claim_with_it(
             len(list(GPUClaim.objects(api, namespace=tenant))),
         ),
         until=lambda state: state == (None, 0),
-        timeout=CONVERGE + 30,
+        timeout=CONVERGE + 60,
     )
     wait_for(
         "the capacity returned",
