@@ -7,12 +7,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries up down status lint test unit e2e clean
+.PHONY: help venv binaries up down status lint test unit e2e chaos clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
 	@echo "make down    stop it"
-	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit and e2e)"
+	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit, e2e, bounded chaos)"
+	@echo "make chaos   the full chaos suite (issue 9): 2,000 orders, 50 VMs, leader kills, faults"
 
 venv: $(VENV)/.installed
 
@@ -52,6 +53,11 @@ unit: venv
 
 e2e: venv binaries
 	$(BIN)/pytest test/e2e $(PYTEST_ARGS)
+
+# The full chaos suite on a control plane of its own; the bounded form runs in `make test`.
+# It prints its figures (orders, kills, handover, over-allocations, stuck claims) at the end.
+chaos: venv binaries
+	CHAOS_SIZE=full $(BIN)/pytest test/chaos --timeout=3600 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

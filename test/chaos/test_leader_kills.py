@@ -1,0 +1,300 @@
+"""R1: orders racing past the webhook and VMs started and stopped while the leader is
+SIGKILLed again and again; no unit is ever sold twice, no hold moves without its node being
+lost, every order that fits is bound and every other one says why.
+
+The fault schedule: the leader is killed ``kill_interval`` (10 s) after the previous kill,
+or as soon as a new leader has taken over if that is later (after a SIGKILL nobody may lead
+until the Lease expires, 15 s); its replacement starts at once, with a new identity, as a
+new pod would. The bounded form stops after ``kills`` kills, the full form when the load
+ends. One node is deleted halfway, so some holds are Lost and must rebind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pykube
+
+from chaos import load, oracle
+from chaos.conftest import FIGURES, Sizes
+from chaos.history import ClaimHistory
+from chaos.replicas import Replicas
+from gpuoperator import names
+from harness.fleet import Fleet
+from harness.waiting import WaitTimeoutError, wait_for
+
+CONVERGE = 120.0
+SEED = 9
+
+
+def _tenant(api: pykube.HTTPClient, name: str, entitled: bool, hard: dict[str, str]) -> str:
+    labels = {names.VGPU_ENTITLED_LABEL: "true"} if entitled else {}
+    pykube.Namespace(api, {"metadata": {"name": name, "labels": labels}}).create()
+    if hard:
+        pykube.ResourceQuota(
+            api, {"metadata": {"name": "gpus", "namespace": name}, "spec": {"hard": hard}}
+        ).create()
+    return name
+
+
+def _other_pod(api: pykube.HTTPClient, node: str, resource: str, units: int) -> None:
+    """A plain GPU pod that no claim accounts for, placed on ``node`` by name."""
+    pykube.Pod(
+        api,
+        {
+            "metadata": {"name": f"other-{node}", "namespace": "default"},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "example.com/gpu-job",
+                        "resources": {
+                            "requests": {resource: str(units)},
+                            "limits": {resource: str(units)},
+                        },
+                    }
+                ],
+            },
+        },
+    ).create()
+
+
+def _published(api: pykube.HTTPClient, cls: str, nodes: int) -> None:
+    from gpuoperator.runtime.kinds import GPUClass
+
+    wait_for(
+        f"class {cls} published with {nodes} nodes",
+        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
+        until=lambda s: s.get("nodes") == nodes,
+        timeout=CONVERGE,
+    )
+
+
+def _pct(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"p50 {statistics.median(values):.1f}s / max {max(values):.1f}s"
+
+
+def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
+    api: pykube.HTTPClient,
+    replicas: Replicas,
+    history: ClaimHistory,
+    kubevirt: object,
+    sizes: Sizes,
+) -> None:
+    rng = random.Random(SEED)  # noqa: S311 - a reproducible load, not a secret
+    fleets = [Fleet(api) for _ in range(3)]
+    gpus, vgpus, vms = fleets
+    small = gpus.gpu_class("-s", maxCount=2)
+    large = gpus.gpu_class("-l", maxCount=4)
+    vgpu = vgpus.gpu_class("-v", mode="vgpu", profile="B-1Q")
+    vm_class = vms.gpu_class("-vm", maxCount=1)
+    gpu_nodes = [gpus.node(8) for _ in range(5)]
+    vgpu_nodes = [vgpus.node(4) for _ in range(2)]
+    vm_nodes = [vms.node(4) for _ in range(2)]
+    for cls, fleet in ((small, gpus), (large, gpus), (vgpu, vgpus), (vm_class, vms)):
+        history.classes[cls] = fleet.resource
+    for node in gpu_nodes:
+        history.capacity[(node, gpus.resource)] = 8
+    for node in vgpu_nodes:
+        history.capacity[(node, vgpus.resource)] = 4
+    for node in vm_nodes:
+        history.capacity[(node, vms.resource)] = 4
+    _other_pod(api, gpu_nodes[0], gpus.resource, 2)
+    history.capacity[(gpu_nodes[0], gpus.resource)] = 6
+    for cls, n in ((small, 5), (large, 5), (vgpu, 2), (vm_class, 2)):
+        _published(api, cls, n)
+    wait_for(
+        "the other pod counted",
+        lambda: oracle.free_units(oracle.snapshot(api)).get((gpu_nodes[0], gpus.resource)),
+        until=lambda f: f == 6,
+    )
+
+    tenants = [
+        _tenant(api, "chaos-free", False, {}),
+        _tenant(api, "chaos-budget", True, {names.QUOTA_TOTAL_KEY: "10"}),
+        _tenant(api, "chaos-vgpu", True, {f"{vgpu}.{names.QUOTA_TOTAL_KEY}": "3"}),
+    ]
+    vm_tenant = _tenant(api, "chaos-vms", False, {})
+    wait_for(
+        "the default ServiceAccount of the VM tenant",
+        lambda: pykube.ServiceAccount.objects(api, namespace=vm_tenant).get_or_none(name="default"),
+        timeout=CONVERGE,
+    )
+
+    def an_order(i: int) -> load.Outcome:
+        cls = rng.choices([small, large, vgpu], weights=[5, 3, 2])[0]
+        most = {small: 2, large: 4, vgpu: 1}[cls]
+        count = (
+            rng.choice([*range(1, most + 1), most + 1])
+            if rng.random() < 0.1
+            else rng.randint(1, most)
+        )
+        return load.Outcome(rng.choice(tenants), f"order-{i:05d}", cls, count)
+
+    orders = [an_order(i) for i in range(sizes.orders)]
+    tally = load.Tally()
+    clients = load.Clients(api)
+    load_done = threading.Event()
+    failures: list[str] = []
+    released = [0]
+    node_deleted: list[str] = []
+
+    def orders_thread() -> None:
+        try:
+            bursts = [orders[i : i + sizes.burst] for i in range(0, len(orders), sizes.burst)]
+            for n, chunk in enumerate(bursts):
+                started = time.monotonic()
+                load.burst(clients, chunk, tally)
+                for ns in tenants:
+                    released[0] += load.release(clients.get(), ns, 0.5, rng, tally)
+                if n == len(bursts) // 2:
+                    node_deleted.append(_lose_node(api, history, gpu_nodes[1], tally))
+                time.sleep(max(0.0, sizes.burst_interval - (time.monotonic() - started)))
+        except Exception as exc:
+            failures.append(f"orders: {type(exc).__name__}: {exc}")
+
+    runs = [load.VmRun(f"vm-{i:03d}", template=i % 2 == 1) for i in range(sizes.vms)]
+
+    def vms_thread() -> None:
+        def one(run: load.VmRun) -> None:
+            try:
+                load.vm_cycle(clients.get(), vm_tenant, vm_class, run, tally, CONVERGE)
+            except Exception as exc:
+                run.problem = f"{type(exc).__name__}: {exc}"
+
+        with ThreadPoolExecutor(max_workers=sizes.vm_parallel) as pool:
+            list(pool.map(one, runs))
+
+    threads = [
+        threading.Thread(target=orders_thread, name="orders", daemon=True),
+        threading.Thread(target=vms_thread, name="vms", daemon=True),
+    ]
+    for t in threads:
+        t.start()
+
+    def watch_load() -> None:
+        for t in threads:
+            t.join()
+        load_done.set()
+
+    threading.Thread(target=watch_load, daemon=True).start()
+
+    # The fault schedule, and a snapshot check after each phase (kill → new leader).
+    handovers: list[float] = []
+    kill_times: list[float] = []
+    phase_overallocations: list[str] = []
+    kills = 0
+    last_kill = time.monotonic()
+    while not load_done.is_set() and (sizes.kills is None or kills < sizes.kills):
+        if load_done.wait(max(0.0, last_kill + sizes.kill_interval - time.monotonic())):
+            break
+        old, killed = replicas.kill_leader_and_replace()
+        last_kill = time.monotonic()
+        kills += 1
+        _new, took = replicas.handover(killed, old)
+        handovers.append(took)
+        kill_times.append(killed)
+        phase_overallocations += oracle.overallocations(_snapshot(api, tally))
+    for t in threads:
+        t.join(timeout=CONVERGE * 4)
+    assert load_done.is_set(), "the load did not finish"
+    replicas.up()  # the replacement of the last kill is ready
+
+    # Converged: nothing stuck, then the end-of-run checks on one snapshot.
+    def stuck() -> list[str]:
+        return oracle.stuck_claims(_snapshot(api, tally))
+
+    with contextlib.suppress(WaitTimeoutError):  # what is still stuck is reported below
+        wait_for("no stuck claim", stuck, until=lambda s: not s, timeout=CONVERGE)
+    final = _snapshot(api, tally)
+    stuck_now = oracle.stuck_claims(final)
+    over = oracle.overallocations(final)
+    changes = history.node_changes()
+    placed = [o for o in orders if o.placed]
+    refused = [o for o in orders if not o.placed]
+    undecided = [o for o in refused if not oracle.reason_of_refusal(o.refusal)]
+    states = {oracle.key(c): oracle.phase(c) for c in final.claims}
+    bound_orders = sum(1 for o in placed if states.get(f"{o.namespace}/{o.name}") == "Bound")
+    waiting_orders = sum(
+        1 for o in placed if states.get(f"{o.namespace}/{o.name}") in ("Pending", "")
+    )
+    vm_problems = [r.problem for r in runs if r.problem]
+    first_writes = [
+        wrote - killed
+        for killed in kill_times
+        if (wrote := history.first_status_write_after(killed)) is not None
+    ]
+    overallocated = len(history.overholds) + len(phase_overallocations) + len(over)
+    recorded = sum(len(v) for v in history.snapshot().values())
+    reasons = Counter(_refusal_kind(o.refusal) for o in refused)
+    counters = replicas.webhooks.counters
+    FIGURES.extend(
+        [
+            f"R1 ({sizes.name}): orders {len(orders)} (placed {len(placed)}, refused by a "
+            f"webhook decision {len(refused) - len(undecided)}, refused otherwise "
+            f"{len(undecided)}); at the end Bound {bound_orders}, waiting {waiting_orders}, "
+            f"released {released[0]}; refusals: {dict(sorted(reasons.items()))}",
+            f"R1: VMs started and stopped {sum(1 for r in runs if not r.problem)} of {len(runs)}",
+            f"R1: leader kills {kills}; handover to the Lease {_pct(handovers)}; "
+            f"to the first claim write {_pct(first_writes)}",
+            f"R1: over-allocation {overallocated} "
+            f"(holds at any etcd revision {len(history.overholds)}, snapshots after each phase "
+            f"{len(phase_overallocations)}, at the end {len(over)})",
+            f"R1: node changes without Lost {len(changes['unexplained'])} (through Lost "
+            f"{len(changes['lost'])}, refusals {len(changes['refused'])}, moves "
+            f"{len(changes['moved'])}); node deleted: {node_deleted}",
+            f"R1: stuck claims {len(stuck_now)}; client retries {tally.retries}; webhook "
+            f"requests {counters.forwarded}, failed over {counters.failovers}, unanswered "
+            f"{counters.unanswered}; claim versions recorded {recorded}",
+        ]
+    )
+    assert history.watch is not None and history.watch.gaps == 0, "the claim record has gaps"
+    assert not failures, failures
+    assert not history.overholds, history.overholds[:10]
+    assert not phase_overallocations, phase_overallocations[:10]
+    assert not over, over
+    assert not changes["unexplained"], [
+        (c, history.transitions(c.split(":")[0])) for c in changes["unexplained"][:5]
+    ]
+    assert not stuck_now, stuck_now[:10]
+    assert not undecided, [(o.name, o.refusal) for o in undecided[:5]]
+    assert not vm_problems, vm_problems[:5]
+    assert node_deleted, "the node-loss fault did not happen"
+    assert kills >= (sizes.kills or 1)
+
+
+def _lose_node(api: pykube.HTTPClient, history: ClaimHistory, node: str, tally: load.Tally) -> str:
+    """Delete a node with holds on it: they must go through Lost and bind elsewhere."""
+    history.retire_node(node)
+    load.retrying(
+        tally,
+        "deleting a node",
+        lambda: load.delete(pykube.Node(api, {"metadata": {"name": node}})),
+    )
+    return node
+
+
+def _refusal_kind(message: str) -> str:
+    """A short name for what a refusal said (for the figures)."""
+    for fragment, kind in (
+        ("maxCount", "over maxCount"),
+        ("entitle", "not entitled"),
+        ("budget", "over budget"),
+        ("maxFreePerNode", "no node has it free"),
+    ):
+        if fragment in message:
+            return kind
+    return message[-80:]
+
+
+def _snapshot(api: pykube.HTTPClient, tally: load.Tally) -> oracle.Snapshot:
+    return load.retrying(tally, "a snapshot", lambda: oracle.snapshot(api))
