@@ -382,6 +382,26 @@ def stuck_claims(snap: Snapshot, now: datetime.datetime | None = None) -> list[s
     return out
 
 
-def reason_of_refusal(message: str) -> bool:
-    """A webhook refusal carries the webhook's decision, not a transport failure."""
-    return "denied the request" in message and "failed calling webhook" not in message
+#: What the order webhook says for each refusal of DESIGN.md §5 (for the figures).
+_REFUSALS = (
+    ("allows at most", "over maxCount"),
+    ("not entitled", "not entitled"),
+    ("budget exceeded", "over budget"),
+    ("free GPU", "no node has it free"),
+    ("does not exist", "unknown class"),
+)
+#: Answers that are no decision: the replica could not judge (the order was not judged).
+_NO_DECISION = ("failed calling webhook", "not synced", "could not decide")
+
+
+def refusal_kind(message: str) -> str:
+    """What a refused order was told, in a word; ``undecided: ...`` when the refusal was
+    no decision of a webhook (transport failure, a replica not ready, an error)."""
+    if "denied the request" not in message or any(n in message for n in _NO_DECISION):
+        return f"undecided: {message[-160:]}"
+    kinds = [kind for fragment, kind in _REFUSALS if fragment in message]
+    return " + ".join(kinds) or f"other: {message[-160:]}"
+
+
+def decided(message: str) -> bool:
+    return not refusal_kind(message).startswith("undecided")

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pykube
 
-from chaos import load, oracle
+from chaos import load, oracle, scene
 from chaos.conftest import FIGURES, Sizes
 from chaos.history import ClaimHistory
 from chaos.replicas import Replicas
@@ -31,50 +31,6 @@ from harness.waiting import WaitTimeoutError, wait_for
 
 CONVERGE = 120.0
 SEED = 9
-
-
-def _tenant(api: pykube.HTTPClient, name: str, entitled: bool, hard: dict[str, str]) -> str:
-    labels = {names.VGPU_ENTITLED_LABEL: "true"} if entitled else {}
-    pykube.Namespace(api, {"metadata": {"name": name, "labels": labels}}).create()
-    if hard:
-        pykube.ResourceQuota(
-            api, {"metadata": {"name": "gpus", "namespace": name}, "spec": {"hard": hard}}
-        ).create()
-    return name
-
-
-def _other_pod(api: pykube.HTTPClient, node: str, resource: str, units: int) -> None:
-    """A plain GPU pod that no claim accounts for, placed on ``node`` by name."""
-    pykube.Pod(
-        api,
-        {
-            "metadata": {"name": f"other-{node}", "namespace": "default"},
-            "spec": {
-                "nodeName": node,
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "example.com/gpu-job",
-                        "resources": {
-                            "requests": {resource: str(units)},
-                            "limits": {resource: str(units)},
-                        },
-                    }
-                ],
-            },
-        },
-    ).create()
-
-
-def _published(api: pykube.HTTPClient, cls: str, nodes: int) -> None:
-    from gpuoperator.runtime.kinds import GPUClass
-
-    wait_for(
-        f"class {cls} published with {nodes} nodes",
-        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
-        until=lambda s: s.get("nodes") == nodes,
-        timeout=CONVERGE,
-    )
 
 
 def _pct(values: list[float]) -> str:
@@ -108,10 +64,10 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
         history.capacity[(node, vgpus.resource)] = 4
     for node in vm_nodes:
         history.capacity[(node, vms.resource)] = 4
-    _other_pod(api, gpu_nodes[0], gpus.resource, 2)
+    scene.other_pod(api, gpu_nodes[0], gpus.resource, 2)
     history.capacity[(gpu_nodes[0], gpus.resource)] = 6
     for cls, n in ((small, 5), (large, 5), (vgpu, 2), (vm_class, 2)):
-        _published(api, cls, n)
+        scene.published(api, cls, n)
     wait_for(
         "the other pod counted",
         lambda: oracle.free_units(oracle.snapshot(api)).get((gpu_nodes[0], gpus.resource)),
@@ -119,11 +75,11 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     )
 
     tenants = [
-        _tenant(api, "chaos-free", False, {}),
-        _tenant(api, "chaos-budget", True, {names.QUOTA_TOTAL_KEY: "10"}),
-        _tenant(api, "chaos-vgpu", True, {f"{vgpu}.{names.QUOTA_TOTAL_KEY}": "3"}),
+        scene.tenant(api, "chaos-free", False, {}),
+        scene.tenant(api, "chaos-budget", True, {names.QUOTA_TOTAL_KEY: "10"}),
+        scene.tenant(api, "chaos-vgpu", True, {f"{vgpu}.{names.QUOTA_TOTAL_KEY}": "3"}),
     ]
-    vm_tenant = _tenant(api, "chaos-vms", False, {})
+    vm_tenant = scene.tenant(api, "chaos-vms", False, {})
     wait_for(
         "the default ServiceAccount of the VM tenant",
         lambda: pykube.ServiceAccount.objects(api, namespace=vm_tenant).get_or_none(name="default"),
@@ -203,7 +159,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
         _new, took = replicas.handover(killed, old)
         handovers.append(took)
         kill_times.append(killed)
-        phase_overallocations += oracle.overallocations(_snapshot(api, tally))
+        phase_overallocations += oracle.overallocations(scene.snapshot(api, tally))
     for t in threads:
         t.join(timeout=CONVERGE * 4)
     assert load_done.is_set(), "the load did not finish"
@@ -211,17 +167,17 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
 
     # Converged: nothing stuck, then the end-of-run checks on one snapshot.
     def stuck() -> list[str]:
-        return oracle.stuck_claims(_snapshot(api, tally))
+        return oracle.stuck_claims(scene.snapshot(api, tally))
 
     with contextlib.suppress(WaitTimeoutError):  # what is still stuck is reported below
         wait_for("no stuck claim", stuck, until=lambda s: not s, timeout=CONVERGE)
-    final = _snapshot(api, tally)
+    final = scene.snapshot(api, tally)
     stuck_now = oracle.stuck_claims(final)
     over = oracle.overallocations(final)
     changes = history.node_changes()
     placed = [o for o in orders if o.placed]
     refused = [o for o in orders if not o.placed]
-    undecided = [o for o in refused if not oracle.reason_of_refusal(o.refusal)]
+    undecided = [o for o in refused if not oracle.decided(o.refusal)]
     states = {oracle.key(c): oracle.phase(c) for c in final.claims}
     bound_orders = sum(1 for o in placed if states.get(f"{o.namespace}/{o.name}") == "Bound")
     waiting_orders = sum(
@@ -235,7 +191,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     ]
     overallocated = len(history.overholds) + len(phase_overallocations) + len(over)
     recorded = sum(len(v) for v in history.snapshot().values())
-    reasons = Counter(_refusal_kind(o.refusal) for o in refused)
+    reasons = Counter(oracle.refusal_kind(o.refusal) for o in refused)
     counters = replicas.webhooks.counters
     FIGURES.extend(
         [
@@ -281,20 +237,3 @@ def _lose_node(api: pykube.HTTPClient, history: ClaimHistory, node: str, tally: 
         lambda: load.delete(pykube.Node(api, {"metadata": {"name": node}})),
     )
     return node
-
-
-def _refusal_kind(message: str) -> str:
-    """A short name for what a refusal said (for the figures)."""
-    for fragment, kind in (
-        ("maxCount", "over maxCount"),
-        ("entitle", "not entitled"),
-        ("budget", "over budget"),
-        ("maxFreePerNode", "no node has it free"),
-    ):
-        if fragment in message:
-            return kind
-    return message[-80:]
-
-
-def _snapshot(api: pykube.HTTPClient, tally: load.Tally) -> oracle.Snapshot:
-    return load.retrying(tally, "a snapshot", lambda: oracle.snapshot(api))
