@@ -20,6 +20,7 @@ nothing taken from the product:
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ class Version:
     class_name: str
     count: int
     deleting: bool
+    #: What only the leader writes: the status (but the attachment, which the VMI webhook
+    #: of any replica records), and the finalizers it removes.
+    status: str = ""
+    finalizers: int = 0
 
     @property
     def holds(self) -> bool:
@@ -78,6 +83,8 @@ def version_of(event: store.Event) -> Version:
         class_name=str(spec.get("className") or ""),
         count=int(spec.get("count") or 0),
         deleting=bool(meta.get("deletionTimestamp")),
+        status=json.dumps({k: v for k, v in status.items() if k != "attachment"}, sort_keys=True),
+        finalizers=len(meta.get("finalizers") or []),
     )
 
 
@@ -165,14 +172,14 @@ class ClaimHistory:
             for v in self.snapshot().get(key, [])
         ]
 
-    def first_status_write_after(self, moment: float) -> float | None:
-        """When the first write that changed some claim's phase or node after ``moment``
-        (a wall-clock time) reached etcd, as received by the watch."""
+    def first_leader_write_after(self, moment: float) -> float | None:
+        """When the first claim write of the leader after ``moment`` (a wall-clock time)
+        reached etcd, as received by the watch: a status change (binder, placement) or a
+        finalizer removed (claim protection); tenants write neither."""
         first: float | None = None
         for versions in self.snapshot().values():
             for before, after in itertools.pairwise(versions):
-                changed = (before.phase, before.node) != (after.phase, after.node)
-                if changed and after.uid and after.received > moment:
+                if after.received > moment and _leader_wrote(before, after):
                     if first is None or after.received < first:
                         first = after.received
                     break
@@ -180,3 +187,13 @@ class ClaimHistory:
 
     def count_lost(self) -> int:
         return sum(1 for versions in self.snapshot().values() for v in versions if v.phase == LOST)
+
+
+def _leader_wrote(before: Version, after: Version) -> bool:
+    """Whether the step from ``before`` to ``after`` is a write only the leader makes: a
+    status change, or a finalizer removed — which for a claim being deleted removes it."""
+    if not after.uid:
+        return before.deleting
+    if after.uid != before.uid:
+        return False
+    return before.status != after.status or after.finalizers < before.finalizers
