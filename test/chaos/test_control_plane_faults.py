@@ -34,7 +34,7 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
     rng = random.Random(SEED)  # noqa: S311 - a reproducible load, not a secret
     fleet = Fleet(api)
     cls = fleet.gpu_class(maxCount=4)
-    nodes = [fleet.node(8) for _ in range(3)]
+    nodes = [fleet.node(8) for _ in range(6)]
     history.classes[cls] = fleet.resource
     for node in nodes:
         history.capacity[(node, fleet.resource)] = 8
@@ -52,7 +52,7 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
             for i in range(0, len(orders), sizes.burst):
                 started = time.monotonic()
                 load.burst(clients, orders[i : i + sizes.burst], tally)
-                load.release(clients.get(), ns, 0.5, rng, tally)
+                load.release(clients.get(), ns, 0.7, rng, tally)
                 time.sleep(max(0.0, sizes.burst_interval / 2 - (time.monotonic() - started)))
         except Exception as exc:
             failures.append(f"orders: {type(exc).__name__}: {exc}")
