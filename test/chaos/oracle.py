@@ -106,14 +106,13 @@ def pod_units(pod: Obj) -> dict[str, int]:
             for name, n in reqs.items():
                 sidecars[name] += n
                 total[name] += n
-    for name, n in (spec.get("overhead") or {}).items():
-        if "/" in name:
-            total[name] += units(n)
-    return {
-        name: max(total.get(name, 0), init_peak.get(name, 0))
-        for name in set(total) | set(init_peak)
-        if max(total.get(name, 0), init_peak.get(name, 0)) > 0
-    }
+    overhead = {n: units(q) for n, q in (spec.get("overhead") or {}).items() if "/" in n}
+    out = {}
+    for name in set(total) | set(init_peak) | set(overhead):
+        n = max(total.get(name, 0), init_peak.get(name, 0)) + overhead.get(name, 0)
+        if n > 0:
+            out[name] = n
+    return out
 
 
 def _controller_uid(obj: Obj, kind: str) -> str:
