@@ -6,7 +6,9 @@ The fault schedule: the leader is killed ``kill_interval`` (10 s) after the prev
 or as soon as a new leader has taken over if that is later (after a SIGKILL nobody may lead
 until the Lease expires, 15 s); its replacement starts at once, with a new identity, as a
 new pod would. The bounded form stops after ``kills`` kills, the full form when the load
-ends. One node is deleted halfway, so some holds are Lost and must rebind.
+ends. One node is deleted halfway, so some holds are Lost and must rebind. At the end every
+tenant gives back all it holds at once, and the queue must move: the waiting orders that
+now fit are bound, in order.
 """
 
 from __future__ import annotations
@@ -204,6 +206,18 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     recorded = sum(len(v) for v in history.snapshot().values())
     reasons = Counter(oracle.refusal_kind(o.refusal) for o in refused)
     counters = replicas.webhooks.counters
+
+    # The last phase: every tenant gives back all it holds at once; the waiting orders take
+    # the capacity in turn (FIFO per class), and what still waits must not fit.
+    drained = sum(load.release(clients.get(), ns, 1.0, rng, tally) for ns in tenants)
+    after_drain = scene.settle(api, history, tally)
+    drain_states = {oracle.key(c): oracle.phase(c) for c in after_drain.final.claims}
+    bound_after_drain = sum(
+        1
+        for o in placed
+        if states.get(f"{o.namespace}/{o.name}") != "Bound"
+        and drain_states.get(f"{o.namespace}/{o.name}") == "Bound"
+    )
     FIGURES.extend(
         [
             f"R1 ({sizes.name}): orders {len(orders)} (placed {len(placed)}, refused by a "
@@ -224,11 +238,15 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
             f"R1: stuck claims {len(stuck_now)}; client retries {tally.retries}; webhook "
             f"requests {counters.forwarded}, failed over {counters.failovers}, unanswered "
             f"{counters.unanswered}; claim versions recorded {recorded}",
+            f"R1: last phase, every hold given back ({drained}): waiting orders bound "
+            f"{bound_after_drain}; stuck claims {len(after_drain.stuck)}; over-allocation "
+            f"{len(after_drain.overallocated) + len(after_drain.overheld)}",
         ]
     )
     assert not failures, failures
     assert not phase_overallocations, phase_overallocations[:10]
     assert not verdict.problems(history), verdict.problems(history)
+    assert not after_drain.problems(history), after_drain.problems(history)
     assert not never_lost, [(k, history.transitions(k)) for k in never_lost[:5]]
     assert not undecided, [(o.name, o.refusal) for o in undecided[:5]]
     assert not vm_problems, vm_problems[:5]

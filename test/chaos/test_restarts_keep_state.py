@@ -7,6 +7,7 @@ binds were in flight are bound once, without any hold moving."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 import pykube
@@ -15,6 +16,7 @@ from chaos import load, scene
 from chaos.conftest import FIGURES
 from chaos.history import ClaimHistory
 from chaos.replicas import Replicas
+from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.waiting import wait_for
@@ -59,7 +61,7 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     kubevirt: object,
 ) -> None:
     fleet = Fleet(api)
-    cls = fleet.gpu_class(maxCount=4)
+    cls = fleet.gpu_class(maxCount=8)
     small = fleet.node(4, memory="8Gi")
     big = fleet.node(4, memory="64Gi")
     spare = fleet.node(8, memory="64Gi")
@@ -113,6 +115,15 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     )
     burst = [load.Outcome(ns, f"burst-{i:02d}", cls, 1) for i in range(6)]
     load.burst(load.Clients(api), burst, tally, parallel=6)
+    # A VM that waits at start: its template claim (8 units) fits on no node yet, so its
+    # launcher pod stays gated, through the restart too.
+    _vm(api, ns, "vm-gated", [{"claimTemplate": {"className": cls, "count": 8}}])
+    wait_for(
+        "vm-gated's launcher pod gated and its claim waiting",
+        lambda: (_launcher(api, ns, "vm-gated"), _status_of(api, ns, "vm-gated-gpu-0")),
+        until=lambda pair: _gated(pair[0]) and pair[1].get("phase") == "Pending",
+        timeout=CONVERGE,
+    )
     _vm(api, ns, "vm-late", [{"claim": "late"}])
     before = _decisions(api, ns)
     killed = replicas.restart_all()
@@ -125,13 +136,25 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
         until=lambda s: s.get("phase") == "Scheduled",
         timeout=CONVERGE,
     )
-    verdict = scene.settle(api, history, tally)
+    assert _gated(_launcher(api, ns, "vm-gated")), "a VM that does not fit waits, gated"
     after = _decisions(api, ns)
     changed = {
         name: (was, after.get(name))
         for name, was in before.items()
         if was.get("phase") == "Bound" and _changed(was, after.get(name) or {})
     }
+    # Capacity frees on the 8-unit node: the waiting VM starts there.
+    for name, decision in after.items():
+        if decision.get("nodeName") == spare and decision.get("phase") == "Bound":
+            victim = GPUClaim(api, load.claim_body(ns, name, cls, 1))
+            load.retrying(tally, f"releasing {name}", partial(load.delete, victim))
+    started = wait_for(
+        "vm-gated Scheduled",
+        lambda: _vmi_status(api, ns, "vm-gated"),
+        until=lambda s: s.get("phase") == "Scheduled",
+        timeout=CONVERGE,
+    )
+    verdict = scene.settle(api, history, tally)
     late_node = (after.get("late") or {}).get("nodeName")
     FIGURES.append(
         f"R6: claims compared across a restart of both replicas {len(before)} "
@@ -141,11 +164,25 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     )
     assert not changed, changed
     assert _vmi_status(api, ns, "vm-late").get("nodeName") == late_node
+    assert started.get("nodeName") == spare
     assert (after["late"].get("attachment") or {}).get("vmi") == "vm-late"
     assert all(after[o.name].get("phase") == "Bound" for o in burst if o.placed)
     assert after["refused"]["refusedNodes"] == before["refused"]["refusedNodes"]
     assert [r["nodeName"] for r in after["refused"]["refusedNodes"]] == [small]
     assert not verdict.problems(history), verdict.problems(history)
+
+
+def _launcher(api: pykube.HTTPClient, ns: str, vmi: str) -> Obj | None:
+    for pod in pykube.Pod.objects(api, namespace=ns):
+        owners = pod.obj["metadata"].get("ownerReferences") or []
+        if any(o.get("kind") == "VirtualMachineInstance" and o.get("name") == vmi for o in owners):
+            return dict(pod.obj)
+    return None
+
+
+def _gated(pod: Obj | None) -> bool:
+    gates = ((pod or {}).get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == names.PLACEMENT_GATE for g in gates)
 
 
 def _changed(was: Obj, now: Obj) -> bool:
