@@ -7,13 +7,30 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries up down status lint test unit e2e chaos clean
+# Tool versions (plain KEY=VALUE files, shared with the hack/ scripts).
+include hack/versions.env
+include hack/tools.env
+GPUOP_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpuoperator
+KUBECTL     ?= $(GPUOP_CACHE)/bin/kubectl-$(KUBE_VERSION)
+
+# The image of `make image` (tagged with the package version, as config/manager names it)
+# and the kind cluster of `make e2e-kind` (config/overlays/kind runs the tag e2e).
+VERSION      := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE        ?= gpuoperator:$(VERSION)
+KIND_IMAGE   ?= gpuoperator:e2e
+KIND         ?= kind
+KIND_CLUSTER ?= gpuoperator-e2e
+KIND_KUBECONFIG ?= $(GPUOP_CACHE)/kind/$(KIND_CLUSTER).kubeconfig
+
+.PHONY: help venv binaries tools up down status lint test unit e2e chaos image e2e-kind clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
 	@echo "make down    stop it"
 	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit, e2e, bounded chaos)"
 	@echo "make chaos   the full chaos suite (issue 9): 2,000 orders, 50 VMs, leader kills, faults"
+	@echo "make image   build the operator's image (needs Docker)"
+	@echo "make e2e-kind  image -> kind cluster -> config/overlays/kind -> e2e against the deployed operator"
 
 venv: $(VENV)/.installed
 
@@ -26,6 +43,12 @@ $(VENV)/.installed: pyproject.toml
 
 binaries:
 	@hack/build-binaries.sh >/dev/null
+
+# promtool (the alerts' unit tests) and actionlint (the workflows), built once from the Go
+# module proxy into the same cache; a cold build prints its progress.
+tools:
+	@hack/build-tools.sh promtool >/dev/null
+	@hack/build-tools.sh actionlint >/dev/null
 
 up: venv
 	@PYTHONPATH=hack $(BIN)/python -m localcluster up
@@ -44,11 +67,11 @@ lint: venv
 
 # One pytest run over unit and e2e tests, so its closing line counts them all.
 # pytest's exit 5 (no test collected) is a failure here, never a silent pass.
-test: lint binaries
+test: lint binaries tools
 	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-unit: venv
+unit: venv binaries tools
 	$(BIN)/pytest test/unit $(PYTEST_ARGS)
 
 e2e: venv binaries
@@ -58,6 +81,32 @@ e2e: venv binaries
 # It prints its figures (orders, kills, handover, over-allocations, stuck claims) at the end.
 chaos: venv binaries
 	CHAOS_SIZE=full $(BIN)/pytest test/chaos --timeout=3600 $(PYTEST_ARGS)
+
+image:
+	@command -v docker >/dev/null || { echo "make image: docker is not installed" >&2; exit 1; }
+	docker build -t $(IMAGE) .
+
+# Users' CI on kind (.github/workflows/e2e-kind.yaml runs exactly this): build the image,
+# create the kind cluster (kept for the next run; KIND_CLUSTER names it), load the image,
+# deploy config/overlays/kind, wait for both replicas, then run the e2e suite against the
+# deployed operator (E2E_OPERATOR=deployed) instead of processes it starts itself; tests that
+# must control the operator's process are deselected by their marker.
+e2e-kind: venv binaries
+	$(MAKE) image IMAGE=$(KIND_IMAGE)
+	@command -v $(KIND) >/dev/null || { echo "make e2e-kind: $(KIND) is not installed (https://kind.sigs.k8s.io)" >&2; exit 1; }
+	@mkdir -p $(dir $(KIND_KUBECONFIG))
+	@$(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' \
+		|| $(KIND) create cluster --name $(KIND_CLUSTER) --kubeconfig $(KIND_KUBECONFIG) --wait 180s
+	$(KIND) export kubeconfig --name $(KIND_CLUSTER) --kubeconfig $(KIND_KUBECONFIG)
+	$(KIND) load docker-image $(KIND_IMAGE) --name $(KIND_CLUSTER)
+	$(KUBECTL) kustomize config/overlays/kind \
+		| $(KUBECTL) --kubeconfig $(KIND_KUBECONFIG) apply --server-side --force-conflicts -f -
+	$(KUBECTL) --kubeconfig $(KIND_KUBECONFIG) -n gpu-operator-system \
+		rollout restart deployment/gpu-operator
+	$(KUBECTL) --kubeconfig $(KIND_KUBECONFIG) -n gpu-operator-system \
+		rollout status deployment/gpu-operator --timeout=300s
+	E2E_KUBECONFIG=$(KIND_KUBECONFIG) E2E_OPERATOR=deployed \
+		$(BIN)/pytest test/e2e -m "not operator_process" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

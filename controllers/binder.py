@@ -3,46 +3,77 @@
 Key = class name, one worker: a class's claims are decided together, in order of creation
 (``model.binding.plan``: FIFO with a bounded bypass, binpack or spread, unexpired
 ``refusedNodes`` skipped), on the inventory's current figures, and each binding is written
-to the claim's status with its resourceVersion as precondition and applied to the
-inventory at once, so the next decision sees it. Budgets and the vGPU entitlement are
-re-checked at bind time (two orders can pass the webhook together; template claims never
-met it). A bound claim whose node is gone becomes ``Lost`` and is bound again.
+to the claim's status with its resourceVersion as precondition (``claim_status``). Budgets
+and the vGPU entitlement are re-checked at bind time (two orders can pass the webhook
+together; template claims never met it).
+
+A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is planned again
+in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
+``Bound`` condition (DESIGN.md §5). The inventory wakes the classes of a deleted node's
+claims even when the node served nothing any more (NotReady or cordoned before it went).
 
 A claim is bound only once it carries the claim-protection finalizer: that write is the
 claim's first, and binding after it spares a conflict on every new claim.
 
-Never over-allocating rests on three things: one worker decides at a time; a decision's
-writes reach the inventory before the next one; and writes are fenced — a replica that
-stops leading stops writing, and the next leader starts only after the Lease expired and
-its own caches synced.
+Never over-allocating rests on four things:
+
+* one decision at a time: a pass holds ``Inventory.decisions`` (placement's moves take it
+  too) from reading the figures until **every** write it started has ended — a failed
+  write does not let the pass leave while the others are still in flight;
+* the claims and figures a pass reads are the inventory's *assumed* state: a plan's
+  bindings are counted before their writes leave (``ClaimStatus.assume``), and kept until
+  the watch delivers a newer version, so the next pass neither plans a claim bound a moment
+  ago (no wasted 409, no false ``NoCapacity``) nor hands its units out again;
+* a 409 on the binder's own retried write is recognised as its own (``claim_status``);
+* writes are fenced — a replica that stops leading stops writing, even between retries,
+  and each attempt ends before another replica may take the Lease; and a replica that
+  becomes leader lists every claim afresh into the inventory before its first pass, so the
+  previous leader's last bindings count even if its watch has not delivered them yet.
 """
 
 from __future__ import annotations
 
 import contextvars
-from concurrent.futures import ThreadPoolExecutor
+import datetime
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry, Histogram
 
+from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
-from gpuoperator.caches import BY_CLASS, BY_NAMESPACE, Caches, class_of_claim, own_key
-from gpuoperator.inventory import Inventory
+from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
+from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.model import binding, conditions, ordering, tenants
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
-from gpuoperator.runtime.recording import Recorder
+from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
 
 NAME = "binder"
 BOUND = "Bound"
+NODE_LOST = "NodeLost"
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.wait = Histogram(
+            "gpuoperator_claim_bind_wait_seconds",
+            "Seconds from a claim's creation to its binding",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 86400),
+            registry=registry,
+        )
+
+
+_metrics = per_registry(_Metrics)
 
 
 class Binder:
@@ -50,18 +81,18 @@ class Binder:
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
-        recorder: Recorder,
+        status: ClaimStatus,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.caches = caches
         self.inventory = inventory
-        self.writer = writer
-        self.recorder = recorder
+        self.status = status
         self.settings = settings
         self.clock = clock
+        self._metrics = _metrics(registry)
         self._bypass: dict[str, dict[binding.Key, int]] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bind")
 
@@ -70,7 +101,9 @@ class Binder:
             return self._reconcile(key[1])
 
     def _reconcile(self, class_name: str) -> Result | None:
-        claims = self.caches.claims.store.by_index(BY_CLASS, class_name)
+        # The inventory's view: a claim bound (or lost) a moment ago reads as such even
+        # while the claims cache still shows the version before.
+        claims = self.inventory.claims_of_class(class_name)
         cls = self.caches.classes.store.get(("", class_name))
         if cls is None:
             for claim in claims:
@@ -84,7 +117,8 @@ class Binder:
         lost = [c for c in claims if _phase(c) == BOUND and not self.inventory.has_node(_node(c))]
         for claim in lost:
             self._lose(claim)
-        claims = self.caches.claims.store.by_index(BY_CLASS, class_name)
+        if lost:
+            claims = self.inventory.claims_of_class(class_name)
         candidates = []
         for claim in claims:
             if not binding.is_waiting(claim) or claim["metadata"].get("deletionTimestamp"):
@@ -104,19 +138,35 @@ class Binder:
         )
         self._bypass[class_name] = plan.bypass_counts
         by_key = {binding.claim_key(c): c for c in candidates}
-        # The plan never over-allocates, so its writes are independent: send them together
-        # (each in a copy of this reconcile's log context).
-        futures = [
-            self._pool.submit(contextvars.copy_context().run, self._bind, by_key[key_], node)
-            for key_, node in plan.bindings
-        ]
-        for future in futures:
-            future.result()
+        self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
             self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
+        looks: list[float] = []
         if plan.waiting and any(_refusals(c) for c in by_key.values()):
-            return Result(requeue_after=30.0)  # a refusal expires: look again
-        return None
+            looks.append(30.0)  # a refusal expires: look again
+        expiry = self.inventory.next_expiry(class_name)
+        if expiry is not None:
+            looks.append(expiry + 0.1)  # a write with an unknown outcome is forgotten then
+        return Result(requeue_after=min(looks)) if looks else None
+
+    def _bind_all(self, bindings: list[tuple[Obj, str]], now: datetime.datetime) -> None:
+        """Write a plan's bindings together and return only once every write has ended.
+
+        All are assumed into the inventory first (their units are counted before anything is
+        sent), then written in parallel (each in a copy of this reconcile's log context).
+        The first failure is raised after the last write ended, never before: leaving early
+        would let the next pass plan on figures the writes still running are about to take.
+        """
+        intended = [
+            (self.status.assume(claim, _bound(claim, node, now)), node) for claim, node in bindings
+        ]
+        futures: list[Future[None]] = [
+            self._pool.submit(contextvars.copy_context().run, self._bind, obj, node)
+            for obj, node in intended
+        ]
+        wait(futures)
+        for future in futures:
+            future.result()  # raises the first failure, now that none is in flight
 
     # ---- decisions --------------------------------------------------------------------
     def _refusal(self, claim: Obj, cls: Obj) -> tuple[str, str] | None:
@@ -138,58 +188,42 @@ class Binder:
             return ("BudgetExceeded", "; ".join(refusals))
         return None
 
-    def _bind(self, claim: Obj, node: str) -> None:
-        now = self.clock.now()
-        status = dict(claim.get("status") or {})
-        status.update(
-            phase=BOUND,
-            nodeName=node,
-            boundTime=conditions.stamp(now),
-            observedGeneration=claim["metadata"].get("generation"),
-            conditions=conditions.set_condition(
-                status.get("conditions"),
-                BOUND,
-                True,
+    def _bind(self, intended: Obj, node: str) -> None:
+        count = intended["spec"]["count"]
+        written = self.status.send(
+            intended,
+            Announcement(
+                "claim bound",
                 "Bound",
-                f"bound to node {node}",
-                now=now,
-                observed_generation=claim["metadata"].get("generation"),
+                f"bound to node {node} ({count} unit(s))",
+                fields={"node": node, "count": count},
             ),
         )
-        try:
-            written = self.writer.replace_status(GPUClaim, {**claim, "status": status})
-        except errors.ConflictError:
-            log.info(
-                "claim changed meanwhile; deciding again", reason="Conflict", claim=_key_text(claim)
-            )
-            return
-        self.inventory.apply_claim(written)
-        log.info(
-            "claim bound",
-            reason="Bound",
-            claim=_key_text(claim),
-            node=node,
-            count=claim["spec"]["count"],
-        )
-        self.recorder.event(
-            written,
-            "Normal",
-            "Bound",
-            f"bound to node {node} ({claim['spec']['count']} unit(s))",
-            kind=names.GPU_CLAIM,
-        )
+        if written.ok:
+            created = binding.parse_time(intended["metadata"].get("creationTimestamp"))
+            if created is not None:
+                waited = (self.clock.now() - created).total_seconds()
+                self._metrics.wait.observe(max(0.0, waited))
 
     def _wait(self, claim: Obj, reason: str, message: str) -> None:
         status = dict(claim.get("status") or {})
         current = conditions.find(status.get("conditions"), BOUND)
+        lost = _phase(claim) == binding.LOST
+        # Lost is transient: a claim that cannot be bound again waits as Pending, and its
+        # condition says why, and which node it lost until it is bound again.
+        message += _lost_note(_node(claim)) if lost else _carried_lost_note(current)
         if (
-            current
+            not lost
+            and current
             and (current.get("reason"), current.get("message")) == (reason, message)
             and status.get("phase")
         ):
             return
         now = self.clock.now()
-        status["phase"] = status.get("phase") or "Pending"
+        status["phase"] = binding.PENDING if lost else (status.get("phase") or binding.PENDING)
+        if lost:
+            status.pop("nodeName", None)
+            status.pop("boundTime", None)
         status["observedGeneration"] = claim["metadata"].get("generation")
         status["conditions"] = conditions.set_condition(
             status.get("conditions"),
@@ -200,46 +234,81 @@ class Binder:
             now=now,
             observed_generation=claim["metadata"].get("generation"),
         )
-        try:
-            self.writer.replace_status(GPUClaim, {**claim, "status": status})
-        except (errors.ConflictError, errors.NotFoundError):
-            return
-        if not current or current.get("reason") != reason:
-            log.info("claim waits", reason=reason, claim=_key_text(claim), detail=message)
-            self.recorder.event(
-                claim,
-                "Normal" if reason in ("Queued",) else "Warning",
+        announce = None
+        if lost or not current or current.get("reason") != reason:
+            announce = Announcement(
+                "claim waits",
                 reason,
                 message,
-                kind=names.GPU_CLAIM,
+                event="Normal" if reason == binding.WaitReason.QUEUED.value else "Warning",
+                fields={"detail": message},
             )
+        self.status.write(claim, status, announce)
 
     def _lose(self, claim: Obj) -> None:
         node = _node(claim)
-        now = self.clock.now()
+        message = f"node {node} is gone; the claim will be bound again"
         status = dict(claim.get("status") or {})
-        status["phase"] = "Lost"
+        status["phase"] = binding.LOST
         status["conditions"] = conditions.set_condition(
             status.get("conditions"),
             BOUND,
             False,
-            "NodeLost",
-            f"node {node} is gone; the claim will be bound again",
-            now=now,
+            NODE_LOST,
+            message,
+            now=self.clock.now(),
+            observed_generation=claim["metadata"].get("generation"),
         )
-        try:
-            written = self.writer.replace_status(GPUClaim, {**claim, "status": status})
-        except errors.ConflictError:
-            return
-        self.inventory.apply_claim(written)
-        log.warning("claim lost its node", reason="NodeLost", claim=_key_text(claim), node=node)
-        self.recorder.event(
+        self.status.write(
             claim,
-            "Warning",
-            "NodeLost",
-            f"node {node} is gone; the claim will be bound again",
-            kind=names.GPU_CLAIM,
+            status,
+            Announcement(
+                "claim lost its node",
+                NODE_LOST,
+                message,
+                event="Warning",
+                level="warning",
+                fields={"node": node},
+            ),
         )
+
+
+_LOST_NOTE = "; its node {node} is gone"
+
+
+def _lost_note(node: str) -> str:
+    return _LOST_NOTE.format(node=node)
+
+
+def _carried_lost_note(condition: Obj | None) -> str:
+    """The lost-node note of a waiting claim's ``Bound`` condition ("" when none)."""
+    message = str((condition or {}).get("message") or "")
+    start = message.rfind(_LOST_NOTE.split("{", 1)[0])
+    if start < 0 or not message.endswith(_LOST_NOTE.rsplit("}", 1)[1]):
+        return ""
+    return message[start:]
+
+
+def _bound(claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
+    """The status of ``claim`` bound to ``node`` at ``now``."""
+    generation = claim["metadata"].get("generation")
+    status = dict(claim.get("status") or {})
+    status.update(
+        phase=BOUND,
+        nodeName=node,
+        boundTime=conditions.stamp(now),
+        observedGeneration=generation,
+        conditions=conditions.set_condition(
+            status.get("conditions"),
+            BOUND,
+            True,
+            "Bound",
+            f"bound to node {node}",
+            now=now,
+            observed_generation=generation,
+        ),
+    )
+    return status
 
 
 def _phase(claim: Obj) -> str:
@@ -254,16 +323,20 @@ def _refusals(claim: Obj) -> bool:
     return bool((claim.get("status") or {}).get("refusedNodes"))
 
 
-def _key_text(claim: Obj) -> str:
-    return f"{claim['metadata'].get('namespace')}/{claim['metadata'].get('name')}"
-
-
 def register(
-    manager: Manager, caches: Caches, inventory: Inventory, recorder: Recorder, settings: Settings
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    status: ClaimStatus,
+    settings: Settings,
 ) -> Controller[Key]:
-    binder = Binder(caches, inventory, manager.writer, recorder, settings, clock=manager.clock)
+    binder = Binder(
+        caches, inventory, status, settings, clock=manager.clock, registry=manager.registry
+    )
     controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
-    inventory.on_change(lambda _nodes, classes: controller.enqueue_many(("", c) for c in classes))
+    # A new leader first reads every claim afresh: the previous leader's last bindings may
+    # not have reached this replica's watch yet.
+    manager.on_leading(lambda: inventory.catch_up(manager.client.list(GPUClaim)[0]))
 
     def every_class(_obj: Obj) -> list[Key]:
         return caches.class_keys()
@@ -275,6 +348,7 @@ def register(
             (caches.classes, own_key),
             (caches.quotas, every_class),
             (caches.namespaces, every_class),
+            (inventory.changes, changed_classes),
         ],
     )
     return controller

@@ -9,13 +9,15 @@ the result of the classes that changed. The finalizer
 
 from __future__ import annotations
 
+import threading
+
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, own_key
-from gpuoperator.inventory import Inventory
+from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.model import conditions
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -60,6 +62,9 @@ class ClassStatus:
         self.recorder = recorder
         self.clock = clock
         self.gauge = _gauge(registry)
+        #: class name -> the last "deletion waits" message told (told again only on change)
+        self._held: dict[str, str] = {}
+        self._held_lock = threading.Lock()
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
@@ -67,6 +72,8 @@ class ClassStatus:
         if cls is None:
             for kind in ("allocatable", "allocated", "free"):
                 self.gauge.remove(name, kind)
+            with self._held_lock:
+                self._held.pop(name, None)
             return None
         meta = cls["metadata"]
         finalizers = list(meta.get("finalizers") or [])
@@ -135,6 +142,12 @@ class ClassStatus:
             message = (
                 f"deletion waits: {len(claims)} claim(s) still name this class ({shown}{more})"
             )
+            with self._held_lock:
+                told = self._held.get(name) == message
+                self._held[name] = message
+            if told:  # every pass sees it again: tell it once per change
+                log.debug("class deletion still held", gpuclass=name, claims=len(claims))
+                return None
             log.info(
                 "class deletion held", reason="ClaimsRemain", gpuclass=name, claims=len(claims)
             )
@@ -164,6 +177,12 @@ def register(
         caches, inventory, manager.writer, recorder, clock=manager.clock, registry=manager.registry
     )
     controller = manager.controller(NAME, reconciler, workers=workers, seed=caches.class_keys)
-    inventory.on_change(lambda _nodes, classes: controller.enqueue_many(("", c) for c in classes))
-    manager.add_controller(controller, [(caches.classes, own_key), (caches.claims, class_of_claim)])
+    manager.add_controller(
+        controller,
+        [
+            (caches.classes, own_key),
+            (caches.claims, class_of_claim),
+            (inventory.changes, changed_classes),
+        ],
+    )
     return controller

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
-from gpuoperator.inventory import Inventory, NodeView
+from gpuoperator.inventory import Inventory, NodeView, changed_nodes
 from gpuoperator.model import conditions, scheduling
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -192,6 +192,12 @@ def register(
         workers=workers,
         seed=lambda: [("", n) for n in inventory.node_names()] + list(caches.gpunodes.store),
     )
-    inventory.on_change(lambda nodes, _classes: controller.enqueue_many(("", n) for n in nodes))
-    manager.add_controller(controller, [(caches.nodes, own_key), (caches.gpunodes, own_key)])
+    manager.add_controller(
+        controller,
+        [
+            (caches.nodes, own_key),
+            (caches.gpunodes, own_key),
+            (inventory.changes, changed_nodes),
+        ],
+    )
     return controller

@@ -42,12 +42,10 @@ here). Events ``RefusedByNode`` on each claim and on the VMI.
 
 Choices where DESIGN.md is silent:
 
-* **Moves race the binder only narrowly.** A move is checked against the inventory and
-  written with the claim's resourceVersion, and moves of this controller are serialised (one
-  lock), but the binder decides in its own worker: between this check and the write
-  reaching the inventory, the binder could give the same free units to another claim. The
-  window is one API round trip; closing it needs a lock the binder shares (one per class,
-  held while a plan is made and written).
+* **Moves never race the binder.** A move is decided and written while holding
+  ``Inventory.decisions``, the lock every binder pass holds too, and it goes through the
+  same write-back (``claim_status``): counted in the inventory before it is sent, kept
+  there until the watch delivers a newer version.
 * **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
   deleted on the pinned node still request one of the claims' resources (a restarted VM's old
   launcher pod, for instance), kube-scheduler tries the pinned pod again as soon as they are
@@ -71,6 +69,7 @@ from typing import Any, Final
 import pykube
 import structlog
 
+from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
@@ -81,7 +80,6 @@ from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key, key_of
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings
@@ -203,6 +201,7 @@ class Placement:
         caches: Caches,
         inventory: Inventory,
         writer: Client,
+        statuses: ClaimStatus,
         recorder: Recorder,
         settings: Settings,
         *,
@@ -211,6 +210,7 @@ class Placement:
         self.caches = caches
         self.inventory = inventory
         self.writer = writer
+        self.statuses = statuses
         self.recorder = recorder
         self.settings = settings
         self.clock = clock
@@ -361,8 +361,8 @@ class Placement:
     def _gather(self, pod: Obj, vmi_name: str, claims: list[Obj]) -> Result | None:
         """Move the claims bound elsewhere to one node of the set, or say why not."""
         with self.inventory.decisions:
-            # Judge on the freshest cache: another reconcile may have just moved claims.
-            fresh = [self.caches.claims.store.get(key_of(c)) or c for c in claims]
+            # Judge on the inventory's view: another reconcile may have just moved claims.
+            fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
             if len({_node(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
             target, moving, why = self._move_plan(fresh)
@@ -449,22 +449,13 @@ class Placement:
                 observed_generation=generation,
             ),
         )
-        try:
-            written = self.writer.replace_status(GPUClaim, {**claim, "status": status})
-        except (errors.ConflictError, errors.NotFoundError) as exc:
-            log.info("claim changed meanwhile; judging again", reason=exc.reason)
-            return False
-        self.inventory.apply_claim(written)
-        log.info(
+        announce = Announcement(
             "claim moved",
-            reason=MOVED,
-            claim=_text(key_of(claim)),
-            source=source,
-            node=target,
-            vmi=vmi_name,
+            MOVED,
+            message,
+            fields={"source": source, "node": target, "vmi": vmi_name},
         )
-        self.recorder.event(written, "Normal", MOVED, message, kind=names.GPU_CLAIM)
-        return True
+        return self.statuses.write(claim, status, announce).ok
 
     # ---- refused pods ----------------------------------------------------------------------
     def _refused(
@@ -594,23 +585,14 @@ class Placement:
                 now=now,
                 observed_generation=_meta(claim).get("generation"),
             )
-        try:
-            written = self.writer.replace_status(GPUClaim, {**claim, "status": status})
-        except errors.ConflictError:
-            log.info("claim changed meanwhile; judging again", reason="Conflict")
-            return False
-        except errors.NotFoundError:
-            return True
-        self.inventory.apply_claim(written)
-        log.info(
+        announce = Announcement(
             "node refusal recorded",
-            reason=REFUSED,
-            claim=_text(key_of(claim)),
-            node=node,
-            unbound=unbind,
+            REFUSED,
+            message,
+            event="Warning",
+            fields={"node": node, "unbound": unbind},
         )
-        self.recorder.event(written, "Warning", REFUSED, message, kind=names.GPU_CLAIM)
-        return True
+        return self.statuses.write(claim, status, announce).outcome is not Outcome.CHANGED
 
     # ---- reporting -------------------------------------------------------------------------
     def _wait(self, pod: Obj, type_: EventType, message: str) -> Result:
@@ -659,12 +641,13 @@ def register(
     manager: Manager,
     caches: Caches,
     inventory: Inventory,
+    statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:
     placement = Placement(
-        caches, inventory, manager.writer, recorder, settings, clock=manager.clock
+        caches, inventory, manager.writer, statuses, recorder, settings, clock=manager.clock
     )
     controller = manager.controller(
         NAME,

@@ -7,12 +7,14 @@ controllers on the one that holds the Lease.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
 import socket
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +26,18 @@ from controllers import (
     attachments,
     binder,
     claim_protection,
+    claim_status,
     class_status,
     license_copier,
     node_inventory,
     placement,
     template_claims,
     usage_records,
+    webhook_certificates,
 )
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
+from gpuoperator.model import certificates
 from gpuoperator.runtime import admitting, errors, logs, serving
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
@@ -87,9 +92,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--webhook-cert-dir",
         type=Path,
-        help="directory with tls.crt and tls.key (cert-manager's Secret layout; re-read when "
-        "they change; default: self-signed, for local use)",
+        help="--certificates=mounted: directory with tls.crt and tls.key (cert-manager's Secret "
+        f"layout; re-read when they change; default {names.WEBHOOK_CERT_DIR})",
     )
+    add_certificate_arguments(run)
     run.add_argument("--log-format", choices=("json", "console"), default="json")
     run.add_argument("--log-level", default="info")
     run.add_argument("--qps", type=float, default=200.0, help="client-side API request rate")
@@ -103,6 +109,92 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--operator-service-account", dest="operatorServiceAccount")
     s.add_argument("--gpu-for-vms", dest="gpuForVMs", type=_bool, metavar="BOOL")
     return p
+
+
+CERTIFICATE_MODES = ("self-managed", "mounted")
+
+
+def _names(value: str) -> list[str]:
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{value!r} names nothing (a comma-separated list)")
+    return items
+
+
+def _duration(value: str) -> datetime.timedelta:
+    try:
+        return datetime.timedelta(seconds=settings.parse_duration(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_certificate_arguments(run: argparse.ArgumentParser) -> None:
+    """The webhooks' certificate: issued and rotated by the operator, or mounted."""
+    c = run.add_argument_group(
+        "certificates",
+        "where the webhooks' serving certificate comes from. self-managed (the default, for "
+        "clusters without cert-manager): the leader keeps a CA and a serving certificate in "
+        "--cert-secret, renews them before they expire and keeps the caBundle of every webhook "
+        "in --webhook-configurations equal to the CA; every replica serves the certificate it "
+        "reads from that Secret. mounted: the certificate is read from --webhook-cert-dir "
+        "(cert-manager's Secret mounted by the kubelet; cert-manager's CA injector keeps the "
+        "caBundle).",
+    )
+    c.add_argument(
+        "--certificates",
+        choices=CERTIFICATE_MODES,
+        default="self-managed",
+        help="self-managed (default) or mounted",
+    )
+    c.add_argument(
+        "--cert-secret",
+        default=names.WEBHOOK_CERT_SECRET,
+        metavar="NAME",
+        help="self-managed: the Secret in the operator's namespace holding ca.crt, ca.key, "
+        f"tls.crt and tls.key (default {names.WEBHOOK_CERT_SECRET}; it must exist, the operator "
+        "only reads and updates it)",
+    )
+    c.add_argument(
+        "--webhook-service",
+        default=names.WEBHOOK_SERVICE,
+        metavar="NAME",
+        help="self-managed: the webhooks' Service; the serving certificate names <svc>, "
+        "<svc>.<ns>, <svc>.<ns>.svc and <svc>.<ns>.svc.cluster.local "
+        f"(default {names.WEBHOOK_SERVICE})",
+    )
+    c.add_argument(
+        "--webhook-configurations",
+        type=_names,
+        default=[names.VALIDATING_WEBHOOK_CONFIGURATION, names.MUTATING_WEBHOOK_CONFIGURATION],
+        metavar="NAME,...",
+        help="self-managed: the Validating/MutatingWebhookConfigurations whose webhooks' "
+        "caBundle the leader keeps equal to the CA (default "
+        f"{names.VALIDATING_WEBHOOK_CONFIGURATION},{names.MUTATING_WEBHOOK_CONFIGURATION})",
+    )
+    c.add_argument(
+        "--cert-extra-sans",
+        type=_names,
+        default=[],
+        metavar="SAN,...",
+        help="self-managed: more DNS names or IP addresses for the serving certificate, e.g. "
+        "127.0.0.1 for a webhook registered with a loopback URL (default none)",
+    )
+    c.add_argument(
+        "--ca-validity",
+        type=_duration,
+        default=certificates.CA_VALIDITY,
+        metavar="DURATION",
+        help="self-managed: lifetime of a new CA (default 87600h, 10 years; renewed a third of "
+        "its lifetime, at most 90 days, before it expires; shorten only to try rotation)",
+    )
+    c.add_argument(
+        "--cert-validity",
+        type=_duration,
+        default=certificates.SERVING_VALIDITY,
+        metavar="DURATION",
+        help="self-managed: lifetime of a serving certificate (default 8760h, 1 year; renewed "
+        "likewise)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,18 +259,17 @@ def run(args: argparse.Namespace) -> int:
     )
     shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
-        cert_dir = args.webhook_cert_dir
-        webhook_tls = (
-            (cert_dir / "tls.crt", cert_dir / "tls.key") if cert_dir else serving.self_signed()
-        )
         routes = admitting.app(
             webhooks(shared, inventory, operator_settings, client),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
-        manager.options.extra_servers.append(
-            serving.Server("webhooks", args.webhook_address, routes, tls=webhook_tls, threads=16)
+        server = serving.Server(
+            "webhooks", args.webhook_address, routes, tls=webhook_tls(args), threads=16
         )
+        manager.options.extra_servers.append(server)
+        if args.certificates == "self-managed":
+            self_managed_certificates(args, manager, namespace, server.reload)
 
     stop = threading.Event()
 
@@ -192,21 +283,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def webhook_tls(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The files the webhook server starts with: the mounted pair, or (self-managed) a
+    throwaway one it never serves while ready, replaced from the Secret."""
+    if args.certificates == "mounted":
+        cert_dir = args.webhook_cert_dir or Path(names.WEBHOOK_CERT_DIR)
+        return cert_dir / "tls.crt", cert_dir / "tls.key"
+    return serving.self_signed()
+
+
+def self_managed_certificates(
+    args: argparse.Namespace,
+    manager: Manager,
+    namespace: str,
+    serve: Callable[[bytes, bytes], None],
+) -> None:
+    """The leader issues and rotates the certificates in the Secret and injects the
+    caBundle; every replica serves what the Secret holds (and is ready once it does)."""
+    options = webhook_certificates.Options(
+        namespace=namespace,
+        secret=args.cert_secret,
+        service=args.webhook_service,
+        configurations=tuple(args.webhook_configurations),
+        extra_sans=tuple(args.cert_extra_sans),
+        policy=certificates.Policy(
+            ca_validity=args.ca_validity, serving_validity=args.cert_validity
+        ),
+    )
+    options.wanted_names()  # a bad extra SAN fails here, at startup
+    webhook_certificates.register(manager, Recorder(manager.writer), options, serve)
+
+
 def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:
     """The composition: shared caches, the inventory fed by them, and the controllers."""
     shared = caches.register(manager)
-    inventory = Inventory()
+    inventory = Inventory(clock=manager.clock)
     inventory.connect(shared)
     recorder = Recorder(manager.writer)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
-    binder.register(manager, shared, inventory, recorder, operator_settings)
+    # The one write-back of claim bindings, shared by the binder and placement.
+    statuses = claim_status.ClaimStatus(
+        manager.writer, inventory, recorder, registry=manager.registry
+    )
+    binder.register(manager, shared, inventory, statuses, operator_settings)
     usage_records.register(manager, shared)
     claim_protection.register(manager, shared, recorder)
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
-    placement.register(manager, shared, inventory, recorder, operator_settings)
+    placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
     return shared, inventory
 
 

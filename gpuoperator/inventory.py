@@ -5,6 +5,26 @@ Catalog are incremental) and then tells listeners which nodes and classes change
 node-inventory and class-status controllers reconcile exactly those. Webhooks and the
 binder read through the same object. ``gpuoperator status`` feeds it one-shot lists instead
 of informers.
+
+**Assumed claims** (as kube-scheduler's cache assumes a pod before its binding lands). A
+controller that writes a claim's status first *assumes* the new state (:meth:`assume`): the
+ledger counts it at once, so no other decision hands out the same units while the write is
+in flight, and readers of :meth:`claim` / :meth:`claims_of_class` see it instead of the
+cache's older copy (the next pass does not plan a claim bound a moment ago). Then:
+
+* the write landed: :meth:`confirm` with the stored object (its resourceVersion);
+* the write was refused (409 by someone else, 404, 4xx): :meth:`forget` — the ledger goes
+  back to the version the watch delivered;
+* the outcome is unknown (timeout, 5xx, connection cut): :meth:`expire_after` — the
+  assumption stays until the watch tells the truth or the deadline passes.
+
+An assumption is superseded only by a *newer* version from the watch: one whose
+resourceVersion is above the version it was based on (in flight) or at least the version
+written (confirmed). Older versions — a relist served from a lagging cache, the event of a
+write before ours — never roll a recorded bind back. The same rule applies without an
+assumption: a claim never goes back to an older resourceVersion than the one counted.
+resourceVersions are compared as integers (etcd revisions); one that is not a number
+always counts as newer (the watch is then trusted, as before).
 """
 
 from __future__ import annotations
@@ -18,10 +38,38 @@ from typing import Any
 from gpuoperator.caches import Caches
 from gpuoperator.model import binding, capacity, catalog, hostdevices, scheduling
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.runtime.informing import Handlers, key_of
+from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.informing import Feed, Handlers, Key, key_of, resource_version
 
 Obj = dict[str, Any]
-Listener = Callable[[set[str], set[str]], None]
+
+
+def changed_nodes(notice: Obj) -> list[Key]:
+    """The keys of the nodes an ``Inventory.changes`` notice names (a watch-list mapper)."""
+    return [("", n) for n in notice.get("nodes") or ()]
+
+
+def changed_classes(notice: Obj) -> list[Key]:
+    """The keys of the classes an ``Inventory.changes`` notice names."""
+    return [("", c) for c in notice.get("classes") or ()]
+
+
+@dataclass
+class _Assumed:
+    """A claim state counted ahead of the watch. ``version`` is the resourceVersion it
+    rests on: the precondition while ``in_flight``, the stored version once confirmed.
+    ``expires`` (monotonic) is set when the write's outcome is unknown."""
+
+    claim: Obj
+    version: int | None
+    in_flight: bool
+    expires: float | None = None
+
+    def superseded_by(self, version: int | None) -> bool:
+        """Whether the watch's version ``version`` is newer than this assumption."""
+        if version is None or self.version is None:
+            return True
+        return version > self.version if self.in_flight else version >= self.version
 
 
 @dataclass(frozen=True)
@@ -36,18 +84,28 @@ class NodeView:
 
 
 class Inventory:
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = SYSTEM) -> None:
+        self._clock = clock
         self._lock = threading.RLock()
         self._ledger = capacity.Ledger()
         self._catalog = catalog.Catalog()
         self._nodes: dict[str, Obj] = {}
         self._classes: dict[str, Obj] = {}
-        self._claims_by_class: dict[str, dict[tuple[str, str], Obj]] = {}
+        #: class name -> claim key -> the claim as the watch last delivered it
+        self._claims_by_class: dict[str, dict[Key, Obj]] = {}
+        #: claim key -> the class it is filed under in ``_claims_by_class``
+        self._claim_class: dict[Key, str] = {}
+        #: claim key -> the state counted ahead of the watch (see the module docstring)
+        self._assumed: dict[Key, _Assumed] = {}
         self._permitted: frozenset[str] | None = None
-        self._listeners: list[Listener] = []
+        #: After each change, outside the lock: ``{"nodes": [...], "classes": [...]}``, the
+        #: nodes and classes whose figures (or claims) changed. Controllers declare it in
+        #: their watch list with ``changed_nodes`` or ``changed_classes``.
+        self.changes = Feed("inventory")
         #: Held by every decision that hands out units (the binder's passes, placement's
-        #: moves) from reading the figures until its writes are applied here: two such
-        #: decisions never give the same free units away.
+        #: moves) from reading the figures until every write it started has ended (each
+        #: assumed here before it was sent): two such decisions never give the same free
+        #: units away.
         self.decisions = threading.RLock()
 
     # ---- wiring ---------------------------------------------------------------------
@@ -64,14 +122,9 @@ class Inventory:
     def _handlers(apply: Callable[[Obj], None], delete: Callable[[Obj], None]) -> Handlers:
         return Handlers(on_add=apply, on_update=lambda _old, new: apply(new), on_delete=delete)
 
-    def on_change(self, listener: Listener) -> None:
-        """``listener(nodes, classes)`` after each change, outside the lock."""
-        self._listeners.append(listener)
-
     def _notify(self, nodes: set[str], classes: set[str]) -> None:
         if nodes or classes:
-            for listener in self._listeners:
-                listener(nodes, classes)
+            self.changes.publish({"nodes": sorted(nodes), "classes": sorted(classes)})
 
     def _nodes_changed(self, nodes: set[str]) -> tuple[set[str], set[str]]:
         classes = self._catalog.update_nodes(nodes, self._ledger, self._nodes)
@@ -86,11 +139,26 @@ class Inventory:
         self._notify(*changed)
 
     def delete_node(self, node: Obj) -> None:
+        """A node is gone: its figures change, and so does every class with a claim bound
+        there (those claims are Lost now), even when the node served nothing any more
+        (NotReady or cordoned before it went): the binder must hear of it."""
         name = scheduling.node_name(node)
         with self._lock:
             self._nodes.pop(name, None)
-            changed = self._nodes_changed(self._ledger.remove_node(name) | {name})
-        self._notify(*changed)
+            nodes, classes = self._nodes_changed(self._ledger.remove_node(name) | {name})
+            classes |= self._classes_bound_on(name)
+        self._notify(nodes, classes)
+
+    def _classes_bound_on(self, node: str) -> set[str]:
+        found: set[str] = set()
+        for class_name, members in self._claims_by_class.items():
+            for key, claim in members.items():
+                counted = self._assumed[key].claim if key in self._assumed else claim
+                status = counted.get("status") or {}
+                if status.get("phase") == capacity.BOUND and status.get("nodeName") == node:
+                    found.add(class_name)
+                    break
+        return found
 
     def apply_pod(self, pod: Obj) -> None:
         with self._lock:
@@ -103,22 +171,155 @@ class Inventory:
         self._notify(*changed)
 
     def apply_claim(self, claim: Obj) -> None:
-        class_name = str((claim.get("spec") or {}).get("className") or "")
+        """A claim from the watch: counted unless an assumption or a counted version is
+        newer (see the module docstring)."""
+        key = key_of(claim)
+        version = resource_version(claim)
         with self._lock:
-            for members in self._claims_by_class.values():
-                members.pop(key_of(claim), None)
-            self._claims_by_class.setdefault(class_name, {})[key_of(claim)] = claim
-            cls = self._classes.get(class_name)
-            resource = gpuclasses.resource_name(cls) if cls else None
-            changed = self._nodes_changed(self._ledger.set_claim(claim, resource))
+            observed = self._observed(key)
+            if observed is not None and _older(version, resource_version(observed)):
+                return  # an older snapshot than the one counted: never go back
+            self._store_observed(claim)
+            assumed = self._assumed.get(key)
+            if assumed is not None:
+                if not assumed.superseded_by(version):
+                    return
+                del self._assumed[key]
+            changed = self._count(claim)
         self._notify(*changed)
 
     def delete_claim(self, claim: Obj) -> None:
-        class_name = str((claim.get("spec") or {}).get("className") or "")
+        key = key_of(claim)
         with self._lock:
-            self._claims_by_class.get(class_name, {}).pop(key_of(claim), None)
-            changed = self._nodes_changed(self._ledger.remove_claim(key_of(claim)))
+            self._claims_by_class.get(self._claim_class.pop(key, ""), {}).pop(key, None)
+            self._assumed.pop(key, None)
+            changed = self._nodes_changed(self._ledger.remove_claim(key))
         self._notify(*changed)
+
+    def catch_up(self, claims: Iterable[Obj]) -> None:
+        """Count a fresh list of every claim (read from the API server when this replica
+        becomes leader): bindings the previous leader wrote just before it stopped may not
+        have reached this replica's watch yet, and the first plan must not give their
+        units away. Newer versions win as always, so nothing goes back."""
+        for claim in claims:
+            self.apply_claim(claim)
+
+    # ---- assumptions ------------------------------------------------------------------
+    def assume(self, claim: Obj) -> None:
+        """Count ``claim`` (the state about to be written, its ``metadata.resourceVersion``
+        the write's precondition) before the write lands. Follow with :meth:`confirm`,
+        :meth:`forget` or :meth:`expire_after`."""
+        with self._lock:
+            self._assumed[key_of(claim)] = _Assumed(claim, resource_version(claim), True)
+            changed = self._count(claim)
+        self._notify(*changed)
+
+    def confirm(self, written: Obj) -> None:
+        """The write landed as ``written`` (the server's reply): count it until the watch
+        delivers this version or a newer one (at once if it already has)."""
+        key = key_of(written)
+        version = resource_version(written)
+        with self._lock:
+            observed = self._observed(key)
+            if observed is None:
+                # Deleted meanwhile (its delete came before this reply): nothing to hold.
+                self._assumed.pop(key, None)
+                changed = self._nodes_changed(self._ledger.remove_claim(key))
+            elif not _older(resource_version(observed), version):
+                self._assumed.pop(key, None)  # the watch was quicker: it is the truth
+                changed = self._count(observed)
+            else:
+                self._assumed[key] = _Assumed(written, version, False)
+                changed = self._count(written)
+        self._notify(*changed)
+
+    def forget(self, key: Key) -> None:
+        """The write did not land: count the claim as the watch last delivered it."""
+        with self._lock:
+            changed = self._drop_assumption(key)
+        self._notify(*changed)
+
+    def expire_after(self, key: Key, seconds: float) -> None:
+        """The write's outcome is unknown: keep the assumption until the watch supersedes
+        it or ``seconds`` pass (then it is forgotten)."""
+        with self._lock:
+            assumed = self._assumed.get(key)
+            if assumed is not None:
+                assumed.expires = self._clock.monotonic() + seconds
+
+    def expire(self) -> None:
+        """Forget the assumptions whose deadline has passed (readers call this)."""
+        now = self._clock.monotonic()
+        with self._lock:
+            late = [
+                k for k, a in self._assumed.items() if a.expires is not None and a.expires <= now
+            ]
+
+            nodes: set[str] = set()
+            classes: set[str] = set()
+            for key in late:
+                n, c = self._drop_assumption(key)
+                nodes |= n
+                classes |= c
+        self._notify(nodes, classes)
+
+    def claim(self, key: Key) -> Obj | None:
+        """The claim as counted: the assumed state, else the watch's."""
+        with self._lock:
+            assumed = self._assumed.get(key)
+            return assumed.claim if assumed is not None else self._observed(key)
+
+    def claims_of_class(self, class_name: str) -> list[Obj]:
+        """The claims naming ``class_name`` as counted (assumed states included; an assumed
+        claim the watch has not delivered yet is not listed)."""
+        self.expire()
+        with self._lock:
+            members = self._claims_by_class.get(class_name, {})
+            return [
+                self._assumed[k].claim if k in self._assumed else claim
+                for k, claim in members.items()
+            ]
+
+    def next_expiry(self, class_name: str) -> float | None:
+        """Seconds until the first assumption of ``class_name``'s claims expires (``None``
+        when none has a deadline): the caller looks again then."""
+        now = self._clock.monotonic()
+        with self._lock:
+            deadlines = [
+                a.expires
+                for k, a in self._assumed.items()
+                if a.expires is not None and self._claim_class.get(k) == class_name
+            ]
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def assumed_keys(self) -> set[Key]:
+        with self._lock:
+            return set(self._assumed)
+
+    def _drop_assumption(self, key: Key) -> tuple[set[str], set[str]]:
+        if self._assumed.pop(key, None) is None:
+            return set(), set()
+        observed = self._observed(key)
+        if observed is None:
+            return self._nodes_changed(self._ledger.remove_claim(key))
+        return self._count(observed)
+
+    def _observed(self, key: Key) -> Obj | None:
+        return self._claims_by_class.get(self._claim_class.get(key, ""), {}).get(key)
+
+    def _store_observed(self, claim: Obj) -> None:
+        key = key_of(claim)
+        self._claims_by_class.get(self._claim_class.get(key, ""), {}).pop(key, None)
+        class_name = str((claim.get("spec") or {}).get("className") or "")
+        self._claims_by_class.setdefault(class_name, {})[key] = claim
+        self._claim_class[key] = class_name
+
+    def _count(self, claim: Obj) -> tuple[set[str], set[str]]:
+        """Put ``claim``'s hold into the ledger (under the lock)."""
+        class_name = str((claim.get("spec") or {}).get("className") or "")
+        cls = self._classes.get(class_name)
+        resource = gpuclasses.resource_name(cls) if cls else None
+        return self._nodes_changed(self._ledger.set_claim(claim, resource))
 
     def apply_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
@@ -129,8 +330,9 @@ class Inventory:
             nodes: set[str] = set()
             if old is None or gpuclasses.resource_name(old) != gpuclasses.resource_name(cls):
                 # Claims that arrived before their class now hold units of its resource.
-                for claim in self._claims_by_class.get(name, {}).values():
-                    nodes |= self._ledger.set_claim(claim, gpuclasses.resource_name(cls))
+                for key, claim in self._claims_by_class.get(name, {}).items():
+                    counted = self._assumed[key].claim if key in self._assumed else claim
+                    nodes |= self._ledger.set_claim(counted, gpuclasses.resource_name(cls))
             changed = self._nodes_changed(nodes)
             # The class set changed: every node's GPUNode may list it (or its resource).
             everything = set(self._nodes) if old is None else nodes
@@ -143,7 +345,7 @@ class Inventory:
             self._catalog.remove_class(name)
             nodes: set[str] = set()
             for claim in self._claims_by_class.get(name, {}).values():
-                nodes |= self._ledger.set_claim(claim, None)
+                nodes |= self._ledger.set_claim(claim, None)  # the class is gone: no hold
             changed = self._nodes_changed(nodes)
             everything = set(self._nodes)
         self._notify(everything, changed[1] | {name})
@@ -257,3 +459,8 @@ class Inventory:
             self.apply_pod(pod)
         for claim in claims:
             self.apply_claim(claim)
+
+
+def _older(version: int | None, than: int | None) -> bool:
+    """Whether resourceVersion ``version`` is older than ``than`` (unknown: not older)."""
+    return version is not None and than is not None and version < than

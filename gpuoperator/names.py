@@ -51,6 +51,16 @@ QUOTA_TOTAL_KEY: Final = f"{QUOTA_DOMAIN}/devices"
 SETTINGS_CONFIGMAP: Final = "gpu-operator-settings"
 LEADER_LEASE: Final = "gpu-operator"
 
+# The deployment's objects the operator itself reads or writes (config/ ships them).
+#: The webhooks' Service; the serving certificate names it (``<svc>.<ns>.svc`` and kin).
+WEBHOOK_SERVICE: Final = "gpu-operator-webhook"
+#: The Secret holding the webhooks' CA and serving certificate (tls.crt, tls.key, ca.crt).
+WEBHOOK_CERT_SECRET: Final = "gpu-operator-webhook-cert"  # noqa: S105 - a name, not a secret
+#: Where the cert-manager component mounts that Secret (``--certificates=mounted``).
+WEBHOOK_CERT_DIR: Final = "/etc/gpu-operator/webhook-certs"
+VALIDATING_WEBHOOK_CONFIGURATION: Final = "gpu-operator-validating"
+MUTATING_WEBHOOK_CONFIGURATION: Final = "gpu-operator-mutating"
+
 #: Usage records are named after their claim.
 WORKLOAD_PREFIX: Final = "gpuclaim-"
 

@@ -13,8 +13,14 @@ What pykube-ng leaves to its callers, done once here:
   overwrite), status writes through the status subresource, merge and JSON patches;
 * credentials: in a pod the service-account token is re-read when the server answers 401
   (bound tokens expire); inline ``client-key-data`` is written to a file only we can read;
-* fencing: ``Client.fenced(guard)`` returns a view whose writes raise ``NotLeaderError``
-  once ``guard()`` is false, so a replica that lost its Lease stops writing at once.
+* fencing: ``Client.fenced(guard, remaining=...)`` returns a view whose writes raise
+  ``NotLeaderError`` once ``guard()`` is false, so a replica that lost its Lease stops
+  writing at once. The guard is asked before *every* attempt (after the client-side
+  throttle's wait, and before each retry after a 429, a 5xx with Retry-After, a 401 or a
+  connection error), never only once per request; and with ``remaining`` (seconds before
+  another replica may take over) each attempt's timeout is cut to end
+  :data:`FENCE_MARGIN` seconds before then, so no write of a replica that stopped leading
+  is still waited for when the next leader starts.
 
 Objects are plain dicts (``Obj``); kinds are the pykube classes of ``kinds.py`` or pykube's.
 """
@@ -55,6 +61,8 @@ log = structlog.get_logger(__name__)
 #: Server-side watch length; the client's read timeout adds a margin to it.
 WATCH_TIMEOUT_SECONDS = 300
 _RETRY_READ_CODES = frozenset({500, 502, 503, 504})
+#: Seconds a fenced write's attempt must end before another replica may take over.
+FENCE_MARGIN = 1.0
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -171,15 +179,22 @@ class Client:
         self._timeout = timeout
         self._retries = retries
         self._fence: Callable[[], bool] | None = None
+        self._remaining: Callable[[], float] | None = None
         self._metrics = _metrics(registry)
 
     # ---- views ----------------------------------------------------------------------
-    def fenced(self, guard: Callable[[], bool]) -> Client:
+    def fenced(
+        self, guard: Callable[[], bool], *, remaining: Callable[[], float] | None = None
+    ) -> Client:
         """A view of this client whose writes are refused (``NotLeaderError``) whenever
-        ``guard()`` is false. Reads are never fenced."""
+        ``guard()`` is false, checked before every attempt of a write. ``remaining()``, if
+        given, says how many seconds this replica may still write (until another may lead):
+        each attempt's timeout ends :data:`FENCE_MARGIN` before that. Reads are never
+        fenced."""
         view = object.__new__(Client)
         view.__dict__.update(self.__dict__)
         view._fence = guard
+        view._remaining = remaining
         return view
 
     def dedicated_http(self, timeout: float) -> pykube.HTTPClient:
@@ -241,12 +256,29 @@ class Client:
         content_type: str = "application/json",
         write: bool | None = None,
     ) -> Any:
-        """One API call with throttling, retries and typed errors; returns the JSON body."""
-        is_write = method != "GET" if write is None else write
-        if is_write and self._fence is not None and not self._fence():
-            self._metrics.fenced.inc()
-            raise errors.NotLeaderError(f"refused {method} {path}: this replica no longer leads")
+        """One API call with throttling, retries and typed errors; returns the JSON body.
 
+        A fenced write is checked before each attempt (see :meth:`fenced`); the
+        ``NotLeaderError`` it raises says in ``sent`` whether an earlier attempt reached
+        the server (then the write may have landed).
+        """
+        is_write = method != "GET" if write is None else write
+        fenced = is_write and self._fence is not None
+        attempts = 0
+
+        def timeout() -> float:
+            """This attempt's timeout; raises ``NotLeaderError`` when fenced."""
+            if not fenced:
+                return self._timeout
+            left = self._remaining() - FENCE_MARGIN if self._remaining is not None else None
+            if (self._fence is not None and not self._fence()) or (left is not None and left <= 0):
+                self._metrics.fenced.inc()
+                raise errors.NotLeaderError(
+                    f"refused {method} {path}: this replica no longer leads", sent=attempts > 0
+                )
+            return self._timeout if left is None else min(self._timeout, left)
+
+        timeout()  # refuse at once, before any retry machinery
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self._retries),
             wait=_wait_strategy,
@@ -257,19 +289,29 @@ class Client:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._once(method, path, params, body, content_type)
+                    try:
+                        return self._once(method, path, params, body, content_type, timeout)
+                    finally:
+                        attempts += 1
         except _RetryableError as exc:
             raise exc.error from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(
-        self, method: str, path: str, params: dict[str, Any] | None, body: Any, content_type: str
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None,
+        body: Any,
+        content_type: str,
+        timeout: Callable[[], float],
     ) -> Any:
         config = self._config
         http = self._http()
         delay = self._throttle.when(None)
         if delay > 0:
             self._clock.sleep(delay)
+        seconds = timeout()  # after the throttle's wait: leadership may have gone meanwhile
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         start = time.monotonic()
@@ -279,7 +321,7 @@ class Client:
             params=params,
             data=data,
             headers=headers,
-            timeout=self._timeout,
+            timeout=seconds,
         )
         self._metrics.latency.labels(method).observe(time.monotonic() - start)
         self._metrics.requests.labels(method, str(resp.status_code)).inc()

@@ -13,7 +13,11 @@ The contract, as controller-runtime states it:
 * A key is never reconciled by two workers at once (the queue guarantees it).
 
 Each reconcile gets its own ``reconcile_id``; every log line it writes carries
-``controller``, ``key`` and ``reconcile_id``, and one line per result says what happened.
+``controller``, ``key`` and ``reconcile_id``. The line per result ("reconciled") is at
+debug for the routine outcomes (success, requeue, a conflict retried), at info when this
+replica is fenced, at error for errors: on-call reads one info line per decision or change
+of state, written by the reconciler itself. Durations and results are metrics
+(``gpuoperator_reconcile_duration_seconds``, ``gpuoperator_reconcile_total``).
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ class Controller(Generic[K]):
                 result = self.reconciler.reconcile(key)
             except errors.NotLeaderError as exc:
                 queue.forget(key)
-                self._outcome("fenced", start, reason="NotLeader", error=str(exc))
+                self._outcome("fenced", start, level="info", reason="NotLeader", error=str(exc))
             except TerminalError as exc:
                 queue.forget(key)
                 self._outcome(
@@ -211,7 +215,7 @@ class Controller(Generic[K]):
                 else:
                     self._outcome("success", start)
 
-    def _outcome(self, result: str, start: float, level: str = "info", **fields: Any) -> None:
+    def _outcome(self, result: str, start: float, level: str = "debug", **fields: Any) -> None:
         took = time.monotonic() - start
         self._metrics.total.labels(self.name, result).inc()
         self._metrics.duration.labels(self.name).observe(took)

@@ -48,7 +48,12 @@ class TooManyRequestsError(ApiError):
 
 class NotLeaderError(Exception):
     """A controller tried to write after this replica stopped leading; the runtime refuses
-    it so two replicas never act at once (fencing)."""
+    it so two replicas never act at once (fencing). ``sent``: an earlier attempt of the
+    same write reached the server (it was being retried), so it may have landed."""
+
+    def __init__(self, message: str, *, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 _BY_CODE: dict[int, type[ApiError]] = {

@@ -53,6 +53,16 @@ def key_of(obj: Obj) -> Key:
     return (meta.get("namespace") or "", meta.get("name") or "")
 
 
+def resource_version(obj: Obj) -> int | None:
+    """The object's resourceVersion as a number, for "which is newer" (etcd revisions are
+    integers); ``None`` when it is absent or not a number."""
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
 # ---- index functions ----------------------------------------------------------------------
 def by_namespace(obj: Obj) -> Iterable[str]:
     ns = (obj.get("metadata") or {}).get("namespace")
@@ -171,6 +181,33 @@ class Handlers:
     on_delete: Callable[[Obj], None] | None = None
 
 
+class Feed:
+    """A source of change notices that are not API objects (the inventory's figures, for
+    instance), wired to controllers like an informer: each notice reaches every handler's
+    ``on_add``, in the thread that publishes it, and handlers must be quick (map the notice
+    to keys and enqueue them)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._handlers: list[Handlers] = []
+        self._lock = threading.Lock()
+
+    def add_handlers(self, handlers: Handlers) -> None:
+        with self._lock:
+            self._handlers.append(handlers)
+
+    def publish(self, notice: Obj) -> None:
+        with self._lock:
+            handlers = list(self._handlers)
+        for h in handlers:
+            if h.on_add is None:
+                continue
+            try:
+                h.on_add(notice)
+            except Exception:
+                log.exception("feed handler failed", feed=self.name, reason="HandlerError")
+
+
 class Backoff:
     """Exponential backoff with jitter: ``initial`` doubling up to ``cap``; ``reset`` after
     a success."""
@@ -274,6 +311,7 @@ class ListWatcher(Protocol):
         field_selector: str | None = ...,
         bookmarks: bool = ...,
         stop: threading.Event | None = ...,
+        opened: Callable[[requests.Response], None] | None = ...,
     ) -> Iterator[tuple[str, Obj]]: ...
 
 
@@ -345,6 +383,8 @@ class Informer:
         return True
 
     def _opened(self, response: requests.Response) -> None:
+        """The watch's streaming response, as soon as its headers arrived: ``stop`` aborts
+        it (a watch set up after ``stop`` is aborted here)."""
         self._response = response
         if self._stop.is_set():
             abort(response)
@@ -451,6 +491,7 @@ class Informer:
             label_selector=o.label_selector,
             field_selector=o.field_selector,
             stop=self._stop,
+            opened=self._opened,  # so that stop() can abort a watch waiting for an event
         )
         for etype, obj in events:
             rv = (obj.get("metadata") or {}).get("resourceVersion")

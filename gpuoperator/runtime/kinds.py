@@ -65,3 +65,15 @@ class SubjectAccessReview(APIObject):  # type: ignore[misc]
     version = "authorization.k8s.io/v1"
     endpoint = "subjectaccessreviews"
     kind = "SubjectAccessReview"
+
+
+class ValidatingWebhookConfiguration(APIObject):  # type: ignore[misc]
+    version = "admissionregistration.k8s.io/v1"
+    endpoint = "validatingwebhookconfigurations"
+    kind = "ValidatingWebhookConfiguration"
+
+
+class MutatingWebhookConfiguration(APIObject):  # type: ignore[misc]
+    version = "admissionregistration.k8s.io/v1"
+    endpoint = "mutatingwebhookconfigurations"
+    kind = "MutatingWebhookConfiguration"

@@ -30,6 +30,15 @@ the other). ``holderIdentity == ""`` (a released Lease) is free.
 renew every ``retry_period``; leadership is lost when no renew succeeded within
 ``renew_deadline``, or (stricter than client-go) at once when an attempt sees another valid
 holder. Every ``on_started_leading()`` is followed by exactly one ``on_stopped_leading()``.
+
+**Stopping hands over safely** (client-go's ``ReleaseOnCancel`` warns that everything the
+lease guards must have finished before the release, or two processes act at once). On stop:
+fence (``is_leader()`` turns False, so no new write leaves), call ``on_stopped_leading()``
+(it stops the controllers and waits for their in-flight writes), and only then release. A
+callback that returns ``False`` says work may still be running: the Lease is then kept and
+expires on its own, ``lease_duration`` after the last renew, so the next leader starts only
+once nothing of this replica can still be writing. ``lease_remaining()`` is the time left
+until then; the client cuts each fenced write's timeout to it.
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ REASON_RENEW_DEADLINE: Final = "RenewDeadlineExceeded"
 REASON_OTHER_HOLDER: Final = "AnotherHolderObserved"
 REASON_STOPPED: Final = "Stopped"
 REASON_ERROR: Final = "Error"
+REASON_NOT_DRAINED: Final = "NotDrained"
 
 
 # --- MicroTime -------------------------------------------------------------------------------
@@ -388,6 +398,8 @@ class LeaderElector:
 
     Callbacks run on the elector's thread and must return promptly (start or stop the
     controllers' threads and return): renews do not happen while they run.
+    ``on_stopped_leading`` runs after the fence and before a release; it returns ``False``
+    when what it stopped may still be writing (then the Lease is left to expire).
     ``on_started_leading`` and ``on_stopped_leading`` strictly alternate, starting with
     ``on_started_leading``. ``on_new_leader(identity)`` is told every change of the observed
     holder, including us and ``""`` (released); its exceptions are logged and dropped.
@@ -403,7 +415,7 @@ class LeaderElector:
         store: LeaseStore,
         *,
         on_started_leading: Callable[[], None],
-        on_stopped_leading: Callable[[], None],
+        on_stopped_leading: Callable[[], bool | None],
         on_new_leader: Callable[[str], None] | None = None,
         clock: clocks.Clock = clocks.SYSTEM,
         registry: CollectorRegistry | None = None,
@@ -446,11 +458,25 @@ class LeaderElector:
         checks: it turns False the moment leadership is in doubt, before the renew loop
         notices and well before another candidate may take over."""
         with self._lock:
-            if self._renewed_at is None or self._observed is None:
-                return False
-            if self._observed.holder_identity != self._config.identity:
-                return False
-            return self._clock.monotonic() - self._renewed_at < self._config.renew_deadline
+            return self._leading_locked()
+
+    def lease_remaining(self) -> float:
+        """Seconds until another candidate may take the Lease from us (``lease_duration``
+        after our last successful renew started, local monotonic time); 0 when we do not
+        lead. A write that must land while we lead has to end before then."""
+        with self._lock:
+            if not self._leading_locked():
+                return 0.0
+            assert self._renewed_at is not None
+            left = self._renewed_at + self._config.lease_duration - self._clock.monotonic()
+        return max(0.0, left)
+
+    def _leading_locked(self) -> bool:
+        if self._renewed_at is None or self._observed is None:
+            return False
+        if self._observed.holder_identity != self._config.identity:
+            return False
+        return self._clock.monotonic() - self._renewed_at < self._config.renew_deadline
 
     def leader(self) -> str:
         """The holder we last observed ("" when released or not yet observed)."""
@@ -548,9 +574,10 @@ class LeaderElector:
     def run(self, stop: threading.Event) -> None:
         """Acquire, lead, and on loss go back to acquiring, until ``stop`` is set.
 
-        When ``stop`` is set while leading: fence, release (if ``release_on_cancel``), call
-        ``on_stopped_leading`` and return. An unexpected exception (a bug, not an API error)
-        fences, calls ``on_stopped_leading`` if we were leading, and propagates.
+        When ``stop`` is set while leading: fence, call ``on_stopped_leading``, release (if
+        ``release_on_cancel`` and the callback did not return ``False``) and return. An
+        unexpected exception (a bug, not an API error) fences, calls
+        ``on_stopped_leading`` if we were leading, and propagates.
         """
         wait = self._wait if self._wait is not None else stop.wait
 
@@ -704,15 +731,22 @@ class LeaderElector:
         holder = self.leader()
         self._gauge.set(0)
         self._transitions.inc()
-        try:
-            if reason == REASON_STOPPED:
-                self._log.info("lost leadership", holder=holder, reason=reason)
-                if self._config.release_on_cancel:
-                    self.release()
-            else:
-                self._log.warning("lost leadership", holder=holder, reason=reason)
-        finally:
-            self._on_stopped_leading()
+        if reason == REASON_STOPPED:
+            self._log.info("lost leadership", holder=holder, reason=reason)
+        else:
+            self._log.warning("lost leadership", holder=holder, reason=reason)
+        # What the lease guards stops first; the release (if any) comes after it.
+        drained = self._on_stopped_leading()
+        if reason != REASON_STOPPED or not self._config.release_on_cancel:
+            return
+        if drained is False:
+            self._log.warning(
+                "lease left to expire: work it guards may still be running",
+                holder=holder,
+                reason=REASON_NOT_DRAINED,
+            )
+            return
+        self.release()
 
 
 def _reason(exc: Exception) -> str:

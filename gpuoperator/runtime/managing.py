@@ -7,9 +7,18 @@ Lifecycle of ``Manager.run``:
    SubjectAccessReview) and any extra servers (webhooks run on every replica);
 2. start every informer and wait for the first lists (progress is logged);
 3. campaign for the Lease; while this replica leads, its controllers run; when it stops
-   leading they stop (in-flight reconciles finish, writes are fenced from that moment);
-4. on ``stop`` (SIGTERM): stop the controllers, release the Lease so another replica takes
-   over at once, stop the caches and servers — all within ``shutdown_timeout``.
+   leading they stop (in-flight reconciles finish, writes are fenced from that moment, and
+   each write's attempt ends before another replica may take the Lease:
+   ``LeaderElector.lease_remaining``);
+4. on ``stop`` (SIGTERM): fence, stop the controllers and wait for their in-flight
+   reconciles (all at once, within half of ``shutdown_timeout``), and only then release the
+   Lease so another replica takes over at once — if a reconcile is still running, the Lease
+   is kept and expires on its own instead; then stop the caches and servers.
+
+Why a leader killed mid-bind (SIGKILL) or stopped (SIGTERM) never lets two replicas hand out
+the same units: writes leave only while ``is_leader()`` holds, each attempt's timeout ends
+before the Lease could pass to another replica, a released Lease is released only after
+every write ended, and a kept Lease is taken only ``lease_duration`` after its last renew.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -36,6 +45,13 @@ from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, Le
 log = structlog.get_logger(__name__)
 
 Mapper = Callable[[Obj], Iterable[Key]]
+
+
+class Source(Protocol):
+    """What wakes a controller: an ``Informer`` (API objects) or a ``Feed`` (notices such
+    as the inventory's changes); each event is mapped to keys by the watch's ``Mapper``."""
+
+    def add_handlers(self, handlers: Handlers) -> None: ...
 
 
 @dataclass
@@ -71,12 +87,14 @@ class Manager:
         self.clock = clock
         self._informers: dict[str, Informer] = {}
         self._controllers: list[Controller[Any]] = []
+        self._leading_hooks: list[Callable[[], None]] = []
+        self._gates: list[tuple[str, Callable[[], bool]]] = []
         self._leading = threading.Event()
         self._elector: LeaderElector | None = None
         self._servers: list[serving.Server] = []
         self._log = log.bind(identity=options.identity)
         #: Writes on behalf of controllers go through this view: refused once we stop leading.
-        self.writer = client.fenced(self.is_leader)
+        self.writer = client.fenced(self.is_leader, remaining=self._lease_remaining)
 
     # ---- wiring -------------------------------------------------------------------
     def informer(
@@ -105,9 +123,10 @@ class Manager:
         )
 
     def add_controller(
-        self, controller: Controller[Key], watches: Iterable[tuple[Informer, Mapper]]
+        self, controller: Controller[Key], watches: Iterable[tuple[Source, Mapper]]
     ) -> None:
-        """Run ``controller`` while leading; each informer event is mapped to keys."""
+        """Run ``controller`` while leading, woken by ``watches``: every way it is woken is
+        one ``(source, mapper)`` entry here; each event is mapped to keys."""
 
         def enqueue(mapper: Mapper) -> Handlers:
             def on_obj(obj: Obj) -> None:
@@ -125,14 +144,37 @@ class Manager:
             informer.add_handlers(enqueue(mapper))
         self._controllers.append(controller)
 
+    def on_leading(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` each time this replica becomes leader, before any controller starts
+        (in the elector's thread: keep it short). A hook that raises is logged and the
+        controllers start anyway."""
+        self._leading_hooks.append(hook)
+
     # ---- state --------------------------------------------------------------------
     def is_leader(self) -> bool:
         if not self.options.leader_election:
             return self._leading.is_set()
         return self._elector is not None and self._elector.is_leader()
 
-    def ready(self) -> tuple[bool, list[str]]:
+    def _lease_remaining(self) -> float:
+        """Seconds this replica may still write (unbounded without leader election)."""
+        if not self.options.leader_election:
+            return float("inf")
+        return self._elector.lease_remaining() if self._elector is not None else 0.0
+
+    def add_readiness_gate(self, name: str, check: Callable[[], bool]) -> None:
+        """``/readyz`` (and the webhooks) also wait for ``check``, e.g. a serving
+        certificate; the caches' sync and the campaign for the Lease do not."""
+        self._gates.append((name, check))
+
+    def caches_synced(self) -> tuple[bool, list[str]]:
         waiting = [n for n, i in self._informers.items() if not i.has_synced()]
+        return not waiting, waiting
+
+    def ready(self) -> tuple[bool, list[str]]:
+        """Ready: every cache synced and every readiness gate open; else what is missing."""
+        _, waiting = self.caches_synced()
+        waiting += [name for name, check in self._gates if not check()]
         return not waiting, waiting
 
     # ---- run ----------------------------------------------------------------------
@@ -167,7 +209,7 @@ class Manager:
         deadline = start + self.options.sync_timeout
         next_report = start + 5.0
         while not stop.is_set():
-            ok, waiting = self.ready()
+            ok, waiting = self.caches_synced()
             now = time.monotonic()
             if ok:
                 self._log.info(
@@ -208,15 +250,46 @@ class Manager:
 
     def _start_leading(self) -> None:
         self._leading.set()
+        for hook in self._leading_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self._log.exception(
+                    "leading hook failed; starting the controllers anyway",
+                    reason=type(exc).__name__,
+                    error=str(exc),
+                )
         self._log.info("starting controllers", controllers=[c.name for c in self._controllers])
         for c in self._controllers:
             c.start()
 
-    def _stop_leading(self) -> None:
+    def _stop_leading(self) -> bool:
+        """Stop every controller at once and wait (half of ``shutdown_timeout`` in all)
+        for their in-flight reconciles; True when all of them ended."""
         self._leading.clear()
-        per = self.options.shutdown_timeout / 2 / max(1, len(self._controllers))
-        for c in self._controllers:
-            c.stop(per)
+        budget = self.options.shutdown_timeout / 2
+        results: dict[str, bool] = {}
+
+        def stop(c: Controller[Any]) -> None:
+            results[c.name] = c.stop(budget)
+
+        threads = [
+            threading.Thread(target=stop, args=(c,), name=f"stop-{c.name}", daemon=True)
+            for c in self._controllers
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + budget + 0.5
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        running = sorted(c.name for c in self._controllers if not results.get(c.name, False))
+        if running:
+            self._log.warning(
+                "controllers still running after the shutdown budget",
+                controllers=running,
+                reason="NotDrained",
+            )
+        return not running
 
     def _shutdown(self) -> None:
         start = time.monotonic()
@@ -240,7 +313,7 @@ class Manager:
             ok, waiting = self.ready()
             if ok:
                 return serving.text(200, "ok")
-            return serving.text(503, "caches not synced: " + ", ".join(waiting))
+            return serving.text(503, "not ready, waiting for: " + ", ".join(waiting))
 
         return serving.app({"/healthz": healthz, "/readyz": readyz})
 

@@ -2,7 +2,8 @@
 
 cheroot is a maintained, threaded WSGI server with TLS; handlers here are plain functions.
 Certificates are read from files and re-read when the files change (cert-manager rotates
-them in place), checked at most once a second on new connections.
+them in place), checked at most once a second on new connections; or handed over in memory
+with ``Server.reload`` (the operator's self-managed certificates).
 """
 
 from __future__ import annotations
@@ -123,6 +124,22 @@ class ReloadingTLS(BuiltinSSLAdapter):
                     )
         return super().wrap(sock)  # type: ignore[no-untyped-call]
 
+    def use(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Serve this certificate on every new connection from now on (open ones keep
+        theirs). A fresh context is swapped in whole, never changed while in use."""
+        context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # ssl loads certificates only from files: a private directory, removed at once.
+        with tempfile.TemporaryDirectory(prefix="gpuoperator-tls-") as directory:
+            cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+            cert.write_bytes(cert_pem)
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(key_pem)
+            context.load_cert_chain(str(cert), str(key))
+        with self._lock:
+            self.context = context
+
 
 def self_signed(hosts: Iterable[str] = ("localhost", "127.0.0.1")) -> tuple[Path, Path]:
     """A throwaway serving certificate in a private directory (for local runs only)."""
@@ -190,6 +207,13 @@ class Server:
             self._server.ssl_adapter = ReloadingTLS(*tls)
         self.tls = tls is not None
         self._thread: threading.Thread | None = None
+
+    def reload(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Serve this certificate (PEM) on new connections from now on, without a restart."""
+        adapter = self._server.ssl_adapter
+        if not isinstance(adapter, ReloadingTLS):
+            raise ValueError(f"server {self.name} does not serve TLS")
+        adapter.use(cert_pem, key_pem)
 
     @property
     def port(self) -> int:

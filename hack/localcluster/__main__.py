@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
-from localcluster.cluster import REPO, LocalCluster
+from localcluster import deployment
+from localcluster.cluster import KUBEVIRT_CRDS, REPO, SAMPLES, LocalCluster, kubectl_binary
 from localcluster.processes import ClusterError
 
 
@@ -14,27 +16,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
     parser.add_argument("--name", default="dev", help="cluster name (default: dev)")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="build (once) and start the cluster, seed nodes and CRDs")
+    up = sub.add_parser(
+        "up",
+        help="build (once) and start the cluster with simulated nodes, deploy config/overlays/dev, "
+        "run the operator and the KubeVirt stand-in",
+    )
     up.add_argument("--profile", type=Path, default=REPO / "hack" / "profiles" / "default.yaml")
     up.add_argument(
         "--crds",
         type=Path,
         action="append",
         default=None,
-        help="CRD manifests to apply first (default: config/crd)",
+        help="more CRD manifests to apply first (default: the KubeVirt CRDs the stand-in serves)",
     )
     up.add_argument(
         "--apply",
         type=Path,
         action="append",
         default=None,
-        help="manifests to apply after the CRDs (default: config/samples)",
+        help="manifests to apply after the deployment (default: config/samples)",
     )
     up.add_argument(
         "--no-operator",
         dest="operator",
         action="store_false",
-        help="start only the control plane, not the operator",
+        help="deploy the overlay but run neither the operator nor the KubeVirt stand-in",
     )
     sub.add_parser("down", help="stop the cluster's processes (only those it started)")
     sub.add_parser("status", help="which components run")
@@ -42,15 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(args.name)
     try:
         if args.command == "up":
-            crds = args.crds or [REPO / "config" / "crd"]
-            manifests = args.apply or [REPO / "config" / "samples"]
-            took = cluster.up(args.profile, crds=crds, manifests=manifests)
+            started = time.monotonic()
+            cluster.up(args.profile, crds=args.crds or [KUBEVIRT_CRDS])
+            rendered = deployment.render(kubectl_binary())
+            cluster.deploy(rendered)
+            cluster.apply([], args.apply or [SAMPLES])
             if args.operator:
-                cluster.run_operator()
+                cluster.run_operator(rendered=rendered)
+                cluster.run_kubevirt_standin()
             print(
-                f"cluster {args.name!r} is up ({took:.1f}s); operator log: {cluster.operator.log}\n"
-                f"Point kubectl at it with:\n"
-                f"  export KUBECONFIG={cluster.kubeconfig}\n"
+                f"cluster {args.name!r} is up ({time.monotonic() - started:.1f}s); "
+                f"operator log: {cluster.operator.log}\n"
+                f"Point kubectl (the pinned one) at it with:\n"
+                f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.dir / 'bin'}:$PATH\n"
                 f"  kubectl get nodes,gpuclasses,gpunodes\n"
                 f"Stop it with: make down"
             )
@@ -58,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             if not cluster.down():
                 print(f"cluster {args.name!r} was not running")
         else:
-            states = {**cluster.running(), "gpuoperator": cluster.operator.running()}
+            states = {
+                **cluster.running(),
+                "gpuoperator": cluster.operator.running(),
+                "kubevirt-standin": cluster.kubevirt.running(),
+            }
             for name, running in states.items():
                 print(f"{name:26} {'running' if running else 'stopped'}")
             print(f"kubeconfig: {cluster.kubeconfig}")

@@ -22,11 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
-from admission import registration
+from localcluster import deployment
 from localcluster import pki as pkimod
 from localcluster import profile as profilemod
 from localcluster.processes import ClusterError, Process, wait_until
@@ -35,7 +32,20 @@ HACK = Path(__file__).resolve().parent.parent
 REPO = HACK.parent
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/12"
-OPERATOR_NAMESPACE = "gpu-operator"
+#: The KubeVirt CRDs the stand-in serves (no KubeVirt runs here).
+KUBEVIRT_CRDS = REPO / "test" / "harness" / "crds"
+SAMPLES = REPO / "config" / "samples"
+#: The API server's audit log records every request of a service account (Metadata level):
+#: the e2e suite reads it to prove the operator never got a 403.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 
 
 def cache_root() -> Path:
@@ -111,6 +121,9 @@ class LocalCluster:
         #: The operator itself, run from this checkout (``up --operator``); not a control-plane
         #: component: clusters for the e2e suite run their own replicas.
         self.operator = Process("gpuoperator", self.dir)
+        #: The KubeVirt stand-in (virt-controller's part), for ``make up``.
+        self.kubevirt = Process("kubevirt-standin", self.dir)
+        self.audit_log = self.dir / "logs" / "audit.log"
         self.v = versions()
 
     # ---- introspection -------------------------------------------------------------
@@ -162,6 +175,7 @@ class LocalCluster:
         ports = Ports(*free_ports(6))
         (self.dir / "ports.json").write_text(json.dumps(asdict(ports)))
         self._write_kubeconfig(ports.apiserver)
+        self._link_kubectl(bindir)
         log(f"starting cluster {self.name!r} (state in {self.dir})")
         try:
             self._start_etcd(bindir, ports, log)
@@ -191,70 +205,79 @@ class LocalCluster:
         log(f"  {component}: restarted in {took:.1f}s")
         return took
 
+    def deploy(self, rendered: deployment.Rendered, log: Any = print) -> None:
+        deploy_to(self.kubeconfig, rendered, log)
+
     def run_operator(
-        self, namespace: str = OPERATOR_NAMESPACE, log: Any = print, extra: tuple[str, ...] = ()
+        self,
+        log: Any = print,
+        extra: tuple[str, ...] = (),
+        rendered: deployment.Rendered | None = None,
     ) -> None:
-        """(Re)start the operator from this checkout against the cluster, in ``namespace``,
-        wait until it is ready (caches synced), and register its webhooks with the API
-        server (by URL on loopback, with a serving certificate from the cluster's CA)."""
+        """(Re)start the operator from this checkout as the dev overlay's Deployment runs
+        it (its args and env, a token of its ServiceAccount), wait until it is ready (caches
+        synced, serving certificate issued), register its webhooks with the API server (by
+        URL on loopback) and wait until it injected their caBundle. ``rendered``: the overlay
+        as already deployed (by default it is rendered and deployed first)."""
         self.operator.stop()
-        certs = self._webhook_certs()
-        manifest = yaml.safe_dump(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        if rendered is None:
+            rendered = deployment.render(kubectl_binary())
+            self.deploy(rendered, log)
+        token = deployment.token_kubeconfig(
+            kubectl_binary(), self.kubeconfig, rendered, self.dir / "gpuoperator.kubeconfig"
         )
-        self.kubectl("apply", "-f", "-", stdin=manifest)
-        health, metrics, webhooks = free_ports(3)
-        self.operator.start(
-            [
-                sys.executable,
-                "-m",
-                "gpuoperator.cli",
-                "run",
-                f"--kubeconfig={self.kubeconfig}",
-                f"--namespace={namespace}",
-                f"--health-address=127.0.0.1:{health}",
-                f"--metrics-address=127.0.0.1:{metrics}",
-                f"--webhook-address=127.0.0.1:{webhooks}",
-                f"--webhook-cert-dir={certs}",
-                "--log-format=json",
-                *extra,
-            ],
-            cwd=REPO,
+        ports = deployment.Ports(*free_ports(3))
+        argv, env = deployment.operator_command(
+            rendered, kubeconfig=token, pod_name="gpu-operator-0", ports=ports, extra=extra
         )
-        log(f"  gpuoperator: started (log {self.operator.log})")
-        url = f"http://127.0.0.1:{health}/readyz"
+        self.operator.start(argv, env=env, cwd=REPO)
+        log(f"  gpuoperator: started as {rendered.username} (log {self.operator.log})")
+        url = f"http://127.0.0.1:{ports.health}/readyz"
         took = wait_until(
             "gpuoperator /readyz", lambda: self._get(url) == "ok\n", 120, self.operator
         )
         log(
-            f"  gpuoperator: ready after {took:.1f}s (metrics on https://127.0.0.1:{metrics}"
+            f"  gpuoperator: ready after {took:.1f}s (metrics on https://127.0.0.1:{ports.metrics}"
             "/metrics, authorised by bearer token)"
         )
-        configs = registration.configurations(
-            f"https://127.0.0.1:{webhooks}", self.pki.ca_cert.read_bytes()
+        configs = register_webhooks(self.kubeconfig, rendered, ports.webhook)
+        took = wait_until(
+            "the operator to inject its webhooks' caBundle",
+            lambda: all(self._injected(c) for c in configs),
+            60,
+            self.operator,
         )
-        self.kubectl(
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "-",
-            stdin=yaml.safe_dump_all(configs),
+        log(
+            f"  gpuoperator: webhooks registered on https://127.0.0.1:{ports.webhook}, "
+            f"caBundle injected after {took:.1f}s"
         )
-        log(f"  gpuoperator: webhooks registered on https://127.0.0.1:{webhooks}")
 
-    def _webhook_certs(self) -> Path:
-        """A serving certificate for the operator's webhooks, issued by the cluster's CA."""
-        directory = self.dir / "webhook-certs"
-        if not (directory / "tls.crt").exists():
-            ca_cert = x509.load_pem_x509_certificate(self.pki.ca_cert.read_bytes())
-            ca_key = serialization.load_pem_private_key(self.pki.ca_key.read_bytes(), None)
-            assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-            pkimod.write_loopback_serving_pair(ca_cert, ca_key, directory)
-        return directory
+    def _injected(self, config: deployment.Obj) -> bool:
+        live = json.loads(
+            self.kubectl("get", config["kind"], config["metadata"]["name"], "-o", "json")
+        )
+        return all(w.get("clientConfig", {}).get("caBundle") for w in live.get("webhooks", []))
+
+    def run_kubevirt_standin(self, log: Any = print) -> None:
+        """(Re)start the KubeVirt stand-in: what virt-controller does to a VMI (its launcher
+        pod, the VMI's status), as a process of this cluster (``test/harness/kubevirt.py``)."""
+        self.kubevirt.stop()
+        self.kubevirt.start(
+            [sys.executable, "-m", "localcluster.standin", f"--kubeconfig={self.kubeconfig}"],
+            env={"PYTHONPATH": os.pathsep.join([str(HACK), str(REPO / "test"), str(REPO)])},
+            cwd=REPO,
+        )
+        wait_until(
+            "the KubeVirt stand-in to start",
+            lambda: "kubevirt stand-in running" in self.kubevirt.tail(50),
+            30,
+            self.kubevirt,
+        )
+        log(f"  kubevirt stand-in: running (log {self.kubevirt.log})")
 
     def down(self, quiet: bool = False) -> list[str]:
         stopped = ["gpuoperator"] if self.operator.stop() else []
+        stopped += ["kubevirt-standin"] if self.kubevirt.stop() else []
         stopped += [c for c in reversed(COMPONENTS) if self.procs[c].stop()]
         if stopped and not quiet:
             print(f"stopped {', '.join(stopped)} of cluster {self.name!r}")
@@ -324,11 +347,46 @@ class LocalCluster:
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
+                f"--audit-policy-file={self._audit_policy()}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
             ],
             log,
         )
         took = wait_until("kube-apiserver /readyz", self.healthy, 90, proc)
         log(f"  kube-apiserver: ready after {took:.1f}s on https://127.0.0.1:{ports.apiserver}")
+
+    def _audit_policy(self) -> Path:
+        path = self.dir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(AUDIT_POLICY))
+        return path
+
+    def forbidden(self, username: str, offset: int = 0) -> tuple[int, list[str]]:
+        """The requests of ``username`` the API server answered 403 in its audit log from
+        byte ``offset`` on, and the offset to read from next time.
+
+        One 403 is not counted: a write into a namespace being deleted (cause
+        ``NamespaceTerminating``), which RBAC allowed and namespace lifecycle refused; a
+        controller racing a namespace's deletion meets it, whatever its permissions."""
+        try:
+            with self.audit_log.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return offset, []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        found = []
+        for line in complete.splitlines():
+            event = json.loads(line)
+            status = event.get("responseStatus") or {}
+            if event.get("user", {}).get("username") != username or status.get("code") != 403:
+                continue
+            causes = (status.get("details") or {}).get("causes") or []
+            if any(c.get("reason") == "NamespaceTerminating" for c in causes):
+                continue
+            decision = (event.get("annotations") or {}).get("authorization.k8s.io/decision")
+            found.append(f"{event.get('verb')} {event.get('requestURI')} ({decision or '?'})")
+        return offset + len(complete), found
 
     def _start_controller_manager(self, bindir: Path, ports: Ports, log: Any) -> None:
         p = self.pki
@@ -437,6 +495,13 @@ class LocalCluster:
             self.kubectl("apply", "--server-side", "--force-conflicts", *_source(path))
             log(f"  applied {_show(path)}")
 
+    def _link_kubectl(self, bindir: Path) -> None:
+        """``<state>/bin/kubectl``: the pinned kubectl under its plain name, for PATH."""
+        link = self.dir / "bin" / "kubectl"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(self._bin(bindir, "kubectl"))
+
     def _write_kubeconfig(self, port: int) -> None:
         p = self.pki
         config = {
@@ -467,6 +532,50 @@ class LocalCluster:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.kubeconfig.chmod(0o600)
+
+
+def apply_docs(kubeconfig: Path, docs: Iterable[deployment.Obj], *flags: str) -> None:
+    """Server-side apply ``docs`` (kubectl, taking over fields other managers set)."""
+    docs = list(docs)
+    if docs:
+        kubectl(
+            kubeconfig,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            *flags,
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(docs),
+        )
+
+
+def deploy_to(kubeconfig: Path, rendered: deployment.Rendered, log: Any = print) -> None:
+    """Server-side apply every rendered object (CRDs first, then the rest); the webhook
+    configurations only as a server-side dry run (``register_webhooks`` applies them once
+    an operator serves them: they fail closed)."""
+    apply_docs(kubeconfig, rendered.crds)
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    wait_servable(kubeconfig)
+    apply_docs(kubeconfig, rendered.rest())
+    apply_docs(kubeconfig, rendered.webhook_configurations, "--dry-run=server")
+    log(f"  applied config/overlays/dev ({len(rendered.objects)} objects)")
+
+
+def register_webhooks(
+    kubeconfig: Path, rendered: deployment.Rendered, port: int
+) -> list[deployment.Obj]:
+    """Apply the rendered webhook configurations with their URL on ``port``; return them."""
+    configs = deployment.loopback_webhooks(rendered, port)
+    apply_docs(kubeconfig, configs)
+    return configs
+
+
+def unregister_webhooks(kubeconfig: Path, rendered: deployment.Rendered) -> None:
+    for config in rendered.webhook_configurations:
+        kubectl(
+            kubeconfig, "delete", config["kind"], config["metadata"]["name"], "--ignore-not-found"
+        )
 
 
 def wait_servable(kubeconfig: Path, timeout: float = 60) -> None:

@@ -1,15 +1,25 @@
-"""E2E fixtures: a real control plane for the session, a fresh namespace per test.
+"""E2E fixtures: a real control plane for the session, the product deployed on it, a fresh
+namespace per test.
 
 Nothing here mocks the API server. Without ``E2E_KUBECONFIG`` the session starts the local
 control plane (``hack/localcluster``: etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and kwok with the default simulated GPU nodes) and stops it at the end; with
-it, the suite runs against that cluster (kind included) after applying the CRDs.
-``E2E_CLUSTER_NAME`` (default ``e2e``) names the local cluster, so two runs can coexist.
+it, the suite runs against that cluster (kind included). ``E2E_CLUSTER_NAME`` (default
+``e2e``) names the local cluster, so two runs can coexist.
+
+Either way the session renders ``config/overlays/dev`` with the kustomize built into the
+pinned kubectl and server-side-applies it (``deployed``): CRDs, namespace, RBAC, the
+Deployment (at 0 replicas: its args and env are what the suite's replicas run with), PDB,
+Services, settings, the certificate Secret, the tamper policy and its binding; the webhook
+configurations are applied while a replica serves them (``harness.webhooks``). Replicas
+authenticate with a token of the rendered ServiceAccount, and after every test the API
+server's audit log must show no request of that account answered 403.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Generator, Iterator
 from functools import partial
@@ -20,19 +30,38 @@ import pykube
 import pytest
 
 from harness import kube
-from localcluster.cluster import REPO, LocalCluster, kubectl, wait_servable
+from harness.operator import Deployed, ForbiddenRequests
+from localcluster import deployment
+from localcluster.cluster import (
+    KUBEVIRT_CRDS,
+    REPO,
+    LocalCluster,
+    deploy_to,
+    kubectl,
+    kubectl_binary,
+    wait_servable,
+)
 
-CRDS = REPO / "config" / "crd"
-TEST_CRDS = REPO / "test" / "harness" / "crds"
+TEST_CRDS = KUBEVIRT_CRDS
+KIND_OVERLAY = REPO / "config" / "overlays" / "kind"
+#: ``E2E_OPERATOR=deployed`` (with ``E2E_KUBECONFIG``): use the operator deployed in the
+#: cluster instead of starting replicas (tests marked ``operator_process`` are skipped).
+IN_CLUSTER = os.environ.get("E2E_OPERATOR", "process") == "deployed"
 PROFILE = REPO / "hack" / "profiles" / "default.yaml"
 
 _timings: dict[str, float] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(
+        reason="E2E_OPERATOR=deployed: the test starts or controls the operator's own "
+        "processes, and the suite uses the operator deployed in the cluster"
+    )
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.e2e)
+            if IN_CLUSTER and item.get_closest_marker("operator_process"):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +71,7 @@ def local_cluster() -> Iterator[LocalCluster | None]:
         yield None
         return
     cluster = LocalCluster(os.environ.get("E2E_CLUSTER_NAME", "e2e"))
-    took = cluster.up(PROFILE, crds=[CRDS, TEST_CRDS], log=lambda _msg: None)
+    took = cluster.up(PROFILE, crds=[TEST_CRDS], log=lambda _msg: None)
     _timings["cluster start"] = took
     try:
         yield cluster
@@ -51,15 +80,61 @@ def local_cluster() -> Iterator[LocalCluster | None]:
 
 
 @pytest.fixture(scope="session")
-def kubeconfig(local_cluster: LocalCluster | None) -> Path:
+def deployed(
+    local_cluster: LocalCluster | None, tmp_path_factory: pytest.TempPathFactory
+) -> Deployed:
+    """``config/overlays/dev`` rendered and applied; a token of its ServiceAccount."""
     if local_cluster is not None:
-        return local_cluster.kubeconfig
-    path = Path(os.environ["E2E_KUBECONFIG"])
-    for crds in (CRDS, TEST_CRDS):
-        kubectl(path, "apply", "--server-side", "--force-conflicts", "-k", str(crds))
-        kubectl(path, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    wait_servable(path)
-    return path
+        admin = local_cluster.kubeconfig
+    else:
+        admin = Path(os.environ["E2E_KUBECONFIG"])
+        kubectl(admin, "apply", "--server-side", "--force-conflicts", "-k", str(TEST_CRDS))
+        kubectl(admin, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    if IN_CLUSTER:
+        # The operator runs in the cluster, deployed from the kind overlay by whoever made
+        # the cluster (make e2e-kind): read its names, deploy nothing.
+        rendered = deployment.render(kubectl_binary(), KIND_OVERLAY)
+    else:
+        rendered = deployment.render(kubectl_binary())
+        start = time.monotonic()
+        deploy_to(admin, rendered, log=lambda _msg: None)
+        wait_servable(admin)
+        _timings["deploying config/overlays/dev"] = time.monotonic() - start
+    token = deployment.token_kubeconfig(
+        kubectl_binary(), admin, rendered, tmp_path_factory.mktemp("operator") / "kubeconfig"
+    )
+    return Deployed(rendered, admin, token, local_cluster, in_cluster=IN_CLUSTER)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(deployed: Deployed) -> Path:
+    """The cluster admin's kubeconfig (for tests; the operator's replicas use a token)."""
+    return deployed.admin_kubeconfig
+
+
+@pytest.fixture(scope="session")
+def forbidden_requests(deployed: Deployed) -> ForbiddenRequests:
+    return ForbiddenRequests(deployed)
+
+
+@pytest.fixture(autouse=True)
+def no_forbidden_requests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each e2e test: the API server answered no request of the operator's
+    ServiceAccount with 403 since the previous check. Module fixtures' replicas start
+    before this fixture's setup; what a module's teardown did shows at the next test. On a
+    cluster other than the local control plane the audit log is not ours to read."""
+    if "kubeconfig" not in request.fixturenames and "deployed" not in request.fixturenames:
+        yield
+        return
+    check: ForbiddenRequests = request.getfixturevalue("forbidden_requests")
+    yield
+    refused = check.take()
+    if refused:
+        pytest.fail(
+            f"the API server refused {len(refused)} requests of {check.username} (403): "
+            + "; ".join(sorted(set(refused))[:20]),
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ ends with the over-allocation check."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,32 +13,32 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance, Workload
+from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from harness.fleet import Fleet
 from harness.kube import Obj, replace
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 CONVERGE = 20.0
 Start = Callable[..., OperatorProcess]
 
 
 @pytest.fixture
-def start_operator(kubeconfig: Path, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[tuple[OperatorProcess, str]] = []
+def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
+    started: list[OperatorProcess] = []
 
     def start(*extra: str) -> OperatorProcess:
-        ns = f"gpu-operator-b{len(started)}-{tmp_path.name[-6:].lower().replace('_', '-')}"
-        pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-        op = OperatorProcess(kubeconfig, ns, f"binder-{len(started)}", tmp_path, *extra)
-        started.append((op, ns))
+        op = OperatorProcess(deployed, f"binder-{len(started)}", tmp_path, *extra)
+        started.append(op)
         op.wait_ready()
         return op
 
     yield start
-    for op, ns in started:
+    for op in started:
         op.stop()
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+    deployed.release_lease(api)
 
 
 @pytest.fixture
@@ -209,6 +210,128 @@ def test_a_deleted_node_makes_its_claims_lost_then_bound_elsewhere(
         until=lambda n: n >= 1,
         timeout=CONVERGE,
     )
+
+
+def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_appears(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    """The node serves nothing any more when it goes (cordoned first), so no class figure
+    changes: the deletion alone must wake the binder. With no room elsewhere the claim
+    waits as Pending, the reason on its condition; it binds once a node appears."""
+    start_operator()
+    cls = fleet.gpu_class()
+    doomed = fleet.node(4)
+    claim(api, namespace, "hold", cls, 2)
+    assert bound_node(api, namespace, "hold") == doomed
+    node = fleet.nodes.pop(0)
+    node.reload()
+    node.obj["spec"]["unschedulable"] = True
+    node.update()
+    wait_for(
+        "the class to count the cordoned node out",
+        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
+        until=lambda s: s.get("nodes") == 0,
+        timeout=CONVERGE,
+    )
+    node.delete()
+    waiting = wait_for(
+        "the claim to wait as Pending",
+        lambda: status(api, namespace, "hold"),
+        until=lambda s: s.get("phase") == "Pending",
+        timeout=CONVERGE,
+    )
+    assert "nodeName" not in waiting
+    condition = bound_condition(waiting)
+    assert condition["reason"] == "NoCapacity", condition
+    assert f"{doomed} is gone" in condition["message"]
+    reasons = [
+        e.obj["reason"]
+        for e in pykube.Event.objects(api, namespace=namespace).filter(
+            field_selector={"involvedObject.name": "hold"}
+        )
+    ]
+    assert "NodeLost" in reasons
+    spare = fleet.node(4)
+    assert bound_node(api, namespace, "hold") == spare
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
+    api: pykube.HTTPClient,
+    deployed: Deployed,
+    fleet: Fleet,
+    namespace: str,
+    tmp_path: Path,
+    sig: signal.Signals,
+) -> None:
+    """Two replicas on one Lease; the leader is stopped (SIGTERM, as a rolling update does)
+    or killed (SIGKILL) once it has bound some of a first wave of orders, and a second wave
+    races in during the handover. The next leader binds exactly what fits (the
+    over-allocation check runs after the test); a stopped leader released the Lease only
+    after its controllers had stopped."""
+    deployed.release_lease(api)
+    replicas = [
+        OperatorProcess(deployed, f"handover-{i}", tmp_path, "--metrics-address=") for i in range(2)
+    ]
+    try:
+        for r in replicas:
+            r.wait_ready()
+        leader = wait_for(
+            "a leader",
+            lambda: next((r for r in replicas if '"became leader"' in r.log_text()), None),
+            timeout=CONVERGE,
+        )
+        assert leader is not None
+        cls = fleet.gpu_class()
+        fleet.node(4)
+        fleet.node(4)
+        errors: list[BaseException] = []
+
+        def create(i: int) -> None:
+            try:
+                claim(pykube.HTTPClient(api.config), namespace, f"order-{i:02d}", cls, 1 + i % 2)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def wave(numbers: range) -> list[threading.Thread]:
+            threads = [threading.Thread(target=create, args=(i,)) for i in numbers]
+            for t in threads:
+                t.start()
+            return threads
+
+        def bound_units() -> int:
+            return sum(
+                c.obj["spec"]["count"]
+                for c in GPUClaim.objects(api, namespace=namespace)
+                if (c.obj.get("status") or {}).get("phase") == "Bound"
+            )
+
+        first = wave(range(5))
+        wait_for("the leader to bind some", bound_units, until=lambda n: n >= 1)
+        leader.signal(sig)
+        second = wave(range(5, 10))
+        for t in first + second:
+            t.join()
+        assert errors == []
+        code = leader.wait_exit(20)
+        if sig == signal.SIGTERM:
+            assert code == 0
+            log = leader.log_text()
+            assert '"released lease"' in log, log[-3000:]
+            assert log.rindex('"controller stopped"') < log.index('"released lease"'), (
+                "the Lease was released before the controllers stopped"
+            )
+        # 15 units ordered (five of 1, five of 2) on two 4-unit nodes: 8 fit at most.
+        wait_for(
+            "the new leader to fill the nodes",
+            bound_units,
+            until=lambda n: n == 8,
+            timeout=CONVERGE + 17,  # a killed leader's Lease expires first
+        )
+    finally:
+        for r in replicas:
+            r.stop()
+        deployed.release_lease(api)
 
 
 def test_a_usage_record_appears_on_bind_and_goes_with_the_claim(

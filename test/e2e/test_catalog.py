@@ -7,10 +7,8 @@ exact whatever else runs on the cluster. One operator replica serves the module.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pykube
 import pytest
@@ -19,25 +17,24 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 CONVERGE = 15.0  # seconds: status must follow a change well within this
 
 
 @pytest.fixture(scope="module")
 def operator(
-    kubeconfig: Path, api: pykube.HTTPClient, tmp_path_factory: pytest.TempPathFactory
+    deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    ns = f"gpu-operator-{uuid.uuid4().hex[:5]}"
-    pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-    op = OperatorProcess(kubeconfig, ns, "catalog", tmp_path_factory.mktemp("op"))
+    op = OperatorProcess(deployed, "catalog", tmp_path_factory.mktemp("op"))
     try:
         op.wait_ready()
         yield op
     finally:
         op.stop()
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
 
 
 @pytest.fixture

@@ -12,8 +12,10 @@ import pytest
 
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from harness import kube
 from harness.fleet import Fleet
 from harness.kube import refused
+from harness.operator import Deployed
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster.cluster import kubectl
@@ -21,9 +23,9 @@ from localcluster.cluster import kubectl
 
 @pytest.fixture(scope="module")
 def hooks(
-    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, kubeconfig, tmp_path_factory.mktemp("orders")) as w:
+    with webhook_operator(api, deployed, tmp_path_factory.mktemp("orders")) as w:
         yield w
 
 
@@ -191,11 +193,13 @@ def test_a_dry_run_is_judged_the_same_and_leaves_nothing(
 
 
 def test_template_claims_are_not_judged_they_wait_for_capacity(
-    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet, deployed: Deployed
 ) -> None:
     cls = fleet.gpu_class()
     fleet.node(2)
     published(api, cls, 2)
     ns = hooks.tenant(api)
-    claim = order(api, ns, cls, 6, name="vm-template", **{names.TEMPLATE_CLAIM_LABEL: "true"})
+    # Only the operator's ServiceAccount may set the mark (the tamper policy, deployed).
+    operator = kube.client(deployed.kubeconfig)
+    claim = order(operator, ns, cls, 6, name="vm-template", **{names.TEMPLATE_CLAIM_LABEL: "true"})
     assert claim.obj["spec"]["count"] == 6

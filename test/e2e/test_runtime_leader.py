@@ -1,5 +1,6 @@
-"""Leader election between real replicas (``gpuoperator run`` processes) on a real Lease,
-and fencing of writes in-process."""
+"""Leader election between two real replicas (``gpuoperator run`` processes, run as the
+dev overlay's Deployment with its ServiceAccount) on the deployment's Lease, and fencing of
+writes in-process."""
 
 from __future__ import annotations
 
@@ -17,30 +18,36 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.kinds import Lease
 from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, LeaderElector
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 
 class Replicas:
-    """Operator replicas of one test, all stopped (kill -9 if still running) afterwards."""
+    """Operator replicas of one test, all stopped afterwards (and the Lease of a killed
+    leader deleted, so the next test need not wait it out)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
-        self.args = (kubeconfig, namespace)
+    def __init__(self, deployed: Deployed, log_dir: Path) -> None:
+        self.deployed = deployed
+        self.namespace = deployed.namespace
         self.log_dir = log_dir
         self.started: list[OperatorProcess] = []
 
     def start(self, identity: str) -> OperatorProcess:
-        p = OperatorProcess(*self.args, identity, self.log_dir, "--metrics-address=")
+        p = OperatorProcess(self.deployed, identity, self.log_dir, "--metrics-address=")
         self.started.append(p)
         return p
 
 
 @pytest.fixture
-def replicas(kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[Replicas]:
-    r = Replicas(kubeconfig, namespace, tmp_path)
+def replicas(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Replicas]:
+    deployed.release_lease(api)
+    r = Replicas(deployed, tmp_path)
     yield r
     for p in r.started:
         p.stop()
+    deployed.release_lease(api)
 
 
 def holder(api: pykube.HTTPClient, namespace: str) -> str:
@@ -52,10 +59,9 @@ def leader_log_lines(p: OperatorProcess) -> int:
     return p.log_text().count('"became leader"')
 
 
-def leader_with_standby(
-    api: pykube.HTTPClient, namespace: str, replicas: Replicas
-) -> OperatorProcess:
+def leader_with_standby(api: pykube.HTTPClient, replicas: Replicas) -> OperatorProcess:
     """replica-a leading and replica-b ready behind it; returns replica-a."""
+    namespace = replicas.namespace
     a = replicas.start("replica-a")
     a.wait_ready()
     wait_for("replica-a to lead", lambda: holder(api, namespace), until=lambda h: h == "replica-a")
@@ -65,12 +71,13 @@ def leader_with_standby(
 
 def handover_after(
     api: pykube.HTTPClient,
-    namespace: str,
+    replicas: Replicas,
     leader: OperatorProcess,
     sig: signal.Signals,
     timeout: float,
 ) -> float:
     """Signal the leader; seconds until replica-b holds the Lease."""
+    namespace = replicas.namespace
     start = time.monotonic()
     leader.signal(sig)
     wait_for(
@@ -83,9 +90,8 @@ def handover_after(
     return time.monotonic() - start
 
 
-def test_two_replicas_yield_exactly_one_leader(
-    api: pykube.HTTPClient, namespace: str, replicas: Replicas
-) -> None:
+def test_two_replicas_yield_exactly_one_leader(api: pykube.HTTPClient, replicas: Replicas) -> None:
+    namespace = replicas.namespace
     a, b = replicas.start("replica-a"), replicas.start("replica-b")
     a.wait_ready()
     b.wait_ready()
@@ -112,12 +118,11 @@ def test_two_replicas_yield_exactly_one_leader(
 
 def test_kill_9_of_the_leader_hands_over_within_lease_duration_plus_retry(
     api: pykube.HTTPClient,
-    namespace: str,
     replicas: Replicas,
     record_property: Callable[[str, object], None],
 ) -> None:
-    a = leader_with_standby(api, namespace, replicas)
-    took = handover_after(api, namespace, a, signal.SIGKILL, timeout=15 + 2 + 5)
+    a = leader_with_standby(api, replicas)
+    took = handover_after(api, replicas, a, signal.SIGKILL, timeout=15 + 2 + 5)
     record_property("handover_after_kill_s", round(took, 2))
     print(f"\nhandover after kill -9: {took:.2f}s")
     assert took <= 15 + 2 + 1, f"handover took {took:.2f}s"  # 1 s for process scheduling
@@ -125,13 +130,12 @@ def test_kill_9_of_the_leader_hands_over_within_lease_duration_plus_retry(
 
 def test_a_graceful_stop_releases_the_lease_and_hands_over_in_under_3s(
     api: pykube.HTTPClient,
-    namespace: str,
     replicas: Replicas,
     record_property: Callable[[str, object], None],
 ) -> None:
-    a = leader_with_standby(api, namespace, replicas)
+    a = leader_with_standby(api, replicas)
     stopped = time.monotonic()
-    took = handover_after(api, namespace, a, signal.SIGTERM, timeout=10)
+    took = handover_after(api, replicas, a, signal.SIGTERM, timeout=10)
     assert a.wait_exit(10) == 0, a.log_text()[-2000:]
     exit_after = time.monotonic() - stopped
     record_property("handover_after_sigterm_s", round(took, 2))

@@ -13,12 +13,14 @@ import pykube
 import pytest
 
 from gpuoperator.runtime.client import Client, load_config
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, OperatorProcess
+
+pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 
 @pytest.fixture
-def operator(kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    p = OperatorProcess(kubeconfig, namespace, "metrics-replica", tmp_path)
+def operator(deployed: Deployed, tmp_path: Path) -> Iterator[OperatorProcess]:
+    p = OperatorProcess(deployed, "metrics-replica", tmp_path)
     try:
         p.wait_ready()
         yield p

@@ -24,7 +24,8 @@ from pykube.objects import APIObject
 
 from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, ValidatingAdmissionPolicy
-from harness.kube import Obj, Refusal, refused, replace
+from harness.kube import Obj, Refusal, mutate, refused, replace
+from harness.operator import Deployed
 from harness.waiting import WaitTimeoutError, wait_for
 from localcluster.cluster import REPO, kubectl
 
@@ -90,6 +91,35 @@ class Binding:
 
 
 Bind = Callable[[str, dict[str, str] | None], Binding]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deployed_binding_steps_aside(
+    api: pykube.HTTPClient, shipped: dict[str, Obj], deployed: Deployed
+) -> Iterator[None]:
+    """The e2e session deploys the shipped binding too (config/overlays/dev); in this
+    module's namespaces (labelled ``SCOPE``) only the copies decide. The deployed binding is
+    narrowed for the module and restored after, never deleted: Kubernetes 1.36 stops its
+    ConfigMap param informer for good once no such binding is left (see ``enforce``)."""
+    name = shipped["ValidatingAdmissionPolicyBinding"]["metadata"]["name"]
+    live = ValidatingAdmissionPolicyBinding.objects(api).get_or_none(name=name)
+    if live is None:
+        yield
+        return
+    original = copy.deepcopy(live.obj["spec"].get("matchResources"))
+    outside = {"matchExpressions": [{"key": SCOPE, "operator": "DoesNotExist"}]}
+
+    def narrow(obj: Obj) -> None:
+        obj["spec"].setdefault("matchResources", {})["namespaceSelector"] = outside
+
+    def restore(obj: Obj) -> None:
+        obj["spec"]["matchResources"] = copy.deepcopy(original)
+
+    mutate(live, narrow)
+    try:
+        yield
+    finally:
+        mutate(live, restore)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pykube
@@ -16,6 +15,7 @@ from gpuoperator import names
 from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj, refused
+from harness.operator import Deployed
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 
@@ -24,9 +24,9 @@ CONVERGE = 30.0
 
 @pytest.fixture(scope="module")
 def hooks(
-    api: pykube.HTTPClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, kubeconfig, tmp_path_factory.mktemp("vms")) as w:
+    with webhook_operator(api, deployed, tmp_path_factory.mktemp("vms")) as w:
         yield w
 
 

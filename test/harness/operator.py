@@ -1,48 +1,104 @@
-"""Run ``gpuoperator run`` as a real process against the test cluster."""
+"""Run ``gpuoperator run`` as a real process against the test cluster, as deployed.
+
+A replica is the dev overlay's Deployment container run locally
+(``localcluster.deployment.operator_command``): its command, args and env, in the
+Deployment's namespace, authenticated with a token of the rendered ServiceAccount, never as
+cluster admin, so every e2e test exercises the shipped RBAC. Tests may append flags
+(``*extra``), which win over the Deployment's.
+
+Replicas share the deployment's namespace (its Lease, settings and certificate Secret), as
+the Deployment's pods do: a test that starts replicas is the only one running them.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+import pykube
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import Lease
 from harness.waiting import wait_for
-from localcluster.cluster import free_ports
+from localcluster import deployment
+from localcluster.cluster import LocalCluster, free_ports
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The dev overlay as the e2e session deployed it."""
+
+    rendered: deployment.Rendered
+    #: The cluster admin's kubeconfig (for the tests themselves).
+    admin_kubeconfig: Path
+    #: A kubeconfig holding a token of the rendered ServiceAccount (for the replicas).
+    kubeconfig: Path
+    #: The local control plane, or None under ``E2E_KUBECONFIG``.
+    cluster: LocalCluster | None
+    #: ``E2E_OPERATOR=deployed``: the operator runs in the cluster (users' CI on kind); the
+    #: suite starts no replica of its own and uses that one's webhooks.
+    in_cluster: bool = False
+
+    @property
+    def namespace(self) -> str:
+        return self.rendered.namespace
+
+    @property
+    def username(self) -> str:
+        return self.rendered.username
+
+    def release_lease(self, api: pykube.HTTPClient) -> None:
+        """Delete the leader Lease (after replicas were killed, so the next ones need not
+        wait out a dead holder's lease)."""
+        lease = Lease.objects(api, namespace=self.namespace).get_or_none(name=names.LEADER_LEASE)
+        if lease is not None:
+            lease.delete()
+
+
+class ForbiddenRequests:
+    """The requests of the operator's ServiceAccount the API server answered 403, read from
+    the local control plane's audit log (``LocalCluster.forbidden``)."""
+
+    def __init__(self, deployed: Deployed) -> None:
+        self.cluster = deployed.cluster
+        self.username = deployed.username
+        self._offset = 0
+
+    def take(self) -> list[str]:
+        """Those logged since the last ``take`` (each is reported once)."""
+        if self.cluster is None:
+            return []
+        self._offset, found = self.cluster.forbidden(self.username, self._offset)
+        return found
 
 
 class OperatorProcess:
-    """One replica, with its own health and metrics ports and its log in ``log``."""
+    """One replica, with its own health, metrics and webhook ports and its log in ``log``."""
 
-    def __init__(
-        self, kubeconfig: Path, namespace: str, identity: str, log_dir: Path, *extra: str
-    ) -> None:
+    def __init__(self, deployed: Deployed, identity: str, log_dir: Path, *extra: str) -> None:
+        if deployed.in_cluster:
+            raise AssertionError(
+                "E2E_OPERATOR=deployed: the suite starts no replica; a test that needs its own "
+                "is marked operator_process"
+            )
         self.identity = identity
+        self.deployed = deployed
         self.health_port, self.metrics_port, self.webhook_port = free_ports(3)
         self.log = log_dir / f"{identity}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "gpuoperator.cli",
-            "run",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={namespace}",
-            f"--identity={identity}",
-            f"--health-address=127.0.0.1:{self.health_port}",
-            f"--metrics-address=127.0.0.1:{self.metrics_port}",
-            f"--webhook-address=127.0.0.1:{self.webhook_port}",
-            "--log-format=json",
-            *extra,
-        ]
+        argv, env = deployment.operator_command(
+            deployed.rendered,
+            kubeconfig=deployed.kubeconfig,
+            pod_name=identity,
+            ports=deployment.Ports(self.health_port, self.metrics_port, self.webhook_port),
+            extra=extra,
+        )
+        self.argv = argv
         self._out = self.log.open("wb")
         self.proc = subprocess.Popen(
-            argv,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ},
+            argv, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
 
     def ready(self) -> bool:
@@ -74,8 +130,13 @@ class OperatorProcess:
         self._out.flush()
         return self.log.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (the replica releases the Lease it holds), SIGKILL after ``timeout``."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
         self._out.close()

@@ -1,7 +1,8 @@
 """The pod webhook (DESIGN.md §5 "VMs"): a launcher pod, or KubeVirt's temporary pod, of a VM
 with claim references gets the placement gate once and the tolerations of its claims'
 classes once, however often it is admitted; migration targets and other pods are admitted
-untouched. The registration selects labelled virt-launcher pod CREATEs and fails closed."""
+untouched. Its registration (config/webhook) is checked with the shipped manifests
+(test/unit/config/test_config_webhooks.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from admission import pods, registration
+from admission import pods
 from gpuoperator.runtime import admitting
 from harness.offline import apply_json_patch, store_caches
 
@@ -309,40 +310,3 @@ def test_migration_targets_and_other_pods_are_admitted_untouched(
 @pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
 def test_only_create_is_mutated(webhook: pods.PodWebhook, operation: str) -> None:
     assert webhook(request(pod(), operation)) == admitting.Admission.allow()
-
-
-# -- registration -----------------------------------------------------------------------------
-
-
-def test_the_pod_webhook_is_registered_for_labelled_launcher_pod_creates() -> None:
-    selector = {"matchLabels": {"team": "a"}}
-    configs = registration.configurations("https://op:9443", b"PEM", namespace_selector=selector)
-    mutating = next(c for c in configs if c["kind"] == "MutatingWebhookConfiguration")
-    assert mutating["metadata"]["name"] == "gpu-operator-mutating"
-    assert [w["name"] for w in mutating["webhooks"]] == [
-        "vmis.gpu.cozystack.io",
-        "launcher-pods.gpu.cozystack.io",
-    ]
-    hook = mutating["webhooks"][1]
-    assert hook["clientConfig"]["url"] == "https://op:9443/mutate-launcher-pod"
-    assert hook["rules"] == [
-        {
-            "apiGroups": [""],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE"],
-            "resources": ["pods"],
-            "scope": "Namespaced",
-        }
-    ]
-    assert hook["objectSelector"] == {
-        "matchExpressions": [
-            {"key": "kubevirt.io", "operator": "In", "values": ["virt-launcher"]},
-            {"key": "gpu.cozystack.io/claims", "operator": "In", "values": ["true"]},
-        ]
-    }
-    assert hook["namespaceSelector"] == selector
-    assert hook["failurePolicy"] == "Fail"
-    assert hook["sideEffects"] == "None"
-    assert hook["reinvocationPolicy"] == "IfNeeded"
-    # Each webhook carries its own selector (no YAML anchors when dumped).
-    assert hook["namespaceSelector"] is not mutating["webhooks"][0]["namespaceSelector"]

@@ -1,8 +1,9 @@
 """The VMI webhook (DESIGN.md §5 "VMs"): a VMI with claim references is refused with every
 reason the model finds (prefixed with the VMI), or admitted with one ``gpus`` entry per unit;
 each held claim's attachment is recorded with the claim's resourceVersion as precondition,
-never on dry run, and a VMI whose claim could not be attached is refused with "retry". The
-registration selects labelled VMI CREATEs, fails closed and declares the dry-run behaviour."""
+never on dry run, and a VMI whose claim could not be attached is refused with "retry". Its
+registration (config/webhook) is checked with the shipped manifests
+(test/unit/config/test_config_webhooks.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from admission import registration, vmis
+from admission import vmis
 from gpuoperator import settings
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import admitting, errors
@@ -588,49 +589,6 @@ def test_a_vmi_restarting_under_the_same_name_is_admitted() -> None:
     admission = world.admit(vmi(refs='[{"claim":"hold-a"}]'))
     assert admission.allowed, admission.message
     assert world.writer.patches == [attachment_write("hold-a", "7")]
-
-
-# -- registration -----------------------------------------------------------------------------
-
-
-def test_the_vmi_webhook_is_registered_for_labelled_vmi_creates_fail_closed() -> None:
-    selector = {"matchLabels": {"team": "a"}}
-    configs = registration.configurations("https://op:9443", b"PEM", namespace_selector=selector)
-    assert [c["kind"] for c in configs] == [
-        "ValidatingWebhookConfiguration",
-        "MutatingWebhookConfiguration",
-    ]
-    mutating = configs[1]
-    assert mutating["metadata"]["name"] == "gpu-operator-mutating"
-    hook = next(w for w in mutating["webhooks"] if w["name"] == "vmis.gpu.cozystack.io")
-    assert hook["clientConfig"]["url"] == "https://op:9443/mutate-vmi"
-    assert hook["clientConfig"]["caBundle"] == "UEVN"
-    assert hook["rules"] == [
-        {
-            "apiGroups": ["kubevirt.io"],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE"],
-            "resources": ["virtualmachineinstances"],
-            "scope": "Namespaced",
-        }
-    ]
-    assert hook["objectSelector"] == {"matchLabels": {"gpu.cozystack.io/claims": "true"}}
-    assert hook["namespaceSelector"] == selector
-    assert hook["failurePolicy"] == "Fail"
-    assert hook["sideEffects"] == "NoneOnDryRun"
-    assert hook["reinvocationPolicy"] == "Never"
-    assert hook["admissionReviewVersions"] == ["v1"]
-
-
-def test_the_validating_configuration_is_unchanged() -> None:
-    validating = registration.configurations("https://op:9443", b"PEM")[0]
-    assert validating["metadata"]["name"] == "gpu-operator-validating"
-    [hook] = validating["webhooks"]
-    assert hook["name"] == "orders.gpu.cozystack.io"
-    assert hook["clientConfig"]["url"] == "https://op:9443/validate-gpuclaim"
-    assert (hook["sideEffects"], hook["failurePolicy"]) == ("None", "Fail")
-    assert hook["namespaceSelector"] == {}
-    assert "reinvocationPolicy" not in hook
 
 
 # -- the server --------------------------------------------------------------

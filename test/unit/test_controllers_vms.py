@@ -21,7 +21,7 @@ from typing import Any, cast
 import pykube
 import pytest
 
-from controllers import attachments, placement, template_claims
+from controllers import attachments, claim_status, placement, template_claims
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
@@ -431,8 +431,15 @@ class World:
         )
 
     def placement(self) -> placement.Placement:
+        statuses = claim_status.ClaimStatus(self.writer, self.inventory, self.events)
         return placement.Placement(
-            self.caches, self.inventory, self.writer, self.events, self.settings, clock=self.clock
+            self.caches,
+            self.inventory,
+            self.writer,
+            statuses,
+            self.events,
+            self.settings,
+            clock=self.clock,
         )
 
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import pykube
 import pytest
+import requests
 import yaml
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, PatchType, load_config
+from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.kinds import GPUClaim
 
@@ -30,6 +31,7 @@ class Script:
         self.replies: list[Reply] = []
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.released = threading.Event()  # set at teardown: slow replies answer at once
 
     def reply(self, code: int, body: Any = None, **headers: str) -> None:
         self.replies.append((code, headers, body))
@@ -66,6 +68,9 @@ def script() -> Iterator[Script]:
                     }
                 )
                 code, headers, reply = s.replies.pop(0) if s.replies else (500, {}, None)
+            delay = float(headers.pop("Delay", 0) or 0)
+            if delay:
+                s.released.wait(delay)  # a slow server: answers after ``delay`` seconds
             data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -84,6 +89,7 @@ def script() -> Iterator[Script]:
     threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     s.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
     yield s
+    s.released.set()
     server.shutdown()
     server.server_close()
 
@@ -267,6 +273,45 @@ def test_a_fenced_view_refuses_writes_and_sends_nothing(script: Script, client: 
     script.reply(201, claim())
     writer.create(GPUClaim, claim(None))
     assert [r["method"] for r in script.requests] == ["GET", "POST"]
+
+
+def test_a_write_being_retried_is_not_sent_again_once_leadership_is_lost(
+    script: Script, client: Client, clock: FakeClock
+) -> None:
+    start = clock.monotonic()
+    writer = client.fenced(lambda: clock.monotonic() < start + 1.0)
+    script.reply(429, status(429, "TooManyRequests", "slow down"), Retry_After="3")
+    script.reply(201, claim())
+    with pytest.raises(errors.NotLeaderError) as refused:
+        writer.create(GPUClaim, claim(None))
+    assert len(script.requests) == 1, "the retry after the Retry-After wait was not fenced"
+    assert refused.value.sent, "the refusal says an earlier attempt reached the server"
+
+
+def test_a_write_refused_before_any_attempt_says_nothing_was_sent(client: Client) -> None:
+    with pytest.raises(errors.NotLeaderError) as refused:
+        client.fenced(lambda: False).create(GPUClaim, claim(None))
+    assert not refused.value.sent
+
+
+def test_a_fenced_write_is_refused_when_too_little_lease_is_left(
+    script: Script, client: Client
+) -> None:
+    writer = client.fenced(lambda: True, remaining=lambda: FENCE_MARGIN / 2)
+    with pytest.raises(errors.NotLeaderError):
+        writer.create(GPUClaim, claim(None))
+    assert script.requests == []
+
+
+def test_a_fenced_write_gives_up_before_the_lease_may_pass_to_another_replica(
+    script: Script, client: Client
+) -> None:
+    """The server answers after 5 s; the lease leaves this replica 0.2 s past the margin:
+    the attempt is abandoned at the margin, not waited for."""
+    writer = client.fenced(lambda: True, remaining=lambda: FENCE_MARGIN + 0.2)
+    script.reply(201, claim(), Delay="5")
+    with pytest.raises(requests.Timeout):
+        writer.create(GPUClaim, claim(None))
 
 
 def test_inline_client_keys_are_written_readable_by_the_owner_only(tmp_path: Path) -> None:

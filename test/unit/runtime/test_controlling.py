@@ -84,7 +84,27 @@ def test_an_error_requeues_with_backoff_and_logs_the_reason() -> None:
 def test_a_conflict_is_retried_quietly() -> None:
     queue, _, logs = run_once(errors.ConflictError(409, "Conflict", "object was modified"))
     assert queue.num_requeues(("ns", "a")) == 1
-    assert result_line(logs)["log_level"] == "info"
+    assert result_line(logs)["log_level"] == "debug"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "level"),
+    [
+        (None, "debug"),
+        (Result(requeue_after=30), "debug"),
+        (errors.NotLeaderError("lost the lease"), "info"),
+        (errors.ApiError(500, "InternalError", "etcd timeout"), "error"),
+    ],
+    ids=["success", "requeue", "fenced", "error"],
+)
+def test_routine_reconciles_log_at_debug_and_only_fencing_and_errors_above(
+    outcome: object, level: str
+) -> None:
+    _, _, logs = run_once(outcome)
+    assert result_line(logs)["log_level"] == level
+    assert [e for e in logs if e["log_level"] == "info" and e["event"] == "reconciled"] == (
+        [result_line(logs)] if level == "info" else []
+    )
 
 
 def test_requeue_after_forgets_the_backoff_and_looks_again_later() -> None:

@@ -3,15 +3,18 @@ handlers, across watch ends, bookmarks, 410s and relists."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pykube
 import pytest
 
 from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.informing import (
     Backoff,
     Handlers,
@@ -294,3 +297,54 @@ def test_an_optional_kind_that_is_not_served_counts_as_synced_and_empty(
         assert rec.next() == [("add", "kv")]
     finally:
         inf.stop()
+
+
+def test_stop_aborts_a_watch_that_is_waiting_for_its_next_event() -> None:
+    """A real client on a loopback server that opens the watch (headers sent) and then
+    sends nothing: ``stop`` ends the informer's thread at once instead of leaving it
+    blocked on the socket until the server-side timeout."""
+    opened, release = threading.Event(), threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                body = json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            opened.set()
+            release.wait(30)  # an idle watch: no event, no bookmark
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
+        ],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    informer = Informer(Client(lambda: pykube.KubeConfig(doc)), pykube.Pod)
+    try:
+        informer.start()
+        assert opened.wait(10)
+        assert informer.stop(timeout=10), "the watch was not aborted"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

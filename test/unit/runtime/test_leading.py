@@ -439,6 +439,69 @@ def test_run_leads_and_on_stop_releases_then_stops_leading() -> None:
     assert record(inner).lease_transitions == 1
 
 
+def test_on_stop_the_lease_is_released_only_after_the_controllers_stopped() -> None:
+    """As client-go's ReleaseOnCancel requires: what the lease guards stops (and its writes
+    finish) before another replica can take over."""
+    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    stop = threading.Event()
+    driver = Driver(stop, clock)
+    holders_while_stopping: list[str] = []
+
+    def stopped() -> None:
+        holders_while_stopping.append(record(store).holder_identity)
+
+    a = leading.LeaderElector(
+        leading.LeaderElectionConfig(NS, identity="a"),
+        store,
+        on_started_leading=lambda: None,
+        on_stopped_leading=stopped,
+        clock=clock,
+        registry=CollectorRegistry(),
+        wait=driver,
+    )
+    driver.stop_at(4)
+
+    a.run(stop)
+
+    assert holders_while_stopping == ["a"], "the lease was released before controllers stopped"
+    assert record(store).holder_identity == ""
+
+
+def test_on_stop_a_lease_whose_controllers_did_not_drain_is_left_to_expire() -> None:
+    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    stop = threading.Event()
+    driver = Driver(stop, clock)
+    a = leading.LeaderElector(
+        leading.LeaderElectionConfig(NS, identity="a"),
+        store,
+        on_started_leading=lambda: None,
+        on_stopped_leading=lambda: False,  # a reconcile is still writing
+        clock=clock,
+        registry=CollectorRegistry(),
+        wait=driver,
+    )
+    b, _ = make("b", store, clock)
+    driver.stop_at(4)
+
+    with structlog.testing.capture_logs() as logs:
+        a.run(stop)
+
+    assert record(store).holder_identity == "a"
+    assert not b.try_acquire_or_renew(), "b must wait for the lease to expire"
+    assert any(e.get("reason") == leading.REASON_NOT_DRAINED for e in logs)
+
+
+def test_lease_remaining_counts_down_to_when_another_candidate_may_take_over() -> None:
+    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    a, _ = make("a", store, clock)
+    assert a.lease_remaining() == 0.0
+    assert a.try_acquire_or_renew()
+    clock.advance(4)
+    assert a.lease_remaining() == pytest.approx(15 - 4)
+    clock.advance(6)  # the renew deadline passed: fenced, nothing left
+    assert a.lease_remaining() == 0.0
+
+
 def test_run_without_release_on_cancel_leaves_the_lease_to_expire() -> None:
     clock, store = FakeClock(), leading.InMemoryLeaseStore()
     stop = threading.Event()

@@ -1,0 +1,184 @@
+"""Every variant under config/ renders, installs what DESIGN §9 lists under the fixed names,
+and keeps the namespaces consistent."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from unit.config.manifests import (
+    CONFIG,
+    DEPLOYMENT,
+    METRICS_SERVICE,
+    NAMESPACE,
+    PDB,
+    SERVICE_ACCOUNT,
+    VARIANTS,
+    find,
+    kustomize,
+    render,
+)
+
+from gpuoperator import names
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+#: What `kubectl apply -k config/default` installs: (kind, namespace, name).
+DEFAULT_OBJECTS = {
+    ("Namespace", "", NAMESPACE),
+    ("CustomResourceDefinition", "", f"{names.GPU_CLAIMS}.{names.GROUP}"),
+    ("CustomResourceDefinition", "", f"{names.GPU_CLASSES}.{names.GROUP}"),
+    ("CustomResourceDefinition", "", f"{names.GPU_NODES}.{names.GROUP}"),
+    ("CustomResourceDefinition", "", f"{names.WORKLOADS}.{names.GROUP}"),
+    ("ServiceAccount", NAMESPACE, SERVICE_ACCOUNT),
+    ("ClusterRole", "", "gpu-operator"),
+    ("ClusterRoleBinding", "", "gpu-operator"),
+    ("Role", NAMESPACE, "gpu-operator"),
+    ("RoleBinding", NAMESPACE, "gpu-operator"),
+    ("Role", NAMESPACE, "gpu-operator-leader-election"),
+    ("RoleBinding", NAMESPACE, "gpu-operator-leader-election"),
+    ("Role", NAMESPACE, "gpu-operator-certificates"),
+    ("RoleBinding", NAMESPACE, "gpu-operator-certificates"),
+    ("ClusterRole", "", "gpu-operator-webhook-ca"),
+    ("ClusterRoleBinding", "", "gpu-operator-webhook-ca"),
+    ("ClusterRole", "", "gpu-operator-metrics-auth"),
+    ("ClusterRoleBinding", "", "gpu-operator-metrics-auth"),
+    ("ClusterRole", "", "gpu-operator-metrics-reader"),
+    ("ClusterRole", "", "gpu-operator-gpuclaim-editor"),
+    ("ClusterRole", "", "gpu-operator-gpuclaim-viewer"),
+    ("ClusterRole", "", "gpu-operator-gpuclass-editor"),
+    ("ClusterRole", "", "gpu-operator-gpuclass-viewer"),
+    ("ConfigMap", NAMESPACE, names.SETTINGS_CONFIGMAP),
+    ("Secret", NAMESPACE, names.WEBHOOK_CERT_SECRET),
+    ("Service", NAMESPACE, names.WEBHOOK_SERVICE),
+    ("Service", NAMESPACE, METRICS_SERVICE),
+    ("Deployment", NAMESPACE, DEPLOYMENT),
+    ("PodDisruptionBudget", NAMESPACE, PDB),
+    ("ValidatingAdmissionPolicy", "", "gpu-operator-template-claim-mark"),
+    ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-template-claim-mark"),
+    ("ValidatingAdmissionPolicy", "", "gpu-operator-secret-writes"),
+    ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-secret-writes"),
+    ("ValidatingWebhookConfiguration", "", names.VALIDATING_WEBHOOK_CONFIGURATION),
+    ("MutatingWebhookConfiguration", "", names.MUTATING_WEBHOOK_CONFIGURATION),
+}
+
+
+def _ids(variant: str) -> set[tuple[str, str, str]]:
+    return {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+        for o in render(variant)
+    }
+
+
+def test_default_installs_exactly_the_product() -> None:
+    assert _ids("default") == DEFAULT_OBJECTS
+
+
+def test_dev_and_kind_install_the_same_objects_as_default() -> None:
+    assert _ids("overlays/dev") == DEFAULT_OBJECTS
+    assert _ids("overlays/kind") == DEFAULT_OBJECTS
+
+
+def test_production_swaps_self_managed_certificates_for_cert_manager_and_adds_monitoring() -> None:
+    self_managed = {
+        ("Secret", NAMESPACE, names.WEBHOOK_CERT_SECRET),
+        ("Role", NAMESPACE, "gpu-operator-certificates"),
+        ("RoleBinding", NAMESPACE, "gpu-operator-certificates"),
+        ("ClusterRole", "", "gpu-operator-webhook-ca"),
+        ("ClusterRoleBinding", "", "gpu-operator-webhook-ca"),
+    }
+    added = {
+        ("Issuer", NAMESPACE, "gpu-operator-selfsigned"),
+        ("Certificate", NAMESPACE, "gpu-operator-webhook"),
+        ("ServiceMonitor", NAMESPACE, "gpu-operator"),
+        ("PrometheusRule", NAMESPACE, "gpu-operator"),
+        ("NetworkPolicy", NAMESPACE, "gpu-operator"),
+        ("ConfigMap", NAMESPACE, "gpu-operator-dashboard"),
+    }
+    assert _ids("overlays/production") == (DEFAULT_OBJECTS - self_managed) | added
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_namespaced_objects_live_in_the_operator_namespace_and_cluster_scoped_in_none(
+    variant: str,
+) -> None:
+    for obj in render(variant):
+        ns = obj["metadata"].get("namespace")
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert ns is None, f"{obj['kind']} {obj['metadata']['name']} is cluster-scoped"
+        else:
+            assert ns == NAMESPACE, f"{obj['kind']} {obj['metadata']['name']} in {ns}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_binding_names_the_operator_service_account_in_its_namespace(variant: str) -> None:
+    for b in render(variant):
+        if b["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            assert b["subjects"] == [
+                {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
+            ]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_tamper_policy_reads_the_settings_that_name_the_operator(variant: str) -> None:
+    objs = render(variant)
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "gpu-operator-template-claim-mark")
+    assert binding["spec"]["paramRef"]["name"] == names.SETTINGS_CONFIGMAP
+    assert binding["spec"]["paramRef"]["namespace"] == NAMESPACE
+    settings = find(objs, "ConfigMap", names.SETTINGS_CONFIGMAP)
+    assert (
+        settings["data"]["operatorServiceAccount"]
+        == f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+    )
+
+
+def test_crds_are_shipped_as_they_are() -> None:
+    for crd in (o for o in render("default") if o["kind"] == "CustomResourceDefinition"):
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_changing_the_namespace_of_default_carries_it_everywhere(tmp_path: Path) -> None:
+    """config/default says: change `namespace` there and everything follows."""
+    copy = tmp_path / "config"
+    shutil.copytree(CONFIG, copy)
+    default = copy / "default" / "kustomization.yaml"
+    text = default.read_text()
+    assert f"\nnamespace: {NAMESPACE}\n" in text
+    default.write_text(text.replace(f"\nnamespace: {NAMESPACE}\n", "\nnamespace: gpus\n"))
+    objs = kustomize(copy / "default")
+    rendered = yaml.safe_dump_all(objs)
+    assert NAMESPACE not in rendered
+    user = f"system:serviceaccount:gpus:{SERVICE_ACCOUNT}"
+    assert (
+        find(objs, "ConfigMap", names.SETTINGS_CONFIGMAP)["data"]["operatorServiceAccount"] == user
+    )
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "gpu-operator-template-claim-mark")
+    assert binding["spec"]["paramRef"]["namespace"] == "gpus"
+    policy = find(objs, "ValidatingAdmissionPolicy", "gpu-operator-secret-writes")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["operatorUser"] == f"'{user}'"
+
+
+def test_the_secret_writes_policy_compares_the_operator_username() -> None:
+    objs = render("default")
+    policy = find(objs, "ValidatingAdmissionPolicy", "gpu-operator-secret-writes")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    user = find(objs, "ConfigMap", names.SETTINGS_CONFIGMAP)["data"]["operatorServiceAccount"]
+    assert variables["operatorUser"] == f"'{user}'"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "gpu-operator-secret-writes")
+    assert binding["spec"] == {
+        "policyName": "gpu-operator-secret-writes",
+        "validationActions": ["Deny"],
+    }

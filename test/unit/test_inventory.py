@@ -1,0 +1,171 @@
+"""The inventory's assumed claims: a local write-back is counted ahead of the watch and only
+a newer version from the watch supersedes it; older snapshots never roll a hold back; a
+refused write is forgotten and a write with an unknown outcome expires."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuoperator.inventory import Inventory
+from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.informing import Handlers
+
+Obj = dict[str, Any]
+RESOURCE = "nvidia.com/GA102GL_A10"
+KEY = ("t", "hold")
+
+
+def gpu_class() -> Obj:
+    return {
+        "metadata": {"name": "a10"},
+        "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
+    }
+
+
+def node(name: str = "n1", units: int = 4) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {},
+        "status": {
+            "capacity": {RESOURCE: str(units)},
+            "allocatable": {RESOURCE: str(units)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def claim(rv: int, phase: str | None = None, node_name: str = "n1", count: int = 3) -> Obj:
+    status: Obj = {}
+    if phase:
+        status = {"phase": phase}
+        if phase == "Bound":
+            status["nodeName"] = node_name
+    return {
+        "metadata": {"name": "hold", "namespace": "t", "resourceVersion": str(rv)},
+        "spec": {"className": "a10", "count": count},
+        "status": status,
+    }
+
+
+def free(inventory: Inventory, name: str = "n1") -> int:
+    view = inventory.node(name)
+    assert view is not None
+    [entry] = view.classes
+    return entry["free"]
+
+
+def world() -> tuple[Inventory, FakeClock]:
+    clock = FakeClock()
+    inventory = Inventory(clock=clock)
+    inventory.apply_class(gpu_class())
+    inventory.apply_node(node())
+    inventory.apply_claim(claim(10))
+    return inventory, clock
+
+
+def test_an_assumed_bind_holds_its_units_before_the_write_lands() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))  # rv 10 is the write's precondition
+    assert free(inventory) == 1
+    assert inventory.claim(KEY)["status"]["phase"] == "Bound"  # type: ignore[index]
+
+
+def test_a_relist_older_than_a_confirmed_bind_does_not_roll_the_hold_back() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.confirm(claim(12, "Bound"))
+    inventory.apply_claim(claim(10))  # a snapshot from before the bind
+    inventory.apply_claim(claim(11))  # another writer's event from before ours
+    assert free(inventory) == 1
+    assert inventory.claims_of_class("a10")[0]["status"]["phase"] == "Bound"
+
+
+def test_the_watch_delivering_the_written_version_ends_the_assumption() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.confirm(claim(12, "Bound"))
+    inventory.apply_claim(claim(12, "Bound"))
+    assert inventory.assumed_keys() == set()
+    inventory.apply_claim(claim(13))  # released later: the watch is the truth again
+    assert free(inventory) == 4
+
+
+def test_a_newer_version_from_the_watch_supersedes_an_assumption_in_flight() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.apply_claim(claim(10))  # the same version again: the assumption stands
+    assert free(inventory) == 1
+    inventory.apply_claim(claim(11, "Bound", node_name="n1", count=1))  # someone else won
+    assert inventory.assumed_keys() == set()
+    assert free(inventory) == 3
+
+
+def test_a_confirm_after_the_watch_was_quicker_keeps_the_watchs_version() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.apply_claim(claim(13))  # our write (12) and a release (13) already arrived
+    inventory.confirm(claim(12, "Bound"))
+    assert inventory.assumed_keys() == set()
+    assert free(inventory) == 4
+
+
+def test_a_refused_write_is_forgotten() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.forget(KEY)
+    assert free(inventory) == 4
+    assert inventory.claim(KEY)["status"] == {}  # type: ignore[index]
+
+
+def test_a_write_with_an_unknown_outcome_expires_when_the_watch_never_confirms_it() -> None:
+    inventory, clock = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.expire_after(KEY, 90)
+    clock.advance(89)
+    inventory.expire()
+    assert free(inventory) == 1
+    clock.advance(1)
+    assert inventory.claims_of_class("a10")[0]["status"] == {}
+    assert free(inventory) == 4
+
+
+def test_without_an_assumption_an_older_version_is_never_counted_over_a_newer_one() -> None:
+    inventory, _ = world()
+    inventory.apply_claim(claim(20, "Bound"))
+    inventory.apply_claim(claim(15))
+    assert free(inventory) == 1
+
+
+def test_assumptions_tell_the_controllers_which_nodes_and_classes_changed() -> None:
+    inventory, _ = world()
+    notices: list[Obj] = []
+    inventory.changes.add_handlers(Handlers(on_add=notices.append))
+    inventory.assume(claim(10, "Bound"))
+    inventory.forget(KEY)
+    assert notices == [{"nodes": ["n1"], "classes": ["a10"]}] * 2
+
+
+def test_a_deleted_claim_drops_its_assumption() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.delete_claim(claim(10))
+    assert inventory.assumed_keys() == set()
+    assert inventory.claim(KEY) is None
+    assert free(inventory) == 4
+
+
+def test_a_fresh_list_at_leadership_counts_a_bind_the_watch_has_not_delivered() -> None:
+    inventory, _ = world()
+    inventory.catch_up([claim(12, "Bound")])
+    assert free(inventory) == 1
+    inventory.apply_claim(claim(11))  # the watch, still behind
+    assert free(inventory) == 1
+
+
+def test_a_write_confirmed_after_the_claims_deletion_holds_nothing() -> None:
+    inventory, _ = world()
+    inventory.assume(claim(10, "Bound"))
+    inventory.delete_claim(claim(10))  # the delete event overtook the write's reply
+    inventory.confirm(claim(12, "Bound"))
+    assert inventory.assumed_keys() == set()
+    assert free(inventory) == 4
