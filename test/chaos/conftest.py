@@ -2,6 +2,10 @@
 behind one webhook address, the KubeVirt stand-in, and a record of every GPUClaim version
 read from etcd for the whole package.
 
+The product is deployed from ``config/overlays/dev`` and its replicas run as the Deployment's
+container under its ServiceAccount (``chaos.replicas``); after every test the API server's
+audit log must show no request of that account refused with 403.
+
 The suite always starts its own local control plane (``CHAOS_CLUSTER_NAME``, default
 ``chaos``): it restarts kube-apiserver and compacts etcd, which it must not do to a cluster
 it was merely given. It is started for this package only and stopped when the package is
@@ -26,10 +30,8 @@ from chaos import history as historymod
 from chaos import store
 from chaos.replicas import Replicas
 from harness import kube
-from localcluster.cluster import REPO, LocalCluster
+from localcluster.cluster import KUBEVIRT_CRDS, LocalCluster
 
-CRDS = REPO / "config" / "crd"
-TEST_CRDS = REPO / "test" / "harness" / "crds"
 PROFILE = Path(__file__).parent / "cluster.yaml"
 
 FIGURES: list[str] = []
@@ -80,7 +82,7 @@ def sizes() -> Sizes:
 @pytest.fixture(scope="package")
 def chaos_cluster() -> Iterator[LocalCluster]:
     cluster = LocalCluster(os.environ.get("CHAOS_CLUSTER_NAME", "chaos"))
-    took = cluster.up(PROFILE, crds=[CRDS, TEST_CRDS], log=lambda _msg: None)
+    took = cluster.up(PROFILE, crds=[KUBEVIRT_CRDS], log=lambda _msg: None)
     FIGURES.append(f"cluster started in {took:.1f}s")
     try:
         yield cluster
@@ -128,6 +130,25 @@ def replicas(
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture(autouse=True)
+def no_forbidden_requests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each chaos test: the API server refused no request of the operator's
+    ServiceAccount (403) under the faults, read from its audit log: the shipped RBAC held."""
+    if "replicas" not in request.fixturenames:
+        yield
+        return
+    pair: Replicas = request.getfixturevalue("replicas")
+    pair.forbidden.take()
+    yield
+    refused = pair.forbidden.take()
+    if refused:
+        pytest.fail(
+            f"the API server refused {len(refused)} requests of the operator (403): "
+            + "; ".join(sorted(set(refused))[:20]),
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="package")

@@ -124,9 +124,12 @@ class ClaimHistory:
             for spot in touched:
                 cap = self.capacity.get(spot)
                 if cap is not None and self._held[spot] > cap:
+                    holders = sorted(
+                        f"{k}={v.count}" for k, v in self._current.items() if self._spot(v) == spot
+                    )
                     self.overholds.append(
                         f"revision {batch[0].revision}: {spot[0]} {spot[1]}: "
-                        f"{self._held[spot]} units held of {cap}"
+                        f"{self._held[spot]} units held of {cap} ({', '.join(holders)})"
                     )
 
     def _spot(self, v: Version) -> tuple[str, str] | None:
@@ -153,9 +156,11 @@ class ClaimHistory:
             for v in versions:
                 if v.uid != uid:  # deleted, or a new claim of the same name
                     last_node, uid, via = "", v.uid, ""
+                # A waiting claim may keep naming its last node (Lost, refused): the phase
+                # says whether it holds.
                 if v.phase == LOST:
                     via = "lost"
-                elif not v.node and v.reason == REFUSED_BY_NODE and not via:
+                elif v.phase != BOUND and v.reason == REFUSED_BY_NODE and not via:
                     via = "refused"
                 if not v.holds:
                     continue

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -393,14 +394,17 @@ _REFUSALS = (
 _NO_DECISION = ("failed calling webhook", "not synced", "could not decide")
 
 
-def refusal_kind(message: str) -> str:
+def refusal_kind(message: str, existing: Iterable[str] = ()) -> str:
     """What a refused order was told, in a word; ``undecided: ...`` when the refusal was
-    no decision of a webhook (transport failure, a replica not ready, an error)."""
+    no decision of a webhook (transport failure, a replica not ready, an error), or a
+    decision on a cache that is wrong (a class in ``existing`` said not to exist)."""
     if "denied the request" not in message or any(n in message for n in _NO_DECISION):
         return f"undecided: {message[-160:]}"
+    if any(f"class {c} does not exist" in message for c in existing):
+        return f"undecided: refused on a stale cache: {message[-160:]}"
     kinds = [kind for fragment, kind in _REFUSALS if fragment in message]
     return " + ".join(kinds) or f"other: {message[-160:]}"
 
 
-def decided(message: str) -> bool:
-    return not refusal_kind(message).startswith("undecided")
+def decided(message: str, existing: Iterable[str] = ()) -> bool:
+    return not refusal_kind(message, existing).startswith("undecided")

@@ -1,18 +1,25 @@
-"""Two operator replicas the way a Deployment runs them, and the faults done to them.
+"""Two operator replicas the way the Deployment runs them, and the faults done to them.
 
-* Each replica is a real ``gpuoperator run`` process (``harness.operator``). It reaches the
-  API server through a :class:`harness.proxy.PartitionableProxy`, so a test can cut every
-  watch and request connection at once.
-* Both replicas serve the webhooks with one serving certificate; the API server calls them
-  through one :class:`harness.failover.WebhookFailover` address (a Service's ready
-  endpoints, with failover when one dies mid-request), registered once. Killing a replica
-  therefore never refuses an order: only a replica's decision does.
+* ``config/overlays/dev`` is rendered and applied (``localcluster.deployment``); each
+  replica is the Deployment's container run as a local process (``harness.operator``): its
+  args and env, a token of its ServiceAccount, self-managed certificates. It reaches the API
+  server through a :class:`harness.proxy.PartitionableProxy`, so a test can cut every watch
+  and request connection of both replicas at once.
+* Both replicas serve the webhooks with the serving certificate the leader keeps in the
+  rendered Secret; the API server calls them through one
+  :class:`harness.failover.WebhookFailover` address (a Service's ready endpoints, with
+  failover when one dies mid-request), registered once as the rendered configurations with
+  only the URL's port changed; the leader injects its CA into them, as deployed. The proxy
+  presents that same serving certificate (what a Service's endpoints present) and verifies
+  the replicas with the Secret's CA. Killing a replica therefore never refuses an order:
+  only a replica's decision does.
 * A replica that is killed is replaced by a new process with a new identity, as a new pod
-  of the Deployment would be (the default identity is ``<hostname>_<random>``).
+  of the Deployment would be (a pod's identity is its name).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import signal
 import time
@@ -20,21 +27,16 @@ from pathlib import Path
 
 import pykube
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
-from admission import registration
 from gpuoperator import names
 from gpuoperator.runtime.kinds import Lease
+from harness import webhooks as harness_webhooks
 from harness.failover import WebhookFailover
-from harness.operator import OperatorProcess
+from harness.operator import Deployed, ForbiddenRequests, OperatorProcess
 from harness.proxy import PartitionableProxy
 from harness.waiting import wait_for
-from localcluster import pki
-from localcluster.cluster import LocalCluster
-
-NAMESPACE = "gpu-operator"
+from localcluster import deployment
+from localcluster.cluster import LocalCluster, deploy_to, kubectl_binary, register_webhooks
 
 
 def parse_micro_time(value: str) -> float:
@@ -54,78 +56,96 @@ class Replicas:
         self.live: dict[str, OperatorProcess] = {}
         self.dead: list[OperatorProcess] = []
         self._serial = 0
-        pykube.Namespace(api, {"metadata": {"name": NAMESPACE}}).create()
-        ca_cert = x509.load_pem_x509_certificate(cluster.pki.ca_cert.read_bytes())
-        ca_key = serialization.load_pem_private_key(cluster.pki.ca_key.read_bytes(), None)
-        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-        self.certs = pki.write_loopback_serving_pair(ca_cert, ca_key, workdir / "webhook-certs")
+        rendered = deployment.render(kubectl_binary())
+        deploy_to(cluster.kubeconfig, rendered, log=lambda _msg: None)
         self.apiserver_proxy = PartitionableProxy(("127.0.0.1", cluster.ports().apiserver))
-        self.kubeconfig = self._proxied_kubeconfig()
-        self.webhooks = WebhookFailover(self.certs, cluster.pki.ca_cert)
-        self._registered: list[pykube.objects.APIObject] = []
+        token = deployment.token_kubeconfig(
+            kubectl_binary(), cluster.kubeconfig, rendered, workdir / "operator-kubeconfig"
+        )
+        self.deployed = Deployed(rendered, cluster.kubeconfig, self._via_proxy(token), cluster)
+        self.namespace = rendered.namespace
+        self.forbidden = ForbiddenRequests(self.deployed)
+        self.webhooks: WebhookFailover | None = None
+        self._certs = workdir / "webhook-certs"
 
-    def _proxied_kubeconfig(self) -> Path:
-        config = yaml.safe_load(self.cluster.kubeconfig.read_text())
+    def _via_proxy(self, kubeconfig: Path) -> Path:
+        config = yaml.safe_load(kubeconfig.read_text())
         for entry in config["clusters"]:
             entry["cluster"]["server"] = f"https://127.0.0.1:{self.apiserver_proxy.port}"
-        path = self.workdir / "kubeconfig-via-proxy"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        kubeconfig.write_text(yaml.safe_dump(config))
+        return kubeconfig
 
-    # ---- lifecycle ---------------------------------------------------------------------
+    # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> OperatorProcess:
         """One more replica (not waiting for it to be ready)."""
         self._serial += 1
-        identity = f"replica-{self._serial}"
-        op = OperatorProcess(
-            self.kubeconfig,
-            NAMESPACE,
-            identity,
-            self.logs,
-            f"--webhook-cert-dir={self.certs}",
-            "--metrics-address=",
-        )
+        identity = f"gpu-operator-{self._serial}"
+        op = OperatorProcess(self.deployed, identity, self.logs)
         self.live[identity] = op
-        self.webhooks.add(identity, op.webhook_port, op.health_port)
+        if self.webhooks is not None:
+            self.webhooks.add(identity, op.webhook_port, op.health_port)
         return op
 
     def up(self, count: int = 2) -> None:
         """Start replicas until ``count`` run, wait for all to be ready and one to lead,
-        and register the webhooks (once)."""
+        and register the webhooks behind the failover address (once)."""
         while len(self.live) < count:
             self.start()
         for op in self.live.values():
             op.wait_ready(timeout=120)
         self.wait_leader()
-        if not self._registered:
-            self._register()
+        if self.webhooks is None:
+            self._serve_webhooks()
 
-    def _register(self) -> None:
-        configs = registration.configurations(
-            self.webhooks.url, self.cluster.pki.ca_cert.read_bytes()
+    def _serve_webhooks(self) -> None:
+        self.refresh_certificates()
+        self.webhooks = WebhookFailover(self._certs, self._certs / "ca.crt")
+        for identity, op in self.live.items():
+            self.webhooks.add(identity, op.webhook_port, op.health_port)
+        configs = register_webhooks(
+            self.cluster.kubeconfig, self.deployed.rendered, self.webhooks.port
         )
-        for config in configs:
-            kind = pykube.object_factory(
-                self.api, "admissionregistration.k8s.io/v1", config["kind"]
+        harness_webhooks.wait_injected(self.api, self.deployed, configs)
+
+    def refresh_certificates(self) -> None:
+        """Write the serving pair and CA the leader keeps in the Secret for the proxy (and
+        have a running proxy load them, in case the leader rotated them)."""
+        secret = harness_webhooks.secret_name(self.deployed)
+
+        def pair() -> dict[str, str]:
+            found = pykube.Secret.objects(self.api, namespace=self.namespace).get_or_none(
+                name=secret
             )
-            obj = kind(self.api, config)
-            obj.create()
-            self._registered.append(obj)
+            return dict((found.obj.get("data") or {}) if found is not None else {})
+
+        data = wait_for(
+            f"the serving certificate in Secret {secret}",
+            pair,
+            until=lambda d: all(d.get(k) for k in ("tls.crt", "tls.key", "ca.crt")),
+            timeout=60,
+        )
+        self._certs.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            path = self._certs / name
+            path.write_bytes(base64.b64decode(data[name]))
+            path.chmod(0o600)
+        if self.webhooks is not None:
+            self.webhooks.load_certificates(self._certs, self._certs / "ca.crt")
 
     def close(self) -> None:
-        for obj in self._registered:
-            obj.delete()
         for op in list(self.live.values()):
             op.stop()
         for op in self.dead:
             op.stop()
-        self.webhooks.close()
+        if self.webhooks is not None:
+            self.webhooks.close()
         self.apiserver_proxy.close()
 
     # ---- the Lease ---------------------------------------------------------------------
     def lease(self) -> dict[str, object]:
-        lease = Lease.objects(self.api, namespace=NAMESPACE).get_or_none(name=names.LEADER_LEASE)
+        lease = Lease.objects(self.api, namespace=self.namespace).get_or_none(
+            name=names.LEADER_LEASE
+        )
         return dict(lease.obj["spec"]) if lease is not None else {}
 
     def leader(self) -> str:
@@ -142,7 +162,8 @@ class Replicas:
     def kill(self, identity: str) -> float:
         """SIGKILL one replica; returns the wall-clock time of the kill."""
         op = self.live.pop(identity)
-        self.webhooks.remove(identity)
+        if self.webhooks is not None:
+            self.webhooks.remove(identity)
         killed = time.time()
         op.signal(signal.SIGKILL)
         op.wait_exit(10)

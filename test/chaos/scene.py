@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import pykube
 
 from chaos import load, oracle
 from chaos.history import ClaimHistory
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClass
+from gpuoperator.runtime.kinds import GPUClass, GPUNode
 from harness.waiting import WaitTimeoutError, wait_for
 
 CONVERGE = 120.0
+Obj = dict[str, Any]
 
 
 def tenant(api: pykube.HTTPClient, name: str, entitled: bool, hard: dict[str, str]) -> str:
@@ -55,6 +57,23 @@ def published(api: pykube.HTTPClient, cls: str, nodes: int) -> None:
         f"class {cls} published with {nodes} nodes",
         lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
         until=lambda s: s.get("nodes") == nodes,
+        timeout=CONVERGE,
+    )
+
+
+def operator_counts(api: pykube.HTTPClient, node: str, resource: str, allocated: int) -> None:
+    """Wait until the operator's inventory (the node's GPUNode) shows ``allocated`` units of
+    ``resource`` in use: it has seen the pods placed there."""
+
+    def figures() -> Obj:
+        found = GPUNode.objects(api).get_or_none(name=node)
+        devices = ((found.obj.get("status") or {}) if found else {}).get("devices") or []
+        return next((dict(d) for d in devices if d.get("resourceName") == resource), {})
+
+    wait_for(
+        f"the operator to count {allocated} units of {resource} in use on {node}",
+        figures,
+        until=lambda d: d.get("allocated") == allocated,
         timeout=CONVERGE,
     )
 

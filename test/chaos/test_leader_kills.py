@@ -69,11 +69,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     history.capacity[(gpu_nodes[0], gpus.resource)] = 6
     for cls, n in ((small, 8), (large, 8), (vgpu, 2), (vm_class, 2)):
         scene.published(api, cls, n)
-    wait_for(
-        "the other pod counted",
-        lambda: oracle.free_units(oracle.snapshot(api)).get((gpu_nodes[0], gpus.resource)),
-        until=lambda f: f == 6,
-    )
+    scene.operator_counts(api, gpu_nodes[0], gpus.resource, allocated=2)
 
     tenants = [
         scene.tenant(api, "chaos-free", False, {}),
@@ -177,7 +173,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     )
     placed = [o for o in orders if o.placed]
     refused = [o for o in orders if not o.placed]
-    undecided = [o for o in refused if not oracle.decided(o.refusal)]
+    undecided = [o for o in refused if not oracle.decided(o.refusal, history.classes)]
     states = {oracle.key(c): oracle.phase(c) for c in final.claims}
     bound_orders = sum(1 for o in placed if states.get(f"{o.namespace}/{o.name}") == "Bound")
     waiting_orders = sum(
@@ -204,7 +200,8 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     never_lost = sorted(set(on_lost_node) - set(lost_ok) - set(gone_before))
     overallocated = len(history.overholds) + len(phase_overallocations) + len(over)
     recorded = sum(len(v) for v in history.snapshot().values())
-    reasons = Counter(oracle.refusal_kind(o.refusal) for o in refused)
+    reasons = Counter(oracle.refusal_kind(o.refusal, history.classes) for o in refused)
+    assert replicas.webhooks is not None
     counters = replicas.webhooks.counters
 
     # The last phase: every tenant gives back all it holds at once; the waiting orders take

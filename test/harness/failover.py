@@ -3,11 +3,11 @@ of the replicas' ready endpoints does for the API server, plus the retry a dying
 needs.
 
 The webhook configurations are registered once, with ``clientConfig.url`` naming this proxy
-(``https://127.0.0.1:<port>``); the proxy terminates TLS with a serving certificate of the
-test CA (the ``caBundle``) and forwards each AdmissionReview POST to a replica's webhook
-port over TLS, verified with the same CA. A replica receives requests only while its
-``/readyz`` says ready (as a Service's endpoints are the ready pods), probed every
-``PROBE_SECONDS``.
+(``https://127.0.0.1:<port>``); the proxy terminates TLS with the serving certificate the
+replicas serve (so the ``caBundle`` the operator injects verifies it) and forwards each
+AdmissionReview POST to a replica's webhook port over TLS, verified with that CA. A replica
+receives requests only while its ``/readyz`` says ready (as a Service's endpoints are the
+ready pods), probed every ``PROBE_SECONDS``.
 
 Honesty rules, so that "fail closed" still means what it says:
 
@@ -69,9 +69,9 @@ class WebhookFailover:
         self._closed = threading.Event()
         self._next = 0
         self.counters = Counters()
-        self._upstream = ssl.create_default_context(cafile=str(ca_file))
-        serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        serving.load_cert_chain(str(cert_dir / "tls.crt"), str(cert_dir / "tls.key"))
+        self._upstream = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, checks the host
+        self._serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.load_certificates(cert_dir, ca_file)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -91,11 +91,17 @@ class WebhookFailover:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._server.socket = serving.wrap_socket(self._server.socket, server_side=True)
+        self._server.socket = self._serving.wrap_socket(self._server.socket, server_side=True)
         self.port: int = self._server.server_address[1]
         self.url = f"https://127.0.0.1:{self.port}"
         threading.Thread(target=self._server.serve_forever, name="failover", daemon=True).start()
         threading.Thread(target=self._probe, name="failover-probe", daemon=True).start()
+
+    def load_certificates(self, cert_dir: Path, ca_file: Path) -> None:
+        """(Re)load the serving pair (``tls.crt``, ``tls.key``) presented to the API server
+        and the CA the replicas' certificates are verified with; new connections use them."""
+        self._serving.load_cert_chain(str(cert_dir / "tls.crt"), str(cert_dir / "tls.key"))
+        self._upstream.load_verify_locations(cafile=str(ca_file))
 
     # ---- endpoints ---------------------------------------------------------------------
     def add(self, name: str, webhook_port: int, health_port: int) -> None:

@@ -156,4 +156,22 @@ def test_a_hold_that_changes_node_without_lost_is_caught_and_one_through_lost_is
     assert changes["unexplained"] == ["t/c: n1 -> n2 at revision 2"]
     assert changes["lost"] == ["t/c: n2 -> n1 at revision 5"]
     _feed(record, 6, claim("d", 1, "Bound", "n1", "Bound"), key="t/d")
-    assert record.overholds == [f"revision 6: n1 {RES}: 2 units held of 1"]
+    assert record.overholds == [f"revision 6: n1 {RES}: 2 units held of 1 (t/c=1, t/d=1)"]
+
+
+def test_a_refused_claim_that_keeps_naming_its_node_moves_through_the_refusal() -> None:
+    record = historymod.ClaimHistory()
+    _feed(record, 1, claim("c", 1, "Bound", "n1", "Bound"))
+    _feed(record, 2, claim("c", 1, "Pending", "n1", "RefusedByNode"))
+    _feed(record, 3, claim("c", 1, "Bound", "n2", "Bound"))
+    changes = record.node_changes()
+    assert changes["refused"] == ["t/c: n1 -> n2 at revision 3"]
+    assert changes["unexplained"] == []
+
+
+def test_a_refusal_naming_a_class_that_exists_is_no_decision() -> None:
+    message = (
+        'admission webhook "orders" denied the request: spec.className: class a does not exist'
+    )
+    assert oracle.refusal_kind(message) == "unknown class"
+    assert not oracle.decided(message, existing=["a"])
