@@ -2,7 +2,8 @@
 every connection of the replicas to the API server cut, etcd compacted and kube-apiserver
 restarted (its fresh watch cache answers the replicas' resumed watches with 410 Gone, and
 etcd no longer holds the versions they knew) — and the operator converges: no stuck claim,
-no unit held twice, at any stored revision."""
+no unit held twice, at any stored revision, and both replicas' webhooks judge with what was
+made after the faults (a class, a claim), not with a cache the faults left behind."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pykube
 
@@ -84,9 +86,19 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
             break
     thread.join(timeout=scene.CONVERGE * 2)
     verdict = scene.settle(api, history, tally)
-    # Converged also means every replica's webhook knows what was made after the faults.
-    fresh = fleet.gpu_class("-after", maxCount=4)
-    known_after = _known_by_every_replica(api, ns, fresh, tally)
+    # Converged also means every replica's webhooks know what was made after the faults: a
+    # class (the order webhook) and a claim (the VMI webhook), each judged by both replicas.
+    after = Fleet(api)
+    fresh = after.gpu_class("-after", maxCount=4)
+    after.node(4)
+    history.classes[fresh] = after.resource
+    known_after = _judged_by_every_replica(
+        api, "orders of a class made after the faults", _dry_run_order(api, ns, fresh, tally)
+    )
+    load.place(api, load.Outcome(ns, "after-hold", fresh, 1), tally)
+    vmi_after = _judged_by_every_replica(
+        api, "a VM on a claim made after the faults", _dry_run_vm(api, ns, "after-hold", tally)
+    )
     relists = replicas.log_count('"watch expired; relisting"') - relists_before
     placed = sum(1 for o in orders if o.placed)
     undecided = [o for o in orders if not o.placed and not oracle.decided(o.refusal, [cls])]
@@ -98,8 +110,8 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
         f"watches answered 410 and relisted: {relists}; client retries {tally.retries}; "
         f"stuck claims {len(verdict.stuck)}; over-allocation "
         f"{len(verdict.overallocated) + len(verdict.overheld)}; 403 while the API server "
-        f"started {restart_403}; a class made after the faults known to both webhooks after "
-        f"{known_after:.1f}s"
+        f"started {restart_403}; both webhooks knew a class made after the faults after "
+        f"{known_after:.1f}s, a claim after {vmi_after:.1f}s"
     )
     assert not failures, failures
     assert not undecided, [(o.name, o.refusal) for o in undecided[:5]]
@@ -107,17 +119,14 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
     assert not verdict.problems(history), verdict.problems(history)
 
 
-def _known_by_every_replica(
-    api: pykube.HTTPClient, ns: str, cls: str, tally: load.Tally, in_a_row: int = 6
-) -> float:
-    """Seconds until ``in_a_row`` dry-run orders of ``cls`` in a row are judged by webhooks
-    that know the class (admitted, or refused for another reason than "does not exist"):
-    the failover address alternates between the ready replicas, so each one knows it."""
-    started = time.monotonic()
+def _dry_run_order(
+    api: pykube.HTTPClient, ns: str, cls: str, tally: load.Tally
+) -> Callable[[], bool]:
+    """One dry-run order of ``cls``: True when the webhook knew the class (it admitted the
+    order, or refused it for another reason than "does not exist")."""
     body = load.claim_body(ns, "probe", cls, 1)
-    streak = [0]
 
-    def admitted() -> bool:
+    def knows() -> bool:
         response = load.retrying(
             tally,
             "a dry-run order",
@@ -128,11 +137,49 @@ def _known_by_every_replica(
                 data=json.dumps(body),
             ),
         )
-        knows = response.status_code == 201 or (
+        return response.status_code == 201 or (
             "denied the request" in response.text and "does not exist" not in response.text
-        )  # a refusal of an order of this class that knows the class (no capacity) counts
-        streak[0] = streak[0] + 1 if knows else 0
+        )
+
+    return knows
+
+
+def _dry_run_vm(
+    api: pykube.HTTPClient, ns: str, claim: str, tally: load.Tally
+) -> Callable[[], bool]:
+    """One dry-run VMI on ``claim``: True when the VMI webhook knew the claim."""
+    body = load.vmi_body(ns, "probe-vm", [{"claim": claim}])
+
+    def knows() -> bool:
+        response = load.retrying(
+            tally,
+            "a dry-run VM",
+            lambda: api.post(
+                url=f"namespaces/{ns}/virtualmachineinstances",
+                version="kubevirt.io/v1",
+                params={"dryRun": "All"},
+                data=json.dumps(body),
+            ),
+        )
+        return response.status_code == 201 or (
+            "denied the request" in response.text and "no such GPUClaim" not in response.text
+        )
+
+    return knows
+
+
+def _judged_by_every_replica(
+    api: pykube.HTTPClient, what: str, knows: Callable[[], bool], in_a_row: int = 6
+) -> float:
+    """Seconds until ``in_a_row`` requests in a row were judged by webhooks that knew what
+    they were asked about: the failover address alternates between the ready replicas, so
+    each of them knew it."""
+    started = time.monotonic()
+    streak = [0]
+
+    def judged() -> bool:
+        streak[0] = streak[0] + 1 if knows() else 0
         return streak[0] >= in_a_row
 
-    wait_for(f"both replicas to admit orders of {cls}", admitted, timeout=scene.CONVERGE)
+    wait_for(f"both replicas to know {what}", judged, timeout=scene.CONVERGE)
     return time.monotonic() - started
