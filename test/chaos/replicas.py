@@ -23,6 +23,7 @@ import base64
 import datetime
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import pykube
@@ -37,6 +38,10 @@ from harness.proxy import PartitionableProxy
 from harness.waiting import wait_for
 from localcluster import deployment
 from localcluster.cluster import LocalCluster, deploy_to, kubectl_binary, register_webhooks
+
+
+def _ready_or_gone(op: OperatorProcess) -> bool:
+    return op.proc.poll() is not None or op.ready()
 
 
 def parse_micro_time(value: str) -> float:
@@ -89,13 +94,30 @@ class Replicas:
     def up(self, count: int = 2) -> None:
         """Start replicas until ``count`` run, wait for all to be ready and one to lead,
         and register the webhooks behind the failover address (once)."""
-        while len(self.live) < count:
-            self.start()
-        for op in self.live.values():
-            op.wait_ready(timeout=120)
+        for _attempt in range(5):
+            while len(self.live) < count:
+                self.start()
+            if self._wait_ready():
+                break
         self.wait_leader()
         if self.webhooks is None:
             self._serve_webhooks()
+
+    def _wait_ready(self) -> bool:
+        """Wait for every live replica; one that lost a race for its port (another process
+        on this machine took it between the choice and the bind) is dropped: False."""
+        for identity, op in list(self.live.items()):
+            wait_for(f"{identity} ready or gone", partial(_ready_or_gone, op), timeout=120)
+            if op.proc.poll() is not None:
+                log = op.log.read_text(errors="replace")
+                if "Address already in use" not in log:
+                    raise AssertionError(f"{identity} exited:\n{log[-3000:]}")
+                self.live.pop(identity)
+                if self.webhooks is not None:
+                    self.webhooks.remove(identity)
+                self.dead.append(op)
+                return False
+        return True
 
     def _serve_webhooks(self) -> None:
         self.refresh_certificates()
@@ -201,6 +223,17 @@ class Replicas:
         self.up()
         return killed
 
+    def renew(self) -> None:
+        """Stop every replica gracefully (the leader releases the Lease) and start a fresh
+        pair: a test that starts with it is not judged on what an earlier one left."""
+        for identity in list(self.live):
+            op = self.live.pop(identity)
+            if self.webhooks is not None:
+                self.webhooks.remove(identity)
+            op.stop()
+            self.dead.append(op)
+        self.up()
+
     def cut_connections(self) -> None:
         """Cut every connection of the replicas to the API server (watches included)."""
         self.apiserver_proxy.partition()
@@ -209,4 +242,4 @@ class Replicas:
     def log_count(self, needle: str) -> int:
         """Occurrences of ``needle`` in the logs of every replica started so far."""
         ops = [*self.live.values(), *self.dead]
-        return sum(op.log_text().count(needle) for op in ops)
+        return sum(op.log.read_text(errors="replace").count(needle) for op in ops)

@@ -48,6 +48,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     sizes: Sizes,
 ) -> None:
     rng = random.Random(SEED)  # noqa: S311 - a reproducible load, not a secret
+    replicas.renew()  # a fresh pair: what an earlier test left behind is judged there
     fleets = [Fleet(api) for _ in range(3)]
     gpus, vgpus, vms = fleets
     small = gpus.gpu_class("-s", maxCount=2)
