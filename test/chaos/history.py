@@ -49,6 +49,7 @@ class Version:
     #: of any replica records), and the finalizers it removes.
     status: str = ""
     finalizers: int = 0
+    refused: tuple[str, ...] = ()
 
     @property
     def holds(self) -> bool:
@@ -85,6 +86,7 @@ def version_of(event: store.Event) -> Version:
         deleting=bool(meta.get("deletionTimestamp")),
         status=json.dumps({k: v for k, v in status.items() if k != "attachment"}, sort_keys=True),
         finalizers=len(meta.get("finalizers") or []),
+        refused=tuple(str(r.get("nodeName")) for r in status.get("refusedNodes") or []),
     )
 
 
@@ -174,6 +176,7 @@ class ClaimHistory:
         """A claim's phases and nodes, for failure messages."""
         return [
             f"{v.revision}:{v.phase or '-'}@{v.node or '-'}({v.reason})"
+            + (f"refused={','.join(v.refused)}" if v.refused else "")
             for v in self.snapshot().get(key, [])
         ]
 
