@@ -22,12 +22,13 @@ KIND         ?= kind
 KIND_CLUSTER ?= gpuoperator-e2e
 KIND_KUBECONFIG ?= $(GPUOP_CACHE)/kind/$(KIND_CLUSTER).kubeconfig
 
-.PHONY: help venv binaries tools up down status lint test unit e2e fuzz bench image e2e-kind clean
+.PHONY: help venv binaries tools up down status lint test unit e2e chaos fuzz bench image e2e-kind clean
 
 help:
 	@echo "make up      start a local control plane with simulated GPU nodes, the CRDs and samples"
 	@echo "make down    stop it"
-	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit and e2e)"
+	@echo "make test    lint (ruff, mypy, import-linter) and run every test (unit, e2e, bounded chaos)"
+	@echo "make chaos   the full chaos suite (issue 9): 2,000 orders, 50 VMs, leader kills, faults"
 	@echo "make image   build the operator's image (needs Docker)"
 	@echo "make e2e-kind  image -> kind cluster -> config/overlays/kind -> e2e against the deployed operator"
 	@echo "make fuzz    the webhooks' bad-input sweep at >= 10,000 requests, slow clients, RSS"
@@ -77,6 +78,11 @@ unit: venv binaries tools
 
 e2e: venv binaries
 	$(BIN)/pytest test/e2e $(PYTEST_ARGS)
+
+# The full chaos suite on a control plane of its own; the bounded form runs in `make test`.
+# It prints its figures (orders, kills, handover, over-allocations, stuck claims) at the end.
+chaos: venv binaries
+	CHAOS_SIZE=full $(BIN)/pytest test/chaos --timeout=3600 $(PYTEST_ARGS)
 
 image:
 	@command -v docker >/dev/null || { echo "make image: docker is not installed" >&2; exit 1; }

@@ -1,0 +1,270 @@
+"""The load of the chaos suite: tenants ordering GPUs in racing bursts, releasing some, and
+VMs started and stopped through the KubeVirt stand-in.
+
+Every client call that fails without an answer from the API server (it is restarting, a
+connection was cut) is retried until ``RETRY_SECONDS``, as a tenant's tooling would; a
+create that landed before its answer was lost shows up as 409 AlreadyExists on the retry and
+counts as placed. What the API server answers with a decision — a webhook refusal — is
+recorded as the order's outcome, with its message.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pykube
+import requests
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from harness.waiting import wait_for
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+RETRY_SECONDS = 90.0
+#: HTTP statuses that are the API server not answering yet (not a decision).
+_TRANSIENT = {429, 500, 502, 503, 504}
+
+
+@dataclass
+class Outcome:
+    namespace: str
+    name: str
+    class_name: str
+    count: int
+    placed: bool = False
+    refusal: str = ""
+
+
+@dataclass
+class Tally:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    retries: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def retried(self) -> None:
+        with self.lock:
+            self.retries += 1
+
+    def error(self, what: str) -> None:
+        with self.lock:
+            self.errors.append(what)
+
+
+def retrying(tally: Tally, what: str, call: Callable[[], T]) -> T:
+    """``call()`` until it gets an answer that is not a transient failure."""
+    deadline = time.monotonic() + RETRY_SECONDS
+    while True:
+        try:
+            return call()
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code not in _TRANSIENT or "denied the request" in str(exc):
+                raise
+            failure = f"HTTP {exc.code}: {exc}"
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: no answer for {RETRY_SECONDS:.0f}s; last: {failure}")
+        tally.retried()
+        time.sleep(0.5)
+
+
+def claim_body(namespace: str, name: str, class_name: str, count: int) -> Obj:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GPU_CLAIM,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"className": class_name, "count": count},
+    }
+
+
+def place(api: pykube.HTTPClient, outcome: Outcome, tally: Tally) -> Outcome:
+    """Order one claim; the outcome says placed, or refused with the API server's message."""
+    body = claim_body(outcome.namespace, outcome.name, outcome.class_name, outcome.count)
+
+    def create() -> None:
+        try:
+            GPUClaim(api, json.loads(json.dumps(body))).create()
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code != 409:  # 409: an earlier attempt landed
+                raise
+
+    try:
+        retrying(tally, f"ordering {outcome.name}", create)
+        outcome.placed = True
+    except pykube.exceptions.HTTPError as exc:
+        outcome.refusal = str(exc)
+    return outcome
+
+
+class Clients:
+    """One API client per thread (requests sessions are not shared between threads)."""
+
+    def __init__(self, api: pykube.HTTPClient) -> None:
+        self._config = api.config
+        self._local = threading.local()
+
+    def get(self) -> pykube.HTTPClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = pykube.HTTPClient(self._config, timeout=30)
+            self._local.client = client
+        return client
+
+
+def burst(clients: Clients, orders: list[Outcome], tally: Tally, parallel: int = 8) -> None:
+    """Send ``orders`` at once from ``parallel`` clients."""
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        list(pool.map(lambda o: place(clients.get(), o, tally), orders))
+
+
+def release(
+    api: pykube.HTTPClient, namespace: str, share: float, rng: random.Random, tally: Tally
+) -> int:
+    """Delete ``share`` of the namespace's Bound claims (the tenant gives GPUs back)."""
+    claims = retrying(
+        tally, "listing claims", lambda: list(GPUClaim.objects(api, namespace=namespace))
+    )
+    bound = [c for c in claims if (c.obj.get("status") or {}).get("phase") == "Bound"]
+    victims = rng.sample(bound, int(len(bound) * share))
+    for claim in victims:
+        try:
+            retrying(tally, f"deleting {claim.name}", claim.delete)
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code != 404:
+                raise
+    return len(victims)
+
+
+# ---- VMs ---------------------------------------------------------------------------------
+
+
+def vmi_body(namespace: str, name: str, refs: list[Obj]) -> Obj:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {names.CLAIMS_LABEL: "true"},
+            "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+        },
+        "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
+    }
+
+
+def _get(api: pykube.HTTPClient, kind: Any, namespace: str, name: str) -> Obj | None:
+    found = kind.objects(api, namespace=namespace).get_or_none(name=name)
+    return None if found is None else dict(found.obj)
+
+
+@dataclass
+class VmRun:
+    name: str
+    template: bool
+    node: str = ""
+    claim_nodes: list[str] = field(default_factory=list)
+    problem: str = ""
+
+
+def vm_cycle(
+    api: pykube.HTTPClient, namespace: str, vm_class: str, run: VmRun, tally: Tally, converge: float
+) -> VmRun:
+    """Start one VM (on a held claim, or with a claim template), wait until its launcher pod
+    is scheduled, check it runs where its claims are bound, stop it, wait until it is gone
+    (and, for a held claim, give the claim back)."""
+    hold = f"{run.name}-hold"
+    if run.template:
+        refs: list[Obj] = [{"claimTemplate": {"className": vm_class, "count": 1}}]
+    else:
+        refs = [{"claim": hold}]
+        retrying(
+            tally,
+            f"ordering {hold}",
+            lambda: create(GPUClaim(api, claim_body(namespace, hold, vm_class, 1))),
+        )
+        wait_for(
+            f"{hold} Bound",
+            lambda: (
+                (
+                    retrying(tally, "reading", lambda: _get(api, GPUClaim, namespace, hold)) or {}
+                ).get("status")
+                or {}
+            ),
+            until=lambda s: s.get("phase") == "Bound",
+            timeout=converge,
+        )
+    retrying(
+        tally,
+        f"starting {run.name}",
+        lambda: create(VirtualMachineInstance(api, vmi_body(namespace, run.name, refs))),
+    )
+    status = wait_for(
+        f"VM {run.name} Scheduled",
+        lambda: (
+            (
+                retrying(
+                    tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name)
+                )
+                or {}
+            ).get("status")
+            or {}
+        ),
+        until=lambda s: s.get("phase") in ("Scheduled", "Failed"),
+        timeout=converge,
+    )
+    if status.get("phase") != "Scheduled":
+        run.problem = f"VM {run.name} {status.get('phase')}: {status}"
+    run.node = str(status.get("nodeName") or "")
+    vmi = retrying(tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name))
+    uid = (vmi or {}).get("metadata", {}).get("uid", "")
+    claims = retrying(tally, "listing", lambda: list(GPUClaim.objects(api, namespace=namespace)))
+    for c in claims:
+        owners = {r.get("uid") for r in c.obj["metadata"].get("ownerReferences") or []}
+        if c.name == hold or uid in owners:
+            run.claim_nodes.append(str((c.obj.get("status") or {}).get("nodeName") or ""))
+    if not run.problem and (not run.claim_nodes or set(run.claim_nodes) != {run.node}):
+        run.problem = f"VM {run.name} on {run.node!r}, its claims on {run.claim_nodes}"
+    retrying(
+        tally,
+        f"stopping {run.name}",
+        lambda: delete(VirtualMachineInstance(api, vmi or vmi_body(namespace, run.name, refs))),
+    )
+    wait_for(
+        f"VM {run.name} gone",
+        lambda: retrying(
+            tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name)
+        ),
+        until=lambda v: v is None,
+        timeout=converge,
+    )
+    if not run.template:
+        retrying(
+            tally,
+            f"releasing {hold}",
+            lambda: delete(GPUClaim(api, claim_body(namespace, hold, vm_class, 1))),
+        )
+    return run
+
+
+def create(obj: pykube.objects.APIObject) -> None:
+    try:
+        obj.create()
+    except pykube.exceptions.HTTPError as exc:
+        if exc.code != 409:
+            raise
+
+
+def delete(obj: pykube.objects.APIObject) -> None:
+    try:
+        obj.delete()
+    except pykube.exceptions.HTTPError as exc:
+        if exc.code != 404:
+            raise

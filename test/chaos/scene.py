@@ -1,0 +1,124 @@
+"""Setting the scene of a chaos test: tenants with budgets, GPU pods no claim accounts
+for, classes published, and cluster snapshots read through API server restarts."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import pykube
+
+from chaos import load, oracle
+from chaos.history import ClaimHistory
+from gpuoperator import names
+from gpuoperator.runtime.kinds import GPUClass, GPUNode
+from harness.waiting import WaitTimeoutError, wait_for
+
+CONVERGE = 120.0
+Obj = dict[str, Any]
+
+
+def tenant(api: pykube.HTTPClient, name: str, entitled: bool, hard: dict[str, str]) -> str:
+    labels = {names.VGPU_ENTITLED_LABEL: "true"} if entitled else {}
+    pykube.Namespace(api, {"metadata": {"name": name, "labels": labels}}).create()
+    if hard:
+        pykube.ResourceQuota(
+            api, {"metadata": {"name": "gpus", "namespace": name}, "spec": {"hard": hard}}
+        ).create()
+    return name
+
+
+def other_pod(api: pykube.HTTPClient, node: str, resource: str, units: int) -> None:
+    """A plain GPU pod that no claim accounts for, placed on ``node`` by name."""
+    pykube.Pod(
+        api,
+        {
+            "metadata": {"name": f"other-{node}", "namespace": "default"},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "example.com/gpu-job",
+                        "resources": {
+                            "requests": {resource: str(units)},
+                            "limits": {resource: str(units)},
+                        },
+                    }
+                ],
+            },
+        },
+    ).create()
+
+
+def published(api: pykube.HTTPClient, cls: str, nodes: int) -> None:
+    wait_for(
+        f"class {cls} published with {nodes} nodes",
+        lambda: GPUClass.objects(api).get(name=cls).obj.get("status") or {},
+        until=lambda s: s.get("nodes") == nodes,
+        timeout=CONVERGE,
+    )
+
+
+def operator_counts(api: pykube.HTTPClient, node: str, resource: str, allocated: int) -> None:
+    """Wait until the operator's inventory (the node's GPUNode) shows ``allocated`` units of
+    ``resource`` in use: it has seen the pods placed there."""
+
+    def figures() -> Obj:
+        found = GPUNode.objects(api).get_or_none(name=node)
+        devices = ((found.obj.get("status") or {}) if found else {}).get("devices") or []
+        return next((dict(d) for d in devices if d.get("resourceName") == resource), {})
+
+    wait_for(
+        f"the operator to count {allocated} units of {resource} in use on {node}",
+        figures,
+        until=lambda d: d.get("allocated") == allocated,
+        timeout=CONVERGE,
+    )
+
+
+def snapshot(api: pykube.HTTPClient, tally: load.Tally) -> oracle.Snapshot:
+    return load.retrying(tally, "a snapshot", lambda: oracle.snapshot(api))
+
+
+@dataclass
+class Verdict:
+    """The end-of-run checks on a converged cluster (see ``oracle`` and ``history``)."""
+
+    final: oracle.Snapshot
+    stuck: list[str]
+    overallocated: list[str]
+    overheld: list[str]
+    changes: dict[str, list[str]]
+    gaps: int
+
+    def problems(self, history: ClaimHistory) -> list[str]:
+        out = [f"stuck: {s}" for s in self.stuck[:10]]
+        out += [f"over-allocated: {o}" for o in self.overallocated[:10]]
+        out += [f"over-held: {o}" for o in self.overheld[:10]]
+        for change in self.changes["unexplained"][:5]:
+            claim = change.split(":")[0]
+            out.append(f"node changed without Lost: {change}; {history.transitions(claim)}")
+        if self.gaps:
+            out.append(f"the claim record from etcd has {self.gaps} gaps")
+        return out
+
+
+def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> Verdict:
+    """Give the operator ``CONVERGE`` seconds to settle every claim, then judge."""
+
+    def stuck() -> list[str]:
+        return oracle.stuck_claims(snapshot(api, tally))
+
+    with contextlib.suppress(WaitTimeoutError):  # what is still stuck is reported
+        wait_for("no stuck claim", stuck, until=lambda s: not s, timeout=CONVERGE)
+    final = snapshot(api, tally)
+    return Verdict(
+        final=final,
+        stuck=oracle.stuck_claims(final),
+        overallocated=oracle.overallocations(final),
+        overheld=list(history.overholds),
+        changes=history.node_changes(),
+        gaps=history.watch.gaps if history.watch is not None else 1,
+    )

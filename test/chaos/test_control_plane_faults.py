@@ -1,0 +1,185 @@
+"""R3: the control plane fails under the operator while tenants order and release GPUs —
+every connection of the replicas to the API server cut, etcd compacted and kube-apiserver
+restarted (its fresh watch cache answers the replicas' resumed watches with 410 Gone, and
+etcd no longer holds the versions they knew) — and the operator converges: no stuck claim,
+no unit held twice, at any stored revision, and both replicas' webhooks judge with what was
+made after the faults (a class, a claim), not with a cache the faults left behind."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pykube
+
+from chaos import load, oracle, scene, store
+from chaos.conftest import FIGURES, Sizes
+from chaos.history import ClaimHistory
+from chaos.replicas import Replicas
+from gpuoperator import names
+from harness.fleet import Fleet
+from harness.waiting import wait_for
+from localcluster.cluster import LocalCluster
+
+SEED = 3
+
+
+def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_watches(
+    api: pykube.HTTPClient,
+    replicas: Replicas,
+    history: ClaimHistory,
+    etcd: store.Etcd,
+    chaos_cluster: LocalCluster,
+    sizes: Sizes,
+) -> None:
+    rng = random.Random(SEED)  # noqa: S311 - a reproducible load, not a secret
+    fleet = Fleet(api)
+    cls = fleet.gpu_class(maxCount=4)
+    nodes = [fleet.node(8) for _ in range(6)]
+    history.classes[cls] = fleet.resource
+    for node in nodes:
+        history.capacity[(node, fleet.resource)] = 8
+    scene.published(api, cls, len(nodes))
+    ns = scene.tenant(api, "chaos-r3", False, {})
+    total = sizes.orders // 3
+    orders = [load.Outcome(ns, f"r3-{i:05d}", cls, rng.randint(1, 4)) for i in range(total)]
+    tally = load.Tally()
+    clients = load.Clients(api)
+    failures: list[str] = []
+    done = threading.Event()
+
+    def orders_thread() -> None:
+        try:
+            for i in range(0, len(orders), sizes.burst):
+                started = time.monotonic()
+                load.burst(clients, orders[i : i + sizes.burst], tally)
+                load.release(clients.get(), ns, 0.7, rng, tally)
+                time.sleep(max(0.0, sizes.burst_interval / 2 - (time.monotonic() - started)))
+        except Exception as exc:
+            failures.append(f"orders: {type(exc).__name__}: {exc}")
+        finally:
+            done.set()
+
+    relists_before = replicas.log_count('"watch expired; relisting"')
+    thread = threading.Thread(target=orders_thread, name="r3-orders", daemon=True)
+    thread.start()
+    faults: list[str] = []
+    rounds = 0
+    restart_403 = 0
+    while True:
+        rounds += 1
+        replicas.cut_connections()
+        faults.append("connections cut")
+        done.wait(2)
+        etcd.compact()
+        faults.append("etcd compacted")
+        chaos_cluster.restart("kube-apiserver", log=lambda _m: None)
+        faults.append("kube-apiserver restarted")
+        # A restarted API server answers 403 until its RBAC caches are filled: those are
+        # its own, counted here; any 403 after it is ready fails the test (conftest).
+        restart_403 += len(replicas.forbidden.take())
+        if (sizes.name == "bounded" and rounds >= 2) or done.wait(3):
+            break
+    thread.join(timeout=scene.CONVERGE * 2)
+    verdict = scene.settle(api, history, tally)
+    # Converged also means every replica's webhooks know what was made after the faults: a
+    # class (the order webhook) and a claim (the VMI webhook), each judged by both replicas.
+    after = Fleet(api)
+    fresh = after.gpu_class("-after", maxCount=4)
+    after.node(4)
+    history.classes[fresh] = after.resource
+    known_after = _judged_by_every_replica(
+        api, "orders of a class made after the faults", _dry_run_order(api, ns, fresh, tally)
+    )
+    load.place(api, load.Outcome(ns, "after-hold", fresh, 1), tally)
+    vmi_after = _judged_by_every_replica(
+        api, "a VM on a claim made after the faults", _dry_run_vm(api, ns, "after-hold", tally)
+    )
+    relists = replicas.log_count('"watch expired; relisting"') - relists_before
+    placed = sum(1 for o in orders if o.placed)
+    undecided = [o for o in orders if not o.placed and not oracle.decided(o.refusal, [cls])]
+    reasons = Counter(oracle.refusal_kind(o.refusal, [cls]) for o in orders if not o.placed)
+    FIGURES.append(
+        f"R3 ({sizes.name}): orders {len(orders)} (placed {placed}, refusals "
+        f"{dict(sorted(reasons.items()))}); faults: "
+        f"{rounds} rounds of {', '.join(faults[:3])}; "
+        f"watches answered 410 and relisted: {relists}; client retries {tally.retries}; "
+        f"stuck claims {len(verdict.stuck)}; over-allocation "
+        f"{len(verdict.overallocated) + len(verdict.overheld)}; 403 while the API server "
+        f"started {restart_403}; both webhooks knew a class made after the faults after "
+        f"{known_after:.1f}s, a claim after {vmi_after:.1f}s"
+    )
+    assert not failures, failures
+    assert not undecided, [(o.name, o.refusal) for o in undecided[:5]]
+    assert relists > 0, "no watch of the operator was answered 410 Gone: the fault did not bite"
+    assert not verdict.problems(history), verdict.problems(history)
+
+
+def _dry_run_order(
+    api: pykube.HTTPClient, ns: str, cls: str, tally: load.Tally
+) -> Callable[[], bool]:
+    """One dry-run order of ``cls``: True when the webhook knew the class (it admitted the
+    order, or refused it for another reason than "does not exist")."""
+    body = load.claim_body(ns, "probe", cls, 1)
+
+    def knows() -> bool:
+        response = load.retrying(
+            tally,
+            "a dry-run order",
+            lambda: api.post(
+                url=f"namespaces/{ns}/{names.GPU_CLAIMS}",
+                version=names.API_VERSION,
+                params={"dryRun": "All"},
+                data=json.dumps(body),
+            ),
+        )
+        return response.status_code == 201 or (
+            "denied the request" in response.text and "does not exist" not in response.text
+        )
+
+    return knows
+
+
+def _dry_run_vm(
+    api: pykube.HTTPClient, ns: str, claim: str, tally: load.Tally
+) -> Callable[[], bool]:
+    """One dry-run VMI on ``claim``: True when the VMI webhook knew the claim."""
+    body = load.vmi_body(ns, "probe-vm", [{"claim": claim}])
+
+    def knows() -> bool:
+        response = load.retrying(
+            tally,
+            "a dry-run VM",
+            lambda: api.post(
+                url=f"namespaces/{ns}/virtualmachineinstances",
+                version="kubevirt.io/v1",
+                params={"dryRun": "All"},
+                data=json.dumps(body),
+            ),
+        )
+        return response.status_code == 201 or (
+            "denied the request" in response.text and "no such GPUClaim" not in response.text
+        )
+
+    return knows
+
+
+def _judged_by_every_replica(
+    api: pykube.HTTPClient, what: str, knows: Callable[[], bool], in_a_row: int = 6
+) -> float:
+    """Seconds until ``in_a_row`` requests in a row were judged by webhooks that knew what
+    they were asked about: the failover address alternates between the ready replicas, so
+    each of them knew it."""
+    started = time.monotonic()
+    streak = [0]
+
+    def judged() -> bool:
+        streak[0] = streak[0] + 1 if knows() else 0
+        return streak[0] >= in_a_row
+
+    wait_for(f"both replicas to know {what}", judged, timeout=scene.CONVERGE)
+    return time.monotonic() - started

@@ -1,0 +1,177 @@
+"""The chaos suite's own checks (``chaos.oracle``, ``chaos.history``) on hand-made objects:
+they must catch what they are there to catch, and excuse only what DESIGN.md allows."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from chaos import history as historymod
+from chaos import oracle, store
+
+Obj = dict[str, Any]
+RES = "example.com/gpu"
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def node(name: str, units: int, **spec: Any) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": spec,
+        "status": {
+            "allocatable": {RES: str(units)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def cls(name: str = "a") -> Obj:
+    return {"metadata": {"name": name}, "spec": {"source": {"devicePlugin": {"resourceName": RES}}}}
+
+
+def claim(
+    name: str,
+    count: int,
+    phase: str = "",
+    node_name: str = "",
+    reason: str = "",
+    created: str = "2026-01-01T00:00:00Z",
+    **status: Any,
+) -> Obj:
+    st: Obj = {**status}
+    if phase:
+        st["phase"] = phase
+    if node_name:
+        st["nodeName"] = node_name
+    if reason:
+        ok = "True" if phase == "Bound" else "False"
+        st["conditions"] = [{"type": "Bound", "status": ok, "reason": reason, "message": "m"}]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "t",
+            "uid": f"u-{name}",
+            "creationTimestamp": created,
+        },
+        "spec": {"className": "a", "count": count},
+        "status": st,
+    }
+
+
+def pod(name: str, node_name: str, units: int, **meta: Any) -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": "t", **meta},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"limits": {RES: str(units)}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def snap(
+    claims: list[Obj], pods: list[Obj] | None = None, nodes: list[Obj] | None = None
+) -> oracle.Snapshot:
+    return oracle.Snapshot("1", claims, pods or [], nodes or [node("n1", 4)], [cls()], [])
+
+
+def test_pod_units_follow_the_schedulers_rule() -> None:
+    p = pod("p", "n1", 1)
+    p["spec"]["initContainers"] = [
+        {"name": "side", "restartPolicy": "Always", "resources": {"requests": {RES: "1"}}},
+        {"name": "init", "resources": {"requests": {RES: "3"}}},
+    ]
+    p["spec"]["overhead"] = {RES: "1"}
+    # max(1 regular + 1 sidecar, 3 init + 1 sidecar started before it) + 1 overhead
+    assert oracle.pod_units(p) == {RES: 5}
+    done = pod("q", "n1", 2)
+    done["status"]["phase"] = "Succeeded"
+    assert oracle.pod_units(done) == {}
+
+
+def test_a_launcher_pod_is_covered_by_its_vmis_claims_and_only_by_them() -> None:
+    vmi = {"kind": "VirtualMachineInstance", "name": "vm", "uid": "v1", "controller": True}
+    launcher = pod("l", "n1", 3, labels={"kubevirt.io": "virt-launcher"}, ownerReferences=[vmi])
+    held = claim("h", 2, "Bound", "n1", "Bound", attachment={"vmi": "vm", "uid": "v1"})
+    # Two units accounted by the claim, the third counts like any pod's: 2 + 1 = 3.
+    assert oracle.used_units(snap([held], [launcher])) == {("n1", RES): 3}
+    labelled = pod("x", "n1", 3, labels={"kubevirt.io": "virt-launcher"})
+    assert oracle.used_units(snap([held], [labelled])) == {("n1", RES): 5}
+    assert oracle.overallocations(snap([held], [labelled])) == [f"n1 {RES}: 5 used of 4"]
+
+
+def test_a_waiting_claim_that_fits_is_stuck_unless_it_queues_behind_one_that_does_not() -> None:
+    fits = claim("small", 1, "Pending", reason="NoCapacity", created="2026-01-01T00:00:02Z")
+    assert oracle.stuck_claims(snap([fits]), NOW) == [
+        "t/small: fits on ['n1'] and waits (NoCapacity: m)"
+    ]
+    big = claim("big", 3, "Pending", reason="NoCapacity", created="2026-01-01T00:00:01Z")
+    holder = claim("h", 2, "Bound", "n1", "Bound")
+    queued = claim("small", 1, "Pending", reason="Queued", created="2026-01-01T00:00:02Z")
+    assert oracle.stuck_claims(snap([holder, big, queued]), NOW) == []
+    bare = claim("bare", 1, created="2026-01-01T00:00:03Z")
+    assert any("no reason" in s for s in oracle.stuck_claims(snap([holder, big, bare]), NOW))
+
+
+def test_a_refused_node_does_not_count_as_fitting_and_lost_or_vanished_holds_are_stuck() -> None:
+    refused = claim(
+        "r",
+        1,
+        "Pending",
+        reason="RefusedByNode",
+        refusedNodes=[{"nodeName": "n1", "until": "2026-01-01T01:00:00Z"}],
+    )
+    assert oracle.stuck_claims(snap([refused]), NOW) == []
+    assert oracle.stuck_claims(snap([claim("l", 1, "Lost", "n1")]), NOW) == ["t/l: still Lost"]
+    gone = claim("g", 1, "Bound", "n9", "Bound")
+    assert oracle.stuck_claims(snap([gone]), NOW) == ["t/g: Bound to node n9, which is gone"]
+
+
+def test_budgets_count_the_claims_bound_or_ordered_before() -> None:
+    first = claim("a", 2, "Pending", created="2026-01-01T00:00:01Z")
+    second = claim("b", 2, "Pending", created="2026-01-01T00:00:02Z")
+    quota = {
+        "metadata": {"namespace": "t"},
+        "spec": {"hard": {"gpuclass.cozystack.io/devices": "3"}},
+    }
+    s = oracle.Snapshot("1", [first, second], [], [node("n1", 4)], [cls()], [quota])
+    assert oracle.budget_holds(first, s)
+    assert not oracle.budget_holds(second, s)
+
+
+def _feed(record: historymod.ClaimHistory, rev: int, obj: Obj | None, key: str = "t/c") -> None:
+    record.on_events([store.Event(rev, historymod.CLAIMS_PREFIX + key, obj, float(rev))])
+
+
+def test_a_hold_that_changes_node_without_lost_is_caught_and_one_through_lost_is_not() -> None:
+    record = historymod.ClaimHistory()
+    record.classes["a"] = RES
+    record.capacity[("n1", RES)] = 1
+    _feed(record, 1, claim("c", 1, "Bound", "n1", "Bound"))
+    _feed(record, 2, claim("c", 1, "Bound", "n2", "Bound"))
+    _feed(record, 3, claim("c", 1, "Lost", "n2", "NodeLost"))
+    _feed(record, 4, claim("c", 1, "Pending", reason="NodeLost"))
+    _feed(record, 5, claim("c", 1, "Bound", "n1", "Bound"))
+    changes = record.node_changes()
+    assert changes["unexplained"] == ["t/c: n1 -> n2 at revision 2"]
+    assert changes["lost"] == ["t/c: n2 -> n1 at revision 5"]
+    _feed(record, 6, claim("d", 1, "Bound", "n1", "Bound"), key="t/d")
+    assert record.overholds == [f"revision 6: n1 {RES}: 2 units held of 1 (t/c=1, t/d=1)"]
+
+
+def test_a_refused_claim_that_keeps_naming_its_node_moves_through_the_refusal() -> None:
+    record = historymod.ClaimHistory()
+    _feed(record, 1, claim("c", 1, "Bound", "n1", "Bound"))
+    _feed(record, 2, claim("c", 1, "Pending", "n1", "RefusedByNode"))
+    _feed(record, 3, claim("c", 1, "Bound", "n2", "Bound"))
+    changes = record.node_changes()
+    assert changes["refused"] == ["t/c: n1 -> n2 at revision 3"]
+    assert changes["unexplained"] == []
+
+
+def test_a_refusal_naming_a_class_that_exists_is_no_decision() -> None:
+    message = (
+        'admission webhook "orders" denied the request: spec.className: class a does not exist'
+    )
+    assert oracle.refusal_kind(message) == "unknown class"
+    assert not oracle.decided(message, existing=["a"])
