@@ -46,6 +46,7 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.model import binding, conditions, ordering, tenants
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -59,7 +60,7 @@ from gpuoperator.settings import Settings
 log = structlog.get_logger(__name__)
 
 NAME = "binder"
-BOUND = "Bound"
+BOUND = gpuclaims.BOUND_CONDITION
 NODE_LOST = "NodeLost"
 
 
@@ -114,7 +115,11 @@ class Binder:
                         f"class {class_name} does not exist (kubectl get gpuclasses)",
                     )
             return None
-        lost = [c for c in claims if _phase(c) == BOUND and not self.inventory.has_node(_node(c))]
+        lost = [
+            c
+            for c in claims
+            if _phase(c) == gpuclaims.Phase.BOUND and not self.inventory.has_node(_node(c))
+        ]
         for claim in lost:
             self._lose(claim)
         if lost:
@@ -137,7 +142,7 @@ class Binder:
             candidates, cls, self.settings.placement_policy, now, self._bypass.get(class_name, {})
         )
         self._bypass[class_name] = plan.bypass_counts
-        by_key = {binding.claim_key(c): c for c in candidates}
+        by_key = {gpuclaims.key(c): c for c in candidates}
         self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
             self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
@@ -208,7 +213,7 @@ class Binder:
     def _wait(self, claim: Obj, reason: str, message: str) -> None:
         status = dict(claim.get("status") or {})
         current = conditions.find(status.get("conditions"), BOUND)
-        lost = _phase(claim) == binding.LOST
+        lost = _phase(claim) == gpuclaims.Phase.LOST
         # Lost is transient: a claim that cannot be bound again waits as Pending, and its
         # condition says why, and which node it lost until it is bound again.
         message += _lost_note(_node(claim)) if lost else _carried_lost_note(current)
@@ -220,7 +225,9 @@ class Binder:
         ):
             return
         now = self.clock.now()
-        status["phase"] = binding.PENDING if lost else (status.get("phase") or binding.PENDING)
+        status["phase"] = (
+            gpuclaims.Phase.PENDING if lost else (status.get("phase") or gpuclaims.Phase.PENDING)
+        )
         if lost:
             status.pop("nodeName", None)
             status.pop("boundTime", None)
@@ -249,7 +256,7 @@ class Binder:
         node = _node(claim)
         message = f"node {node} is gone; the claim will be bound again"
         status = dict(claim.get("status") or {})
-        status["phase"] = binding.LOST
+        status["phase"] = gpuclaims.Phase.LOST
         status["conditions"] = conditions.set_condition(
             status.get("conditions"),
             BOUND,
@@ -294,7 +301,7 @@ def _bound(claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
     generation = claim["metadata"].get("generation")
     status = dict(claim.get("status") or {})
     status.update(
-        phase=BOUND,
+        phase=gpuclaims.Phase.BOUND,
         nodeName=node,
         boundTime=conditions.stamp(now),
         observedGeneration=generation,

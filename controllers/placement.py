@@ -73,7 +73,8 @@ from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, claims, conditions, ordering, pods, references
+from gpuoperator.model import binding, conditions, ordering, pods, references
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -98,8 +99,7 @@ RETRY: Final = 1.0
 VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
 CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
 
-BOUND: Final = "Bound"
-PENDING: Final = "Pending"
+BOUND: Final = gpuclaims.BOUND_CONDITION
 UNSCHEDULABLE: Final = "Unschedulable"
 
 PINNED = "Pinned"
@@ -269,11 +269,11 @@ class Placement:
         """Another live VMI the claim is attached to ("" when none; ``model.claims``: a VMI
         being deleted is still live). An attachment naming this VMI's name is this VMI's (or
         an earlier one's of that name, which is gone)."""
-        attached = claims.attachment(claim)
+        attached = gpuclaims.attachment(claim)
         if attached is None or attached.name == vmi_name:
             return ""
         live = self.caches.vmis.store.get((str(_meta(claim).get("namespace")), attached.name))
-        return attached.name if claims.is_live_user(attached, live) else ""
+        return attached.name if gpuclaims.is_live_user(attached, live) else ""
 
     # ---- gated pods ------------------------------------------------------------------------
     def _place(
@@ -307,7 +307,7 @@ class Placement:
                     "Warning",
                     f"claim {name} is attached to VM instance {other}, which still exists",
                 )
-            if _phase(claim) != BOUND or not _node(claim):
+            if not gpuclaims.is_bound(claim):
                 bound = conditions.find(_status(claim).get("conditions"), BOUND) or {}
                 why = bound.get("message") or "not bound yet"
                 return self._wait(pod, "Normal", f"claim {name} is {_phase(claim) or 'new'}: {why}")
@@ -432,7 +432,7 @@ class Placement:
         generation = _meta(claim).get("generation")
         status = dict(_status(claim))
         status.update(
-            phase=BOUND,
+            phase=gpuclaims.Phase.BOUND,
             nodeName=target,
             boundTime=conditions.stamp(now),
             conditions=conditions.set_condition(
@@ -562,14 +562,14 @@ class Placement:
         status["refusedNodes"] = binding.add_refusal(
             status.get("refusedNodes"), node, until, now=now
         )
-        unbind = _phase(claim) == BOUND and _node(claim) == node
+        unbind = gpuclaims.is_bound(claim) and _node(claim) == node
         message = (
             f"node {node} refused launcher pod {pod_key[1]} ({detail}); it is skipped until "
             f"{conditions.stamp(until)}"
         )
         if unbind:
             message += "; the claim is bound again elsewhere"
-            status["phase"] = PENDING
+            status["phase"] = gpuclaims.Phase.PENDING
             status.pop("nodeName", None)
             status.pop("boundTime", None)
             status["conditions"] = conditions.set_condition(

@@ -46,7 +46,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
-from gpuoperator.model import capacity, conditions, ordering, scheduling
+from gpuoperator.model import capacity, claims, conditions, ordering, scheduling
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -55,14 +55,10 @@ Policy = Literal["binpack", "spread"]
 
 BINPACK: Final = "binpack"
 SPREAD: Final = "spread"
-PENDING: Final = "Pending"
-LOST: Final = "Lost"
 #: The most ``status.refusedNodes`` entries a claim keeps (the CRD's maxItems).
 MAX_REFUSED_NODES: Final = 16
 #: How often a waiting claim may be bypassed before it blocks its class's line.
 DEFAULT_MAX_BYPASS: Final = 8
-#: Phases of a claim waiting for a node ("" = no status yet).
-WAITING_PHASES: Final = frozenset({"", PENDING, LOST})
 
 
 class WaitReason(enum.StrEnum):
@@ -92,11 +88,6 @@ class Plan(NamedTuple):
     bindings: list[tuple[Key, str]]
     bypass_counts: dict[Key, int]
     waiting: dict[Key, Waiting]
-
-
-def claim_key(claim: Obj) -> Key:
-    """The ``(namespace, name)`` key of a claim."""
-    return capacity.object_key(claim)
 
 
 def _key_text(key: Key) -> str:
@@ -234,8 +225,7 @@ def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
 def is_waiting(claim: Obj) -> bool:
     """Whether the claim waits for a node: phase ``Pending``, ``Lost`` or none yet, and not
     being deleted (a claim on its way out is not given units)."""
-    phase = str((claim.get("status") or {}).get("phase") or "")
-    return phase in WAITING_PHASES and ordering.charged(claim)
+    return claims.phase(claim) in claims.WAITING_PHASES and ordering.charged(claim)
 
 
 def pending_in_order(claims: Iterable[Obj]) -> list[Obj]:
@@ -318,7 +308,7 @@ def plan(
     passed: list[Key] = []  # older claims that wait and may still be bypassed
     blocker: Key | None = None
     for claim in queue:
-        key = claim_key(claim)
+        key = claims.key(claim)
         need = ordering.ordered_count(claim)
         if blocker is not None:
             waiting[key] = Waiting(

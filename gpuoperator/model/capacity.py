@@ -72,11 +72,6 @@ class ClassFree(TypedDict):
     free: int
 
 
-def object_key(obj: Obj) -> Key:
-    """The ``(namespace, name)`` key of a namespaced object (:func:`claims.key`)."""
-    return claims.key(obj)
-
-
 def _counts(resources: Any) -> dict[str, int]:
     if not isinstance(resources, dict):
         return {}
@@ -239,7 +234,7 @@ class Ledger:
         VMI's claims hold on that node (:func:`gpuoperator.model.pods.launcher_vmi`). Returns
         the nodes whose figures changed: none, its node, or its old and new node when it
         moved."""
-        key = object_key(pod)
+        key = claims.key(pod)
         node = pods.node_name(pod)
         usage = pods.pod_usage(pod) if node else {}
         new = _Use(node, tuple(sorted(usage.items())), pods.launcher_vmi(pod)) if usage else None
@@ -305,7 +300,7 @@ class Ledger:
         VMI it serves there (:func:`gpuoperator.model.claims.covering_vmi`). Returns the
         nodes whose figures changed: none, the claim's node, or its old and new node when it
         was rebound."""
-        key = object_key(claim)
+        key = claims.key(claim)
         node = claims.node_name(claim)
         count = pods.parse_count((claim.get("spec") or {}).get("count"))
         new = None

@@ -52,12 +52,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import capacity, echo, pods, quota, tenants
+from gpuoperator.model import capacity, claims, echo, objects, pods, quota, tenants
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
 
-BOUND: Final = "Bound"
 #: The largest ``spec.count`` (the CRD declares it ``int32``).
 MAX_COUNT: Final = 2**31 - 1
 _COUNT_ALLOWED: Final = f"allowed: a whole number from 1 to {MAX_COUNT}"
@@ -130,16 +129,11 @@ def usage(claims: Iterable[Mapping[str, Any]], class_name: str | None = None) ->
     )
 
 
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = _meta(obj)
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
 def _same(claim_key: tuple[str, str], other: Mapping[str, Any]) -> bool:
     """Whether ``other`` is the claim itself. A claim being created may carry no namespace
     (the request names it) or no name yet (``generateName``): no name matches nothing."""
     namespace, name = claim_key
-    other_namespace, other_name = _key(other)
+    other_namespace, other_name = claims.key(other)
     return bool(name) and name == other_name and (not namespace or namespace == other_namespace)
 
 
@@ -161,7 +155,7 @@ def creation_order(claim: Mapping[str, Any]) -> tuple[datetime.datetime, str, st
     """The claim's place in the order of ordering: ``metadata.creationTimestamp``, then
     namespace and name (timestamps have one-second resolution, so ties are common). A claim
     without a readable creation time sorts last."""
-    namespace, name = _key(claim)
+    namespace, name = claims.key(claim)
     return (_created(claim) or _NEVER, namespace, name)
 
 
@@ -214,16 +208,16 @@ def budget_refusals(
     ``spec.className``); it is accepted so callers holding the catalog can pass it.
     """
     del classes_by_name  # usage is attributed by spec.className, see the docstring
-    own_key = _key(claim)
+    own_key = claims.key(claim)
     own_class = ordered_class(claim)
     ordered = ordered_count(claim)
     others = [c for c in namespace_claims if not _same(own_key, c)]
     refusals: list[str] = []
-    for rq in sorted(quotas, key=_key):
+    for rq in sorted(quotas, key=objects.key):
         hard = _spec(rq).get("hard")
         if not isinstance(hard, Mapping):
             continue
-        rq_namespace, rq_name = _key(rq)
+        rq_namespace, rq_name = objects.key(rq)
         where = f"{rq_namespace or own_key[0]}/{rq_name}"
         for key in (quota.class_key(own_class), quota.TOTAL_KEY):
             parsed = quota.parse_key(key)
@@ -308,7 +302,7 @@ def order_refusals(
     if bad_count is None:
         refusals.extend(budget_refusals(claim, quotas, namespace_claims))
     if cls is not None and gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
-        namespace_name = str(_meta(namespace or {}).get("name") or _key(claim)[0])
+        namespace_name = str(_meta(namespace or {}).get("name") or claims.key(claim)[0])
         refusals.append(
             f"spec.className: class {wanted} is a vGPU class; namespace {namespace_name} is not "
             f"entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}={names.TRUE})"
@@ -330,8 +324,6 @@ def order_refusals_for_binding(
     Template claims are re-checked too: they are charged like any claim.
     """
     earlier = [
-        c
-        for c in namespace_claims
-        if (c.get("status") or {}).get("phase") == BOUND or _precedes(c, claim)
+        c for c in namespace_claims if claims.phase(c) == claims.Phase.BOUND or _precedes(c, claim)
     ]
     return budget_refusals(claim, quotas, earlier)

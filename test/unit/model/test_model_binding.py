@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import binding, capacity
+from gpuoperator.model import binding, capacity, objects
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -344,7 +344,7 @@ def test_pending_in_order_is_fifo_of_waiting_claims() -> None:
         claim("z-same-second", created=5, namespace="tenant-a"),
         claim("leaving", created=1, deleting=True),
     ]
-    assert [binding.claim_key(c) for c in binding.pending_in_order(claims)] == [
+    assert [objects.key(c) for c in binding.pending_in_order(claims)] == [
         ("tenant-a", "z-same-second"),
         ("tenant-b", "a-same-second"),
         ("tenant-b", "b-same-second"),
@@ -684,7 +684,7 @@ def test_plan_never_over_allocates(
         )
         for i, (count, created, refused) in enumerate(cspecs)
     ]
-    by_key = {binding.claim_key(c): c for c in claims}
+    by_key = {objects.key(c): c for c in claims}
     counts = {key(name): n for name, n in previous.items()}
     result = binding.plan(claims, A10, nodes, ledger, policy, NOW, counts, max_bypass=max_bypass)
 
@@ -708,7 +708,7 @@ def test_plan_never_over_allocates(
         # cannot fit on any eligible node even when it is empty (they never block).
         largest = max((alloc for alloc, _, eligible in nspecs if eligible), default=0)
         queue = [
-            binding.claim_key(c)
+            objects.key(c)
             for c in binding.pending_in_order(claims)
             if c["spec"]["count"] <= largest
         ]

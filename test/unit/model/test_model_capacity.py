@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import capacity, scheduling
+from gpuoperator.model import capacity, objects, scheduling
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -799,9 +799,9 @@ def test_removing_everything_added_returns_to_the_start(
     for c, resource in added_claims:
         ledger.set_claim(c, resource)
     for p in added_pods:
-        ledger.remove_pod(capacity.object_key(p))
+        ledger.remove_pod(objects.key(p))
     for c, _ in added_claims:
-        ledger.remove_claim(capacity.object_key(c))
+        ledger.remove_claim(objects.key(c))
     assert {n: ledger.devices(n) for n in NODES} == start
     for n in NODES:
         for r in RESOURCES:

@@ -1,0 +1,23 @@
+"""What every Kubernetes object has, read once: its ``(namespace, name)`` key.
+
+The runtime's caches and work queues, the model's ledger and plans and the controllers all
+identify an object by this one key, so it is defined here, in a module that imports nothing
+of the product: the runtime (generic) and the model (pure) can both use it. Pure and
+idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: ``(namespace, name)`` of an object (``""`` for a cluster-scoped one's namespace).
+Key = tuple[str, str]
+
+
+def key(obj: Mapping[str, Any]) -> Key:
+    """The ``(namespace, name)`` key of an object (``""`` for what it does not carry)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ("", "")
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
