@@ -175,16 +175,12 @@ def add_refusal(
 
 
 def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[str, Obj]:
-    """The eligible nodes with allocatable units of the class's resource, by name."""
-    resource = gpuclasses.resource_name(cls)
-    if not resource:
-        return {}
-    out: dict[str, Obj] = {}
-    for node in nodes:
-        name = scheduling.node_name(node)
-        if name and ledger.allocatable(name, resource) > 0 and scheduling.is_eligible(node, cls):
-            out[name] = node
-    return out
+    """The nodes that serve the class (:func:`capacity.serves`), by name."""
+    return {
+        scheduling.node_name(node): node
+        for node in nodes
+        if scheduling.node_name(node) and capacity.serves(ledger, node, cls)
+    }
 
 
 def _fitting(need: int, frees: Mapping[str, int], refused: set[str]) -> list[tuple[str, int]]:

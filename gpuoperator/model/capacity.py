@@ -48,7 +48,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
-from gpuoperator.model import claims, pods, scheduling, slimming
+from gpuoperator.model import claims, pods, quantities, scheduling
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -76,9 +76,9 @@ def _counts(resources: Any) -> dict[str, int]:
     if not isinstance(resources, dict):
         return {}
     return {
-        resource: pods.parse_count(quantity)
+        resource: quantities.parse_count(quantity)
         for resource, quantity in resources.items()
-        if slimming.is_extended(resource)
+        if quantities.is_extended(resource)
     }
 
 
@@ -302,7 +302,7 @@ class Ledger:
         was rebound."""
         key = claims.key(claim)
         node = claims.node_name(claim)
-        count = pods.parse_count((claim.get("spec") or {}).get("count"))
+        count = quantities.parse_count((claim.get("spec") or {}).get("count"))
         new = None
         if claims.is_bound(claim) and resource_name and count:
             new = _Hold(node, resource_name, count, claims.covering_vmi(claim))

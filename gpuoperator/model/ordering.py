@@ -47,12 +47,11 @@ Every function is pure and idempotent: the same objects give the same refusals.
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import capacity, claims, echo, objects, pods, quota, tenants
+from gpuoperator.model import capacity, claims, echo, objects, quantities, quota, tenants
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -62,13 +61,6 @@ MAX_COUNT: Final = 2**31 - 1
 _COUNT_ALLOWED: Final = f"allowed: a whole number from 1 to {MAX_COUNT}"
 #: At most this many class names are listed after "known:" (admission messages stay short).
 MAX_KNOWN_LISTED: Final = 20
-
-#: A quantity whose value is zero, in resource.Quantity's grammar (``0``, ``0.0``, ``0k``...):
-#: :func:`pods.parse_count` reads both zero and invalid values as 0, this tells them apart.
-_ZERO: Final = re.compile(
-    r"[+-]?(?:0+(?:\.0*)?|\.0+)(?:[eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE])?"
-)
-
 
 # -- reading claims --------------------------------------------------------------------------
 
@@ -90,7 +82,7 @@ def ordered_class(claim: Mapping[str, Any]) -> str:
 
 def ordered_count(claim: Mapping[str, Any]) -> int:
     """The units a claim orders (``spec.count``); 0 when absent or not a whole number."""
-    return pods.parse_count(_spec(claim).get("count"))
+    return quantities.parse_count(_spec(claim).get("count"))
 
 
 def count_refusal(claim: Mapping[str, Any]) -> str | None:
@@ -167,19 +159,6 @@ def _precedes(other: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
 # -- budgets ---------------------------------------------------------------------------------
 
 
-def parse_budget(quantity: Any) -> int | None:
-    """A ``spec.hard`` value as whole units; ``None`` when it is not a non-negative whole
-    number (``"1.5"``, ``"500m"``, ``"-1"``, garbage). ``"4"``, ``4`` and ``"1k"`` parse."""
-    units = pods.parse_count(quantity)
-    if units:
-        return units
-    if isinstance(quantity, int) and not isinstance(quantity, bool) and quantity == 0:
-        return 0
-    if isinstance(quantity, str) and _ZERO.fullmatch(quantity.strip()):
-        return 0
-    return None
-
-
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
@@ -225,7 +204,7 @@ def budget_refusals(
                 continue
             used = usage(others, parsed[1])
             raw = hard[key]
-            limit = parse_budget(raw)
+            limit = quantities.parse_whole(raw)
             if limit is None:
                 refusals.append(
                     f"spec.count: budget exceeded: ResourceQuota {where} has an invalid value "

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpuoperator.model import capacity, ordering
+from gpuoperator.model import capacity, ordering, quantities
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -174,7 +174,7 @@ def test_creation_order_is_time_then_namespace_then_name() -> None:
     ],
 )
 def test_parse_budget(quantity: Any, expected: int | None) -> None:
-    assert ordering.parse_budget(quantity) == expected
+    assert quantities.parse_whole(quantity) == expected
 
 
 # -- budgets ---------------------------------------------------------------------------------

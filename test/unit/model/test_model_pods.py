@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import pods
+from gpuoperator.model import pods, quantities
 
 Obj = dict[str, Any]
 G = "nvidia.com/gpu"
@@ -77,7 +77,7 @@ def pod(
     ],
 )
 def test_parse_count(quantity: Any, expected: int) -> None:
-    assert pods.parse_count(quantity) == expected
+    assert quantities.parse_count(quantity) == expected
 
 
 @pytest.mark.parametrize(
