@@ -48,7 +48,7 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import claims, ordering, references
+from gpuoperator.model import claims, orders, references
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -243,7 +243,7 @@ class Attachments:
 
     def _restore(self, claim: Obj) -> Result | None:
         """Record the attachment of a held claim that exactly one live VMI uses."""
-        if not self.settings.gpu_for_vms or ordering.is_template_claim(claim):
+        if not self.settings.gpu_for_vms or orders.is_template_claim(claim):
             return None
         ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
         users = [

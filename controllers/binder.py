@@ -45,7 +45,7 @@ from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
-from gpuoperator.model import binding, conditions, ordering, tenants
+from gpuoperator.model import binding, conditions, orders, tenants
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.client import Obj
@@ -186,7 +186,7 @@ class Binder:
         quotas = self.caches.quotas.store.by_index(BY_NAMESPACE, ns)
         if not quotas:
             return None  # no budget in this namespace: nothing to add up
-        refusals = ordering.order_refusals_for_binding(
+        refusals = orders.order_refusals_for_binding(
             claim, quotas, self.caches.claims.store.by_index(BY_NAMESPACE, ns)
         )
         if refusals:

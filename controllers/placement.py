@@ -73,7 +73,7 @@ from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, conditions, ordering, pods, references
+from gpuoperator.model import binding, conditions, orders, pods, references
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors
@@ -384,7 +384,7 @@ class Placement:
             held.setdefault(_node(claim), []).append(claim)
         order = sorted(
             held,
-            key=lambda n: (-sum(ordering.ordered_count(c) for c in held[n]), -len(held[n]), n),
+            key=lambda n: (-sum(orders.ordered_count(c) for c in held[n]), -len(held[n]), n),
         )
         reasons: list[str] = []
         for target in order:
@@ -405,7 +405,7 @@ class Placement:
         need: dict[str, int] = {}
         free: dict[str, int] = {}
         for claim in moving:
-            name, class_name = _meta(claim)["name"], ordering.ordered_class(claim)
+            name, class_name = _meta(claim)["name"], orders.ordered_class(claim)
             until = binding.refused_until(claim, target, now)
             if until is not None:
                 return f"claim {name} skips it until {conditions.stamp(until)} (refused)"
@@ -415,7 +415,7 @@ class Placement:
                 return f"class {class_name} of claim {name} is unknown"
             if class_name not in class_free:
                 return f"it is not eligible for class {class_name} of claim {name}"
-            need[resource] = need.get(resource, 0) + ordering.ordered_count(claim)
+            need[resource] = need.get(resource, 0) + orders.ordered_count(claim)
             free[resource] = class_free[class_name]
         for resource in sorted(need):
             if need[resource] > free[resource]:
@@ -529,7 +529,7 @@ class Placement:
             return None
         resources: set[str] = set()
         for claim in claims:
-            cls = self.caches.classes.store.get(("", ordering.ordered_class(claim)))
+            cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
             if cls is not None and gpuclasses.resource_name(cls):
                 resources.add(gpuclasses.resource_name(cls))
         leaving = sorted(

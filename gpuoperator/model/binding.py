@@ -2,7 +2,7 @@
 and in which order.
 
 A waiting claim (phase ``Pending``, ``Lost`` or none yet, not being deleted) is bound to one
-node that is eligible for its class (:func:`scheduling.is_eligible`), has
+node that is eligible for its class (:func:`eligibility.is_eligible`), has
 ``free >= spec.count`` units of the class's resource (:meth:`capacity.Ledger.free`), and is
 not among the claim's unexpired ``status.refusedNodes``. Among those the ``placementPolicy``
 chooses: ``binpack`` takes the node with the least free that fits (large blocks stay whole for
@@ -10,7 +10,7 @@ large orders), ``spread`` the most free; ties go to the smallest node name, so t
 deterministic and two replicas (or a replica after a leader change) decide alike.
 
 **Order: strict FIFO per class with bounded bypass.** Claims of one class are considered in
-order of creation (:func:`ordering.creation_order`). A claim that fits nowhere does not stop
+order of creation (:func:`orders.creation_order`). A claim that fits nowhere does not stop
 the queue at once: later claims may be bound past it (a small order should not idle while
 capacity for a big one accumulates). But each such binding counts as one *bypass* of every
 older claim still waiting, and once a waiting claim has been bypassed ``max_bypass`` times
@@ -27,7 +27,7 @@ Choices where DESIGN.md is silent:
   above the largest allocatable) never blocks the line and is not counted: it would otherwise
   stop its class forever. Template claims skip the order webhook, so they can be like that.
 * Budgets are not judged here: the caller drops the claims that
-  :func:`ordering.order_refusals_for_binding` refuses before planning (they wait with
+  :func:`orders.order_refusals_for_binding` refuses before planning (they wait with
   ``BudgetExceeded``), so a claim over budget never blocks the line either.
 * One plan simulates its bindings on a local copy of the free units, so two claims of one
   plan never both take the last units of a node. The Ledger is only read.
@@ -46,7 +46,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
-from gpuoperator.model import capacity, claims, conditions, ordering, scheduling
+from gpuoperator.model import capacity, claims, conditions, eligibility, orders
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -177,9 +177,9 @@ def add_refusal(
 def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[str, Obj]:
     """The nodes that serve the class (:func:`capacity.serves`), by name."""
     return {
-        scheduling.node_name(node): node
+        eligibility.node_name(node): node
         for node in nodes
-        if scheduling.node_name(node) and capacity.serves(ledger, node, cls)
+        if eligibility.node_name(node) and capacity.serves(ledger, node, cls)
     }
 
 
@@ -200,7 +200,7 @@ def candidates(
     eligible for ``cls``, serving its resource with ``free >= spec.count``, not refused."""
     resource = gpuclasses.resource_name(cls)
     frees = {n: ledger.free(n, resource) for n in _serving(cls, nodes, ledger)}
-    return _fitting(ordering.ordered_count(claim), frees, unexpired_refusals(claim, now))
+    return _fitting(orders.ordered_count(claim), frees, unexpired_refusals(claim, now))
 
 
 def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
@@ -221,13 +221,13 @@ def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
 def is_waiting(claim: Obj) -> bool:
     """Whether the claim waits for a node: phase ``Pending``, ``Lost`` or none yet, and not
     being deleted (a claim on its way out is not given units)."""
-    return claims.phase(claim) in claims.WAITING_PHASES and ordering.charged(claim)
+    return claims.phase(claim) in claims.WAITING_PHASES and orders.charged(claim)
 
 
 def pending_in_order(claims: Iterable[Obj]) -> list[Obj]:
     """The waiting claims (:func:`is_waiting`) in order of creation, then namespace/name:
     the FIFO queue of one class when given one class's claims."""
-    return sorted((c for c in claims if is_waiting(c)), key=ordering.creation_order)
+    return sorted((c for c in claims if is_waiting(c)), key=orders.creation_order)
 
 
 def head_of_line_blocks(
@@ -296,7 +296,7 @@ def plan(
     serving = _serving(cls, nodes, ledger)
     frees = {n: ledger.free(n, resource) for n in serving}
     largest = max((ledger.allocatable(n, resource) for n in serving), default=0)
-    queue = [c for c in pending_in_order(claims_of_class) if ordering.ordered_class(c) == name]
+    queue = [c for c in pending_in_order(claims_of_class) if orders.ordered_class(c) == name]
 
     bindings: list[tuple[Key, str]] = []
     counts: dict[Key, int] = {}
@@ -305,7 +305,7 @@ def plan(
     blocker: Key | None = None
     for claim in queue:
         key = claims.key(claim)
-        need = ordering.ordered_count(claim)
+        need = orders.ordered_count(claim)
         if blocker is not None:
             waiting[key] = Waiting(
                 WaitReason.QUEUED, f"waiting behind older claim {_key_text(blocker)}"

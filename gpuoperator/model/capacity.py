@@ -48,7 +48,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
-from gpuoperator.model import claims, pods, quantities, scheduling
+from gpuoperator.model import claims, eligibility, pods, quantities
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -202,7 +202,7 @@ class Ledger:
         """Record a node's capacity and allocatable (extended resources only). Returns
         ``{name}`` when its figures changed, else an empty set. Eligibility (Ready, cordon,
         taints) is not a figure: callers judge it from the node object."""
-        name = scheduling.node_name(node)
+        name = eligibility.node_name(node)
         if not name:
             return set()
         status = node.get("status") or {}
@@ -484,8 +484,8 @@ def serves(ledger: Ledger, node: Obj, cls: Obj) -> bool:
     resource = gpuclasses.resource_name(cls)
     return (
         bool(resource)
-        and ledger.allocatable(scheduling.node_name(node), resource) > 0
-        and scheduling.is_eligible(node, cls)
+        and ledger.allocatable(eligibility.node_name(node), resource) > 0
+        and eligibility.is_eligible(node, cls)
     )
 
 
@@ -494,7 +494,7 @@ def class_figures(ledger: Ledger, cls: Obj, nodes: Iterable[Obj]) -> ClassFigure
     <serves>` it. Figures come from the ledger; eligibility from the node objects."""
     resource = gpuclasses.resource_name(cls)
     frees = [
-        ledger.free(scheduling.node_name(node), resource)
+        ledger.free(eligibility.node_name(node), resource)
         for node in nodes
         if serves(ledger, node, cls)
     ]
@@ -510,7 +510,7 @@ def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[C
     there, sorted by class name, at most :data:`MAX_NODE_CLASSES` of them (the first by
     name: a longer list would fail every status write; ``GPUClass.status`` is not affected).
     """
-    name = scheduling.node_name(node)
+    name = eligibility.node_name(node)
     return sorted(
         (
             ClassFree(

@@ -69,7 +69,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, NoReturn
 
 from gpuoperator import names
-from gpuoperator.model import claims, hostdevices, ordering, tenants
+from gpuoperator.model import claims, hostdevices, orders, tenants
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -380,7 +380,7 @@ def class_names(refs: Iterable[Reference], claims: Mapping[str, Obj]) -> list[st
         if isinstance(ref, TemplateRef):
             seen.setdefault(ref.class_name)
         elif ref.claim in claims:
-            name = ordering.ordered_class(claims[ref.claim])
+            name = orders.ordered_class(claims[ref.claim])
             if name:
                 seen.setdefault(name)
     return list(seen)
@@ -473,7 +473,7 @@ def is_template_claim_of(claim: Mapping[str, Any], vmi: Mapping[str, Any]) -> bo
     """Whether ``claim`` is a marked claim controlled by this very VMI (same UID): the only
     claims the template controller treats as its own."""
     uid = _meta(vmi).get("uid")
-    if not uid or not ordering.is_template_claim(claim):
+    if not uid or not orders.is_template_claim(claim):
         return False
     owner = claims.controlling_vmi(claim)
     return owner is not None and owner.uid == uid
@@ -655,11 +655,11 @@ def vmi_refusals(
         if claim is None:
             refusals.append(
                 f"{field}: no such GPUClaim in namespace {namespace_name} (known: "
-                f"{_listed(n for n, c in claims.items() if not ordering.is_template_claim(c))}"
+                f"{_listed(n for n, c in claims.items() if not orders.is_template_claim(c))}"
                 "); allowed: a claim you ordered, or a claimTemplate"
             )
             continue
-        if ordering.is_template_claim(claim):
+        if orders.is_template_claim(claim):
             refusals.append(
                 f"{field}: the operator made this claim from a VM's claim template (label "
                 f"{names.TEMPLATE_CLAIM_LABEL}={names.TRUE}) and only that VM uses it; "
@@ -683,7 +683,7 @@ def vmi_refusals(
                 f"claim serves one VM at a time; allowed: a claim no other live VM uses (stop "
                 f"{other} first and retry once it is gone, or order another claim)"
             )
-        class_name = ordering.ordered_class(claim)
+        class_name = orders.ordered_class(claim)
         cls = classes.get(class_name)
         if cls is None:
             refusals.append(
@@ -716,7 +716,7 @@ def gpu_entries(
             claim = claims.get(ref.claim)
             if claim is None:
                 raise ValueError(f"claim {ref.claim} is unknown")
-            class_name, count = ordering.ordered_class(claim), ordering.ordered_count(claim)
+            class_name, count = orders.ordered_class(claim), orders.ordered_count(claim)
         cls = classes.get(class_name)
         if cls is None:
             raise ValueError(f"class {class_name} is unknown")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuoperator.model import binding, claims, conditions, ordering
+from gpuoperator.model import binding, claims, conditions, orders
 
 Obj = dict[str, Any]
 
@@ -61,7 +61,7 @@ def of_claims(claims: Iterable[Obj], now: datetime.datetime) -> ClaimTally:
     counts: Counter[tuple[str, str, str]] = Counter()
     oldest: dict[str, float] = {}
     for claim in claims:
-        cls = ordering.ordered_class(claim)
+        cls = orders.ordered_class(claim)
         counts[(cls, phase(claim), reason(claim))] += 1
         if not binding.is_waiting(claim):
             continue

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import capacity, objects, scheduling
+from gpuoperator.model import capacity, eligibility, objects
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -769,7 +769,7 @@ def test_class_free_is_the_sum_of_free_over_its_eligible_nodes(
     eligible = [
         n["metadata"]["name"]
         for n in nodes
-        if scheduling.is_eligible(n, cls) and ledger.allocatable(n["metadata"]["name"], resource)
+        if eligibility.is_eligible(n, cls) and ledger.allocatable(n["metadata"]["name"], resource)
     ]
     frees = [ledger.free(n, resource) for n in eligible]
     figures = capacity.class_figures(ledger, cls, nodes)
