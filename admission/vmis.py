@@ -5,7 +5,7 @@ only VMIs that name their GPUs by reference. For such a VMI it:
 
 1. parses the annotation ``gpu.cozystack.io/claims`` (a missing or malformed annotation is
    refused with the parser's message);
-2. refuses what needs no placement to judge (``references.vmi_refusals``: unknown class or
+2. refuses what needs no placement to judge (``vmi_admission.vmi_refusals``: unknown class or
    claim, a claim another live VMI uses, a template claim named directly, count > maxCount,
    missing vGPU entitlement, raw ``gpus`` entries or ``hostDevices`` naming any class's
    resource next to references, a resource the KubeVirt
@@ -53,7 +53,7 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, references
+from gpuoperator.model import echo, references, vmi_admission
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 from gpuoperator.runtime.client import Kind
@@ -145,14 +145,14 @@ class VmiWebhook:
             )
         try:
             refs = references.from_object(vmi)
-        except references.ReferenceError as exc:
+        except references.AnnotationError as exc:
             return Admission.refuse(who + str(exc))
 
         classes = _by_name(self.caches.classes.store.values())
         claims = _by_name(self.caches.claims.store.by_index(BY_NAMESPACE, namespace))
         cached_vmis = _by_name(self.caches.vmis.store.by_index(BY_NAMESPACE, namespace))
         live_vmis = {name: v for name, v in cached_vmis.items() if name != vmi_name}
-        refusals = references.vmi_refusals(
+        refusals = vmi_admission.vmi_refusals(
             vmi,
             refs,
             classes=classes,
@@ -170,7 +170,7 @@ class VmiWebhook:
         if retry:
             return Admission.refuse(who + "; ".join(retry), reason="Conflict", code=409)
 
-        patch = references.gpus_patch(vmi, references.gpu_entries(refs, classes, claims))
+        patch = vmi_admission.gpus_patch(vmi, vmi_admission.gpu_entries(refs, classes, claims))
         if request.dry_run:
             return Admission.allow(patch=patch)
         for claim_name in held:
@@ -221,7 +221,7 @@ class VmiWebhook:
         re-read the claim and try again — unless it is now attached to another VM."""
         for attempt in range(attempts):
             resource_version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
-            body = references.attachment_patch(vmi_name, resource_version or None)
+            body = vmi_admission.attachment_patch(vmi_name, resource_version or None)
             try:
                 self.writer.patch(GPUClaim, claim_name, body, namespace, subresource="status")
                 return

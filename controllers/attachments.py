@@ -86,7 +86,7 @@ def uses_claim(vmi: Obj, claim_name: str) -> bool:
         return False
     try:
         refs = references.from_object(vmi)
-    except references.ReferenceError:
+    except references.AnnotationError:
         return False
     return claim_name in references.held_claims(refs)
 
@@ -285,7 +285,7 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
         if attachment(c).get("vmi") == name
     }
     if references.has_references(vmi):
-        with contextlib.suppress(references.ReferenceError):
+        with contextlib.suppress(references.AnnotationError):
             keys.update((ns, held) for held in references.held_claims(references.from_object(vmi)))
     return sorted(keys)
 

@@ -45,9 +45,8 @@ from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
-from gpuoperator.model import binding, conditions, orders, tenants
+from gpuoperator.model import binding, conditions, orders
 from gpuoperator.model import claims as gpuclaims
-from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -134,7 +133,7 @@ class Binder:
                 continue
             why = self._refusal(claim, cls)
             if why is not None:
-                self._wait(claim, *why)
+                self._wait(claim, why.reason.value, why.message)
             else:
                 candidates.append(claim)
         now = self.clock.now()
@@ -174,24 +173,13 @@ class Binder:
             future.result()  # raises the first failure, now that none is in flight
 
     # ---- decisions --------------------------------------------------------------------
-    def _refusal(self, claim: Obj, cls: Obj) -> tuple[str, str] | None:
+    def _refusal(self, claim: Obj, cls: Obj) -> orders.Refusal | None:
         ns = claim["metadata"]["namespace"]
         namespace = self.caches.namespaces.store.get(("", ns))
-        if gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
-            return (
-                "NotEntitled",
-                f"class {gpuclasses.name(cls)} is a vGPU class; namespace "
-                f"{ns} is not entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}=true)",
-            )
         quotas = self.caches.quotas.store.by_index(BY_NAMESPACE, ns)
-        if not quotas:
-            return None  # no budget in this namespace: nothing to add up
-        refusals = orders.order_refusals_for_binding(
-            claim, quotas, self.caches.claims.store.by_index(BY_NAMESPACE, ns)
-        )
-        if refusals:
-            return ("BudgetExceeded", "; ".join(refusals))
-        return None
+        # No budget in this namespace: nothing to add up, so no claims are read.
+        others = self.caches.claims.store.by_index(BY_NAMESPACE, ns) if quotas else []
+        return orders.binding_refusal(claim, cls, namespace, quotas, others)
 
     def _bind(self, intended: Obj, node: str) -> None:
         count = intended["spec"]["count"]

@@ -2,21 +2,21 @@
 when that node refuses it (DESIGN.md §5 "VMs").
 
 Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
-WaitForFirstConsumer volumes (``references.launcher_pod_kind``) of a VM with claim
+WaitForFirstConsumer volumes (``launcher_pods.launcher_pod_kind``) of a VM with claim
 references. Migration targets are never touched (KubeVirt renders them afresh and deletes
 them when they stay pending). Two situations are handled:
 
 **A gated pod** (the pod webhook added ``gpu.cozystack.io/placement``). Its VMI is found
 through the pod's controller ownerReference (else the ``vm.kubevirt.io/name`` label, else
 the VMI whose UID the ``kubevirt.io/created-by`` label names), its claims through the pod's
-references (``references.claim_names``: held claims by name, template claims by
+references (``templates.claim_names``: held claims by name, template claims by
 ``<vmi>-gpu-<index>``). The pod waits, gated, until every claim exists, is not being
 deleted, is not attached to another live VM, is a template claim of this very VMI (not of an
 earlier VMI of that name still being collected), and is Bound. Then:
 
 * all Bound to ONE node that still exists: the full pod is read (cached pods are slim and
   carry no affinity) and ONE merge patch with its resourceVersion
-  (``references.pin_and_ungate``) adds the required node affinity and removes the gate — the
+  (``launcher_pods.pin_and_ungate``) adds the required node affinity and removes the gate — the
   API server accepts the affinity only while the pod is gated. Event ``Pinned`` on the pod.
 * Bound to several nodes: the set is gathered on one of them. Candidate targets are the
   set's nodes, the one holding most of its units first; the claims on other nodes are moved
@@ -73,7 +73,15 @@ from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, conditions, orders, pods, references
+from gpuoperator.model import (
+    binding,
+    conditions,
+    launcher_pods,
+    orders,
+    pods,
+    references,
+    templates,
+)
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors
@@ -140,14 +148,14 @@ def is_unschedulable(pod: Obj) -> bool:
 
 
 def _placed_pod(pod: Obj) -> bool:
-    return references.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
+    return launcher_pods.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
         "deletionTimestamp"
     )
 
 
 def needs_pin(pod: Obj) -> bool:
     """A launcher (or temporary) pod still held at the placement gate."""
-    return _placed_pod(pod) and references.is_gated(pod)
+    return _placed_pod(pod) and launcher_pods.is_gated(pod)
 
 
 def maybe_refused(pod: Obj) -> bool:
@@ -155,7 +163,7 @@ def maybe_refused(pod: Obj) -> bool:
     refusal if the operator pinned it (only the full pod shows the affinity)."""
     return (
         _placed_pod(pod)
-        and not references.is_gated(pod)
+        and not launcher_pods.is_gated(pod)
         and not pods.node_name(pod)
         and is_unschedulable(pod)
     )
@@ -170,7 +178,7 @@ def vmi_name_of(pod: Obj) -> str:
     """The name of the pod's VMI as the pod itself says it ("" when it does not): its
     controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
     for owner in _meta(pod).get("ownerReferences") or []:
-        if owner.get("kind") == references.VMI_KIND and owner.get("controller"):
+        if owner.get("kind") == names.VMI_KIND and owner.get("controller"):
             return str(owner.get("name") or "")
     return str((_meta(pod).get("labels") or {}).get(VM_NAME_LABEL) or "")
 
@@ -231,27 +239,27 @@ class Placement:
                 pod,
                 "Warning",
                 "the pod names no VM instance (no controller ownerReference to a "
-                f"{references.VMI_KIND}, no {VM_NAME_LABEL} or {CREATED_BY_LABEL} label)",
+                f"{names.VMI_KIND}, no {VM_NAME_LABEL} or {CREATED_BY_LABEL} label)",
             )
         try:
             refs = references.from_object(pod)
-        except references.ReferenceError as exc:
+        except references.AnnotationError as exc:
             return self._wait(pod, "Warning", str(exc))
-        names_ = references.claim_names(vmi_name, refs)
-        templates = {
+        names_ = templates.claim_names(vmi_name, refs)
+        made = {
             name
             for name, ref in zip(names_, refs, strict=True)
             if isinstance(ref, references.TemplateRef)
         }
         if needs_pin(pod):
-            return self._place(pod, vmi_name, vmi_uid, names_, templates)
+            return self._place(pod, vmi_name, vmi_uid, names_, made)
         return self._refused(pod, vmi_name, vmi_uid, names_)
 
     def _vmi_of(self, pod: Obj) -> tuple[str, str]:
         """The pod's VMI name and UID ("" when unknown)."""
         ns = str(_meta(pod).get("namespace") or "")
         for owner in _meta(pod).get("ownerReferences") or []:
-            if owner.get("kind") == references.VMI_KIND and owner.get("controller"):
+            if owner.get("kind") == names.VMI_KIND and owner.get("controller"):
                 return str(owner.get("name") or ""), str(owner.get("uid") or "")
         labels = _meta(pod).get("labels") or {}
         name = str(labels.get(VM_NAME_LABEL) or "")
@@ -277,7 +285,7 @@ class Placement:
 
     # ---- gated pods ------------------------------------------------------------------------
     def _place(
-        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str], templates: set[str]
+        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str], made: set[str]
     ) -> Result | None:
         ns = str(_meta(pod).get("namespace"))
         vmi = self.caches.vmis.store.get((ns, vmi_name))
@@ -289,11 +297,11 @@ class Placement:
         for name in claim_names:
             claim = self.caches.claims.store.get((ns, name))
             if claim is None:
-                made = " (it is made from the VM's claim template)" if name in templates else ""
-                return self._wait(pod, "Normal", f"claim {name} does not exist yet{made}")
+                why = " (it is made from the VM's claim template)" if name in made else ""
+                return self._wait(pod, "Normal", f"claim {name} does not exist yet{why}")
             if _meta(claim).get("deletionTimestamp"):
                 return self._wait(pod, "Warning", f"claim {name} is being deleted")
-            if name in templates and vmi_uid and not references.is_template_claim_of(claim, owner):
+            if name in made and vmi_uid and not templates.is_template_claim_of(claim, owner):
                 return self._wait(
                     pod,
                     "Normal",
@@ -328,10 +336,10 @@ class Placement:
             full = self.writer.get(pykube.Pod, key[1], key[0])
         except errors.NotFoundError:
             return None
-        if not references.is_gated(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
+        if not launcher_pods.is_gated(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
             log.info("pod changed meanwhile; judging again", reason="Stale")
             return Result(requeue_after=RETRY)
-        patch = references.pin_and_ungate(full, node)
+        patch = launcher_pods.pin_and_ungate(full, node)
         try:
             self.writer.patch(pykube.Pod, key[1], patch, key[0])
         except errors.ConflictError:
@@ -464,7 +472,7 @@ class Placement:
             return None
         if not maybe_refused(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
             return None  # the cache was behind: the pod was scheduled or replaced
-        node = references.pinned_node(full)
+        node = launcher_pods.pinned_node(full)
         if node is None:
             log.info("unschedulable pod not pinned by the operator; left alone", reason="NotPinned")
             return None
@@ -507,8 +515,8 @@ class Placement:
                 "Warning",
                 REFUSED,
                 message,
-                kind=references.VMI_KIND,
-                api_version=references.KUBEVIRT_API_VERSION,
+                kind=names.VMI_KIND,
+                api_version=names.KUBEVIRT_API_VERSION,
             )
         else:
             self._event_pod(full, "Warning", REFUSED, message)
@@ -628,7 +636,7 @@ def vmis_of_claim(claim: Obj) -> set[str]:
     found.update(
         str(owner.get("name") or "")
         for owner in _meta(claim).get("ownerReferences") or []
-        if owner.get("kind") == references.VMI_KIND and owner.get("controller")
+        if owner.get("kind") == names.VMI_KIND and owner.get("controller")
     )
     return found - {""}
 

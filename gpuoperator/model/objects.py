@@ -6,8 +6,6 @@ of the product: the runtime (generic) and the model (pure) can both use it. Pure
 idempotent.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,3 +19,22 @@ def key(obj: Mapping[str, Any]) -> Key:
     if not isinstance(meta, Mapping):
         return ("", "")
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``metadata`` (empty when absent or not an object)."""
+    return _mapping((obj or {}).get("metadata"))
+
+
+def labels(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``metadata.labels`` (empty when absent or not an object)."""
+    return _mapping(meta(obj).get("labels"))
+
+
+def annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``metadata.annotations`` (empty when absent or not an object)."""
+    return _mapping(meta(obj).get("annotations"))

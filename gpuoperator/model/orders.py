@@ -1,5 +1,6 @@
-"""Ordering a claim (DESIGN.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the
-refusals of one GPUClaim order, decided once for the order webhook and the binder's re-check.
+"""Orders (DESIGN.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the refusals of
+one GPUClaim order, decided once for the order webhook, the VMI webhook's claim templates and
+the binder's re-check at bind time (:func:`binding_refusal`).
 
 An order is refused, in this order, when:
 
@@ -11,7 +12,11 @@ An order is refused, in this order, when:
 3. ``spec.count`` is above the class's published ``status.maxFreePerNode``: it cannot fit on
    any node now (skipped when the class's figures are not known yet);
 4. a budget would be exceeded (:func:`budget_refusals`; the messages name ``spec.count``);
-5. the class is ``vgpu`` and the namespace lacks the vGPU entitlement.
+5. the class is ``vgpu`` and the namespace lacks the vGPU entitlement
+   (:func:`entitlement_refusal`).
+
+The maxCount and entitlement refusals read the same wherever they are made
+(:func:`max_count_refusal`, :func:`entitlement_refusal`; each caller puts the field first).
 
 Every message names the field, the value and what is allowed, in words a tenant understands.
 All applicable refusals are returned (a tenant fixes them at once), not only the first.
@@ -33,20 +38,24 @@ Choices where DESIGN.md is silent:
 * A quota's ``spec.scopes``/``scopeSelector`` are ignored: scopes select pods, never claims.
 * The claim being judged is excluded from "the others" by namespace/name, so re-checking an
   existing claim does not count it twice.
-* At bind time (:func:`order_refusals_for_binding`) only budgets are re-checked: capacity is
-  the binder's own decision against nodes, and the rest cannot change for an existing claim
-  (its spec is immutable, its class is protected by a finalizer; the vGPU entitlement is
-  checked by the order and VMI webhooks). To settle two orders that passed the webhook at
-  once, the re-check counts only the claims that are bound or were created before this one:
-  the older order keeps its budget and the younger waits, instead of each waiting on the
-  other forever.
+* At bind time (:func:`binding_refusal`, the binder's one check before planning) the vGPU
+  entitlement and the budgets are re-checked: a template claim never met the order webhook,
+  a namespace can lose its entitlement label after ordering, and two orders can pass the
+  webhook at once. Capacity is the binder's own decision against nodes, and the rest cannot
+  change for an existing claim (its spec is immutable, its class is protected by a
+  finalizer). To settle two orders that passed the webhook at once, the budget re-check
+  (:func:`order_refusals_for_binding`) counts only the claims that are bound or were created
+  before this one: the older order keeps its budget and the younger waits, instead of each
+  waiting on the other forever.
 
 Every function is pure and idempotent: the same objects give the same refusals.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -175,7 +184,6 @@ def budget_refusals(
     claim: Mapping[str, Any],
     quotas: Iterable[Mapping[str, Any]],
     namespace_claims: Iterable[Mapping[str, Any]],
-    classes_by_name: Mapping[str, Obj] | None = None,
 ) -> list[str]:
     """The budgets ``claim`` would exceed, one message per quota and key.
 
@@ -183,10 +191,8 @@ def budget_refusals(
     GPUClaims (the claim itself may be among them: it is not counted twice). For each quota
     (sorted by name) the claim's class key, then the total key, is checked when present:
     refused when the other charged claims' usage plus ``spec.count`` exceeds the limit.
-    ``classes_by_name`` is not needed by the rule (usage follows each claim's
-    ``spec.className``); it is accepted so callers holding the catalog can pass it.
+    Usage follows each claim's ``spec.className``, so no class object is needed.
     """
-    del classes_by_name  # usage is attributed by spec.className, see the docstring
     own_key = claims.key(claim)
     own_class = ordered_class(claim)
     ordered = ordered_count(claim)
@@ -218,6 +224,36 @@ def budget_refusals(
                     f"{_held(used)}, {_ordered(ordered)}"
                 )
     return refusals
+
+
+# -- the refusals every caller shares ----------------------------------------------------------
+
+
+def max_count_refusal(cls: Obj, count: int) -> str | None:
+    """Why ``count`` units are more than one claim of ``cls`` may order (its effective
+    maxCount, :func:`classes.effective_max_count`); ``None`` when they are not. The caller
+    names the field first (``spec.count``, a claim template's ``count``)."""
+    max_count = gpuclasses.effective_max_count(cls)
+    if max_count is None or count <= max_count:
+        return None
+    return (
+        f"class {echo.clip(gpuclasses.name(cls))} allows at most "
+        f"{_plural(max_count, 'GPU', 'GPUs')} per claim, {_ordered(count)}"
+    )
+
+
+def entitlement_refusal(
+    cls: Obj, namespace: Mapping[str, Any] | None, namespace_name: str
+) -> str | None:
+    """Why the namespace ``namespace_name`` (its object ``namespace``; ``None``: unknown, not
+    entitled) may not use ``cls``: a ``vgpu`` class needs the namespace's vGPU entitlement
+    label; ``None`` when it may. The caller names the field first."""
+    if not gpuclasses.is_vgpu(cls) or tenants.vgpu_entitled(namespace):
+        return None
+    return (
+        f"class {echo.clip(gpuclasses.name(cls))} is a vGPU class; namespace {namespace_name} "
+        f"is not entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}={names.TRUE})"
+    )
 
 
 # -- the order -------------------------------------------------------------------------------
@@ -264,12 +300,9 @@ def order_refusals(
             "the classes are listed by kubectl get gpuclasses"
         )
     elif bad_count is None:
-        max_count = gpuclasses.effective_max_count(cls)
-        if max_count is not None and ordered > max_count:
-            refusals.append(
-                f"spec.count: class {wanted} allows at most {_plural(max_count, 'GPU', 'GPUs')} "
-                f"per claim, {_ordered(ordered)}"
-            )
+        too_many = max_count_refusal(cls, ordered)
+        if too_many is not None:
+            refusals.append(f"spec.count: {too_many}")
         if figures is not None and ordered > figures.max_free_per_node:
             most = figures.max_free_per_node
             room = (
@@ -280,12 +313,10 @@ def order_refusals(
             refusals.append(f"spec.count: class {wanted} {room}, {_ordered(ordered)}")
     if bad_count is None:
         refusals.extend(budget_refusals(claim, quotas, namespace_claims))
-    if cls is not None and gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
-        namespace_name = str(_meta(namespace or {}).get("name") or claims.key(claim)[0])
-        refusals.append(
-            f"spec.className: class {wanted} is a vGPU class; namespace {namespace_name} is not "
-            f"entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}={names.TRUE})"
-        )
+    namespace_name = str(_meta(namespace or {}).get("name") or claims.key(claim)[0])
+    not_entitled = None if cls is None else entitlement_refusal(cls, namespace, namespace_name)
+    if not_entitled is not None:
+        refusals.append(f"spec.className: {not_entitled}")
     return refusals
 
 
@@ -306,3 +337,41 @@ def order_refusals_for_binding(
         c for c in namespace_claims if claims.phase(c) == claims.Phase.BOUND or _precedes(c, claim)
     ]
     return budget_refusals(claim, quotas, earlier)
+
+
+class RefusalReason(enum.StrEnum):
+    """Why the binder leaves a claim waiting before planning; the values are the ``Bound``
+    condition's reasons."""
+
+    NOT_ENTITLED = "NotEntitled"
+    BUDGET_EXCEEDED = "BudgetExceeded"
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A claim refused at bind time: the condition reason and a message a tenant reads."""
+
+    reason: RefusalReason
+    message: str
+
+
+def binding_refusal(
+    claim: Mapping[str, Any],
+    cls: Obj,
+    namespace: Mapping[str, Any] | None,
+    quotas: Iterable[Mapping[str, Any]],
+    namespace_claims: Sequence[Mapping[str, Any]],
+) -> Refusal | None:
+    """Why the binder must not bind ``claim`` of class ``cls`` now (see the module
+    docstring), ``None`` when it may: the namespace (``namespace``; ``None``: unknown) lacks
+    the vGPU entitlement (:func:`entitlement_refusal`, the order webhook's message), else a
+    budget would be exceeded (:func:`order_refusals_for_binding`, all of them in one
+    message). A caller without quotas may pass no claims: nothing is added up then."""
+    namespace_name = claims.key(claim)[0]
+    not_entitled = entitlement_refusal(cls, namespace, namespace_name)
+    if not_entitled is not None:
+        return Refusal(RefusalReason.NOT_ENTITLED, not_entitled)
+    over = order_refusals_for_binding(claim, quotas, namespace_claims)
+    if over:
+        return Refusal(RefusalReason.BUDGET_EXCEEDED, "; ".join(over))
+    return None

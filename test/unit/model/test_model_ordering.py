@@ -399,8 +399,6 @@ BUDGET_CASES = [
 def test_budget_refusals(
     new: Obj, quotas: list[Obj], others: list[Obj], expected: list[str]
 ) -> None:
-    assert orders.budget_refusals(new, quotas, others, {"a10": A10}) == expected
-    # The classes are not needed to attribute usage: same answer without them.
     assert orders.budget_refusals(new, quotas, others) == expected
 
 
