@@ -63,7 +63,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
-from collections.abc import Iterable
 from typing import Any, Final
 
 import pykube
@@ -76,6 +75,7 @@ from gpuoperator.inventory import Inventory
 from gpuoperator.model import (
     binding,
     conditions,
+    gathering,
     launcher_pods,
     orders,
     pods,
@@ -194,10 +194,6 @@ def _phase(claim: Obj) -> str:
 
 def _node(claim: Obj) -> str:
     return str(_status(claim).get("nodeName") or "")
-
-
-def _units(n: int) -> str:
-    return f"{n} unit{'' if n == 1 else 's'}"
 
 
 # ---- the controller --------------------------------------------------------------------------
@@ -369,7 +365,8 @@ class Placement:
             fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
             if len({_node(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
-            target, moving, why = self._move_plan(fresh)
+            plan = self._move_plan(fresh)
+            target, moving, why = plan.target, plan.moving, plan.why
             if target is None:
                 where = ", ".join(f"{_meta(c)['name']} on {_node(c)}" for c in fresh)
                 return self._wait(
@@ -385,50 +382,20 @@ class Placement:
         # net for a claim whose update maps to no VMI (an attachment cleared meanwhile).
         return Result(requeue_after=WAIT_RECHECK)
 
-    def _move_plan(self, claims: list[Obj]) -> tuple[str | None, list[Obj], str]:
-        """``(target, claims to move there, "")``, or ``(None, [], why)``."""
-        held: dict[str, list[Obj]] = {}
-        for claim in claims:
-            held.setdefault(_node(claim), []).append(claim)
-        order = sorted(
-            held,
-            key=lambda n: (-sum(orders.ordered_count(c) for c in held[n]), -len(held[n]), n),
-        )
-        reasons: list[str] = []
-        for target in order:
-            moving = [c for c in claims if _node(c) != target]
-            why = self._fit(target, moving)
-            if why is None:
-                return target, moving, ""
-            reasons.append(f"{target}: {why}")
-        return None, [], "; ".join(reasons)
-
-    def _fit(self, target: str, moving: Iterable[Obj]) -> str | None:
-        """Why ``moving`` cannot all be moved to ``target`` now (``None``: they can)."""
-        if not self.inventory.has_node(target):
-            return "the node is gone"
-        view = self.inventory.node(target)
-        class_free = {c["name"]: c["free"] for c in view.classes} if view is not None else {}
-        now = self.clock.now()
-        need: dict[str, int] = {}
-        free: dict[str, int] = {}
-        for claim in moving:
-            name, class_name = _meta(claim)["name"], orders.ordered_class(claim)
-            until = binding.refused_until(claim, target, now)
-            if until is not None:
-                return f"claim {name} skips it until {conditions.stamp(until)} (refused)"
+    def _move_plan(self, claims: list[Obj]) -> gathering.Gathering:
+        """Where ``claims`` gather, on the inventory's figures (``model.gathering``)."""
+        class_free: dict[str, dict[str, int] | None] = {}
+        for node in {_node(c) for c in claims}:
+            if not self.inventory.has_node(node):
+                class_free[node] = None
+                continue
+            view = self.inventory.node(node)
+            class_free[node] = {c["name"]: c["free"] for c in view.classes} if view else {}
+        resources: dict[str, str] = {}
+        for class_name in {orders.ordered_class(c) for c in claims}:
             cls = self.caches.classes.store.get(("", class_name))
-            resource = gpuclasses.resource_name(cls) if cls is not None else ""
-            if not resource:
-                return f"class {class_name} of claim {name} is unknown"
-            if class_name not in class_free:
-                return f"it is not eligible for class {class_name} of claim {name}"
-            need[resource] = need.get(resource, 0) + orders.ordered_count(claim)
-            free[resource] = class_free[class_name]
-        for resource in sorted(need):
-            if need[resource] > free[resource]:
-                return f"{_units(need[resource])} of {resource} needed, {free[resource]} free"
-        return None
+            resources[class_name] = gpuclasses.resource_name(cls) if cls is not None else ""
+        return gathering.gather(claims, class_free, resources, self.clock.now())
 
     def _move(self, claim: Obj, target: str, vmi_name: str) -> bool:
         now = self.clock.now()
