@@ -17,7 +17,7 @@ claim's first, and binding after it spares a conflict on every new claim.
 
 Never over-allocating rests on four things:
 
-* one decision at a time: a pass holds ``Inventory.decisions`` (placement's moves take it
+* one decision at a time: a pass holds ``Inventory.allocation_lock`` (placement's moves take it
   too) from reading the figures until **every** write it started has ended — a failed
   write does not let the pass leave while the others are still in flight;
 * the claims and figures a pass reads are the inventory's *assumed* state: a plan's
@@ -97,7 +97,7 @@ class Binder:
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
-        with self.inventory.decisions:
+        with self.inventory.allocation_lock:
             return self._reconcile(key[1])
 
     def _reconcile(self, class_name: str) -> Result | None:

@@ -43,7 +43,7 @@ here). Events ``RefusedByNode`` on each claim and on the VMI.
 Choices where DESIGN.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
-  ``Inventory.decisions``, the lock every binder pass holds too, and it goes through the
+  ``Inventory.allocation_lock``, the lock every binder pass holds too, and it goes through the
   same write-back (``claim_status``): counted in the inventory before it is sent, kept
   there until the watch delivers a newer version.
 * **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
@@ -360,7 +360,7 @@ class Placement:
 
     def _gather(self, pod: Obj, vmi_name: str, claims: list[Obj]) -> Result | None:
         """Move the claims bound elsewhere to one node of the set, or say why not."""
-        with self.inventory.decisions:
+        with self.inventory.allocation_lock:
             # Judge on the inventory's view: another reconcile may have just moved claims.
             fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
             if len({_node(c) for c in fresh}) == 1:

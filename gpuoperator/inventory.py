@@ -103,11 +103,11 @@ class Inventory:
         #: nodes and classes whose figures (or claims) changed. Controllers declare it in
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
         self.changes = Feed("inventory")
-        #: Held by every decision that hands out units (the binder's passes, placement's
-        #: moves) from reading the figures until every write it started has ended (each
-        #: assumed here before it was sent): two such decisions never give the same free
-        #: units away.
-        self.decisions = threading.RLock()
+        #: Guards the allocation of free units. Invariant: a decision that hands out units
+        #: (a binder pass, placement's moves) holds it from reading the figures until every
+        #: write it started has ended, each assumed here before it was sent; so two such
+        #: decisions never give the same free units away.
+        self.allocation_lock = threading.RLock()
 
     # ---- wiring ---------------------------------------------------------------------
     def connect(self, caches: Caches) -> None:

@@ -1164,3 +1164,34 @@ def test_claims_and_vmis_map_to_the_watched_launcher_pods(world: World) -> None:
     assert placement.vmis_of_claim(template) == {"vm1"}
     assert placement.pods_of_vmi(world.caches, NS, "vm1") == [POD]
     assert placement.pods_of_vmi(world.caches, NS, "vm2") == []
+
+
+def test_moves_are_decided_and_written_under_the_binders_allocation_lock(world: World) -> None:
+    """Placement's moves take ``Inventory.allocation_lock``, the lock every binder pass holds,
+    from reading the figures until the move's write has ended."""
+    bound_set(world, hold_node="n1", template_node="n2")
+    world.put_pod(launcher_pod())
+    held_while: list[bool] = []
+    lock = world.inventory.allocation_lock
+
+    class Watched:
+        def __enter__(self) -> None:
+            lock.acquire()
+            held_while.append(True)
+
+        def __exit__(self, *_: object) -> None:
+            held_while.append(False)
+            lock.release()
+
+    world.inventory.allocation_lock = Watched()  # type: ignore[assignment]
+    controller = world.placement()
+    original = controller.statuses.write
+
+    def write_checked(*args: Any, **kwargs: Any) -> Any:
+        assert held_while[-1:] == [True]  # inside the lock
+        return original(*args, **kwargs)
+
+    controller.statuses.write = write_checked  # type: ignore[method-assign]
+    assert requeue(controller.reconcile(POD)) == placement.WAIT_RECHECK
+    assert [verb for verb, *_ in world.api.writes()] == ["replace_status"]
+    assert held_while == [True, False]

@@ -130,7 +130,7 @@ class Events:
 
 
 class WatchedLock:
-    """``Inventory.decisions`` that sets ``contended`` when a thread has to wait for it."""
+    """``Inventory.allocation_lock`` that sets ``contended`` when a thread has to wait for it."""
 
     def __init__(self, contended: threading.Event) -> None:
         self._lock = threading.RLock()
@@ -258,7 +258,7 @@ def test_a_failed_write_does_not_let_the_next_pass_plan_while_another_write_is_i
     world.put_claim(claim("big", "large", 2, second=3))
     # The slow write lands once the "large" pass has to wait for the lock, or has ended.
     s2_in_flight, go = threading.Event(), threading.Event()
-    world.inventory.decisions = WatchedLock(contended=go)  # type: ignore[assignment]
+    world.inventory.allocation_lock = WatchedLock(contended=go)  # type: ignore[assignment]
 
     def deleted_meanwhile(_obj: Obj) -> None:
         assert s2_in_flight.wait(WAIT)  # fail only once the other write is in flight
