@@ -103,9 +103,6 @@ SETTLE: Final = 60.0
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
 
-#: KubeVirt's labels naming a launcher pod's VM and VMI.
-VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
-CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
 
 BOUND: Final = gpuclaims.BOUND_CONDITION
 UNSCHEDULABLE: Final = "Unschedulable"
@@ -177,15 +174,10 @@ def watched(pod: Obj) -> bool:
 def vmi_name_of(pod: Obj) -> str:
     """The name of the pod's VMI as the pod itself says it ("" when it does not): its
     controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
-    for owner in _meta(pod).get("ownerReferences") or []:
-        if owner.get("kind") == names.VMI_KIND and owner.get("controller"):
-            return str(owner.get("name") or "")
-    return str((_meta(pod).get("labels") or {}).get(VM_NAME_LABEL) or "")
-
-
-def attachment(claim: Obj) -> dict[str, Any]:
-    found = _status(claim).get("attachment")
-    return found if isinstance(found, dict) else {}
+    owner = gpuclaims.controlling_vmi(pod)
+    if owner is not None:
+        return owner.name
+    return str((_meta(pod).get("labels") or {}).get(names.VM_NAME_LABEL) or "")
 
 
 def _phase(claim: Obj) -> str:
@@ -235,7 +227,7 @@ class Placement:
                 pod,
                 "Warning",
                 "the pod names no VM instance (no controller ownerReference to a "
-                f"{names.VMI_KIND}, no {VM_NAME_LABEL} or {CREATED_BY_LABEL} label)",
+                f"{names.VMI_KIND}, no {names.VM_NAME_LABEL} or {names.CREATED_BY_LABEL} label)",
             )
         try:
             refs = references.from_object(pod)
@@ -254,15 +246,15 @@ class Placement:
     def _vmi_of(self, pod: Obj) -> tuple[str, str]:
         """The pod's VMI name and UID ("" when unknown)."""
         ns = str(_meta(pod).get("namespace") or "")
-        for owner in _meta(pod).get("ownerReferences") or []:
-            if owner.get("kind") == names.VMI_KIND and owner.get("controller"):
-                return str(owner.get("name") or ""), str(owner.get("uid") or "")
+        owner = gpuclaims.controlling_vmi(pod)
+        if owner is not None:
+            return owner.name, owner.uid
         labels = _meta(pod).get("labels") or {}
-        name = str(labels.get(VM_NAME_LABEL) or "")
+        name = str(labels.get(names.VM_NAME_LABEL) or "")
         if name:
             vmi = self.caches.vmis.store.get((ns, name))
             return name, str(_meta(vmi).get("uid") or "")
-        uid = str(labels.get(CREATED_BY_LABEL) or "")
+        uid = str(labels.get(names.CREATED_BY_LABEL) or "")
         if uid:
             for vmi in self.caches.vmis.store.by_index(BY_NAMESPACE, ns):
                 if _meta(vmi).get("uid") == uid:
@@ -599,13 +591,8 @@ def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
 
 def vmis_of_claim(claim: Obj) -> set[str]:
     """The VMIs a claim serves: the one its attachment names and the one controlling it."""
-    found = {str(attachment(claim).get("vmi") or "")}
-    found.update(
-        str(owner.get("name") or "")
-        for owner in _meta(claim).get("ownerReferences") or []
-        if owner.get("kind") == names.VMI_KIND and owner.get("controller")
-    )
-    return found - {""}
+    refs = (gpuclaims.attachment(claim), gpuclaims.controlling_vmi(claim))
+    return {ref.name for ref in refs if ref is not None}
 
 
 def register(

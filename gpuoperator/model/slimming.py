@@ -15,7 +15,7 @@ from gpuoperator.model import quantities
 
 Obj = dict[str, Any]
 
-_KEEP_ANNOTATION_PREFIXES = (names.DOMAIN + "/", "kubevirt.io/")
+_KEEP_ANNOTATION_PREFIXES = (names.DOMAIN + "/", names.KUBEVIRT_GROUP + "/")
 
 
 def _extended(resources: Any) -> dict[str, str]:

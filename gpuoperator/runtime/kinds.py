@@ -38,15 +38,15 @@ class Lease(NamespacedAPIObject):  # type: ignore[misc]
 
 
 class VirtualMachineInstance(NamespacedAPIObject):  # type: ignore[misc]
-    version = "kubevirt.io/v1"
-    endpoint = "virtualmachineinstances"
-    kind = "VirtualMachineInstance"
+    version = names.KUBEVIRT_API_VERSION
+    endpoint = names.VMIS
+    kind = names.VMI_KIND
 
 
 class KubeVirt(NamespacedAPIObject):  # type: ignore[misc]
-    version = "kubevirt.io/v1"
-    endpoint = "kubevirts"
-    kind = "KubeVirt"
+    version = names.KUBEVIRT_API_VERSION
+    endpoint = names.KUBEVIRTS
+    kind = names.KUBEVIRT_KIND
 
 
 class ValidatingAdmissionPolicy(APIObject):  # type: ignore[misc]
