@@ -15,9 +15,9 @@ only VMIs that name their GPUs by reference. For such a VMI it:
    its one side effect, skipped on dry run (registered with ``sideEffects: NoneOnDryRun``);
 4. admits the VMI with a JSON patch writing one ``spec.domain.devices.gpus`` entry per unit.
 
-It binds, moves and creates nothing. It runs on every replica, so its writer is a plain
-(unfenced) client: the resourceVersion precondition, not leadership, keeps two webhooks (or
-two VMIs) from attaching one claim twice.
+It binds, moves and creates nothing. It runs on every replica, so it writes through the plain
+(unfenced) client, never the leader's fenced writer: the resourceVersion precondition, not
+leadership, keeps two webhooks (or two VMIs) from attaching one claim twice.
 
 Choices where DESIGN.md is silent:
 
@@ -69,7 +69,7 @@ MAX_NAME = 253
 WEBHOOK = "vmis"
 
 
-class StatusWriter(Protocol):
+class StatusClient(Protocol):
     """What the webhook writes through: ``runtime.client.Client.patch`` (a merge patch)."""
 
     def patch(
@@ -116,12 +116,12 @@ class VmiWebhook:
         caches: Caches,
         inventory: PermittedHostDevices,
         settings: Settings,
-        writer: StatusWriter,
+        client: StatusClient,
     ) -> None:
         self.caches = caches
         self.inventory = inventory
         self.settings = settings
-        self.writer = writer
+        self.client = client
 
     def __call__(self, request: AdmissionRequest) -> Admission:
         if request.operation != "CREATE" or not references.has_references(request.obj):
@@ -223,12 +223,12 @@ class VmiWebhook:
             resource_version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
             body = vmi_admission.attachment_patch(vmi_name, resource_version or None)
             try:
-                self.writer.patch(GPUClaim, claim_name, body, namespace, subresource="status")
+                self.client.patch(GPUClaim, claim_name, body, namespace, subresource="status")
                 return
             except errors.ConflictError:
                 if attempt == attempts - 1:
                     raise
-            claim = self.writer.get(GPUClaim, claim_name, namespace)
+            claim = self.client.get(GPUClaim, claim_name, namespace)
             other = ((claim.get("status") or {}).get("attachment") or {}).get("vmi")
             if other and other != vmi_name:
                 raise errors.ConflictError(409, "Conflict", f"attached to VM {other} meanwhile")

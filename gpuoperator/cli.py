@@ -10,10 +10,8 @@ import argparse
 import datetime
 import os
 import signal
-import socket
 import sys
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,7 @@ from controllers import (
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import certificates
-from gpuoperator.runtime import admitting, errors, logs, serving
+from gpuoperator.runtime import admitting, errors, leading, logs, serving
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
@@ -229,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def leader_identity(flag: str | None) -> str:
+    """The leader-election identity: ``--identity`` when given, else one unique to this
+    process (``leading.unique_identity``: a restarted pod keeps its name, and two processes
+    with one identity would both lead)."""
+    return flag or leading.unique_identity()
+
+
 def run(args: argparse.Namespace) -> int:
     config_path = args.kubeconfig
 
@@ -238,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     client = Client(config_factory, qps=args.qps, burst=args.burst)
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or client.namespace
     operator_settings = load_settings(client, namespace, args)
-    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    identity = leader_identity(args.identity)
     log.info(
         "starting",
         version=__version__,

@@ -70,7 +70,7 @@ class FakeInventory:
         return self._permitted
 
 
-def _client_is_a_status_writer(client: Client) -> vmis.StatusWriter:
+def _client_is_a_status_writer(client: Client) -> vmis.StatusClient:
     return client  # mypy checks that the real client fits the protocol
 
 
