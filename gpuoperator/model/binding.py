@@ -26,9 +26,9 @@ Choices where DESIGN.md is silent:
 * A claim that cannot fit on any eligible node even when that node is empty (``spec.count``
   above the largest allocatable) never blocks the line and is not counted: it would otherwise
   stop its class forever. Template claims skip the order webhook, so they can be like that.
-* Budgets are not judged here: the caller drops the claims that
-  :func:`orders.order_refusals_for_binding` refuses before planning (they wait with
-  ``BudgetExceeded``), so a claim over budget never blocks the line either.
+* Budgets and the vGPU entitlement are not judged here: the caller drops the claims that
+  :func:`orders.binding_refusal` refuses before planning (they wait with ``BudgetExceeded``
+  or ``NotEntitled``), so such a claim never blocks the line either.
 * One plan simulates its bindings on a local copy of the free units, so two claims of one
   plan never both take the last units of a node. The Ledger is only read.
 * ``status.refusedNodes`` keeps at most :data:`MAX_REFUSED_NODES` entries, one per node; an
