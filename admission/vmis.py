@@ -53,11 +53,11 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import echo, references, vmi_admission
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 from gpuoperator.runtime.client import Kind
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)

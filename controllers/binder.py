@@ -45,13 +45,13 @@ from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import binding, conditions, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings

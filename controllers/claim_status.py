@@ -38,11 +38,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import claims, conditions
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.informing import key_of
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.recording import EventType, Recorder
 

@@ -17,13 +17,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
 from gpuoperator.inventory import Inventory, NodeView, changed_nodes
+from gpuoperator.kinds import GPUNode
 from gpuoperator.model import conditions, eligibility
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUNode
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.recording import Recorder

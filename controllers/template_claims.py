@@ -35,12 +35,12 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import claims, references, templates
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings

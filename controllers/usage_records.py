@@ -12,12 +12,12 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
+from gpuoperator.kinds import Workload
 from gpuoperator.model import claims
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import Workload
 from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)

@@ -330,7 +330,9 @@ def self_managed_certificates(
         ),
     )
     options.wanted_names()  # a bad extra SAN fails here, at startup
-    webhook_certificates.register(manager, Recorder(manager.writer), options, serve)
+    webhook_certificates.register(
+        manager, Recorder(manager.writer, api_version=names.API_VERSION), options, serve
+    )
 
 
 def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:
@@ -338,7 +340,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     shared = caches.register(manager)
     inventory = Inventory(clock=manager.clock)
     inventory.connect(shared)
-    recorder = Recorder(manager.writer)
+    recorder = Recorder(manager.writer, api_version=names.API_VERSION)
     node_inventory.register(manager, shared, inventory, recorder)
     class_status.register(manager, shared, inventory, recorder)
     # Claims by phase and reason, and the oldest pending claim: computed on each scrape.

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pykube
 
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim, GPUClass, KubeVirt
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import slimming
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, KubeVirt
 
 
 def collect(client: Client) -> tuple[Inventory, dict[str, Obj]]:

@@ -59,7 +59,8 @@ class ManagerOptions:
     namespace: str
     identity: str
     leader_election: bool = True
-    lease_name: str = "gpu-operator"
+    #: The Lease leader election takes (required with ``leader_election``).
+    lease_name: str = ""
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -81,6 +82,8 @@ class Manager:
         registry: CollectorRegistry = REGISTRY,
         clock: Clock = SYSTEM,
     ) -> None:
+        if options.leader_election and not options.lease_name:
+            raise ValueError("lease_name must not be empty with leader_election")
         self.client = client
         self.options = options
         self.registry = registry

@@ -11,7 +11,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from gpuoperator.kinds import GPUClaim, GPUClass
 from harness import kube
 from harness.fleet import Fleet
 from harness.kube import refused

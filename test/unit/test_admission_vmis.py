@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry
 from admission import vmis
 from gpuoperator import settings
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import admitting, errors, serving
 from gpuoperator.runtime.client import Client, Kind
-from gpuoperator.runtime.kinds import GPUClaim
 from harness.offline import apply_json_patch, store_caches
 
 Obj = dict[str, Any]

@@ -27,13 +27,13 @@ from controllers import attachments, claim_protection, claim_status, placement, 
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import launcher_pods, slimming, templates
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
