@@ -37,7 +37,7 @@ from controllers import (
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import certificates
-from gpuoperator.runtime import admitting, errors, leading, logs, serving
+from gpuoperator.runtime import admitting, errors, leading, logs, servercerts, serving
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
             registry=manager.registry,
         )
         manager.options.extra_servers.append(server)
-        if isinstance(certs, serving.MemoryCertificates):
+        if isinstance(certs, servercerts.MemoryCertificates):
             self_managed_certificates(args, manager, namespace, certs.reload)
 
     stop = threading.Event()
@@ -300,15 +300,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def webhook_tls(args: argparse.Namespace) -> serving.CertificateSource | tuple[Path, Path]:
+def webhook_tls(args: argparse.Namespace) -> servercerts.CertificateSource | tuple[Path, Path]:
     """What the webhook server starts with: the mounted pair (re-read when it rotates), or
     (self-managed) a throwaway pair in memory that it never serves while ready, replaced
     from the Secret."""
     if args.certificates == "mounted":
         cert_dir = args.webhook_cert_dir or Path(names.WEBHOOK_CERT_DIR)
         return cert_dir / "tls.crt", cert_dir / "tls.key"
-    cert, key = serving.self_signed()
-    return serving.MemoryCertificates(cert.read_bytes(), key.read_bytes())
+    cert, key = servercerts.self_signed()
+    return servercerts.MemoryCertificates(cert.read_bytes(), key.read_bytes())
 
 
 def self_managed_certificates(

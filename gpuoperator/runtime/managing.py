@@ -34,7 +34,7 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpuoperator.runtime import serving
+from gpuoperator.runtime import servercerts, serving
 from gpuoperator.runtime.authorizing import Authorizer
 from gpuoperator.runtime.client import Client, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -358,7 +358,7 @@ class Manager:
                     )
             return serving.Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
 
-        tls = None if o.metrics_insecure else (o.metrics_tls or serving.self_signed())
+        tls = None if o.metrics_insecure else (o.metrics_tls or servercerts.self_signed())
         return serving.Server(
             "metrics",
             o.metrics_address or ":8443",
