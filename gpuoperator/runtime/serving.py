@@ -309,7 +309,7 @@ class Server:
     """One server: its event loop and handler pool on background threads.
 
     ``tls`` is a :class:`servercerts.CertificateSource`, or a ``(cert, key)`` pair of files (served
-    through :class:`FileCertificates`), or ``None`` for plain HTTP. ``start`` binds the
+    through :class:`servercerts.FileCertificates`), or ``None`` for plain HTTP. ``start`` binds the
     port (a taken port fails there, at startup) and returns once the server accepts.
     """
 
