@@ -17,9 +17,10 @@ from harness.webhook_world import World, webhook_server
 def info_logs() -> Iterator[None]:
     """The servers log each closed connection at debug, from their own thread and after
     the answer: at info and above here, so nothing is printed between tests."""
+    saved = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     yield
-    structlog.reset_defaults()
+    structlog.configure(**saved)  # the suite's own routing, not structlog's stdout default
 
 
 @pytest.fixture(scope="module")

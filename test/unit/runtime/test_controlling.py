@@ -46,11 +46,12 @@ def run_once(outcome: object) -> tuple[WorkQueue[Key], FakeClock, list[MutableMa
     got = queue.get(timeout=1)
     assert got == key
     capture = structlog.testing.LogCapture()
+    saved = structlog.get_config()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
     try:
         c.process(queue, key)
     finally:
-        structlog.reset_defaults()
+        structlog.configure(**saved)  # the suite's own routing, not structlog's stdout default
     queue.done(key)
     return queue, clock, capture.entries
 
