@@ -18,14 +18,15 @@ earlier VMI of that name still being collected), and is Bound. Then:
   carry no affinity) and ONE merge patch with its resourceVersion
   (``launcher_pods.pin_and_ungate``) adds the required node affinity and removes the gate — the
   API server accepts the affinity only while the pod is gated. Event ``Pinned`` on the pod.
-* Bound to several nodes: the set is gathered on one of them. Candidate targets are the
-  set's nodes, the one holding most of its units first; the claims on other nodes are moved
-  there when the inventory says the target is eligible for their classes and has free units
-  of each resource for all of them together (classes may share a resource), and no moving
-  claim refused the target. A move rewrites the claim's status (``nodeName``, ``boundTime``,
-  the ``Bound`` condition with reason ``Moved``) with the claim's resourceVersion and is fed
-  to the inventory at once, so the binder's next plan sees it. The claims of this VM are
-  not attached to any running VM (the pod waits otherwise), so moving them stops nothing.
+* Bound to several nodes: the set is gathered on one of them, as ``model.gathering``
+  decides on the inventory's figures. Candidate targets are the set's nodes, the one holding
+  most of its units first; the claims on other nodes are moved there when the target is
+  eligible for their classes and has free units of each resource for all of them together
+  (classes may share a resource), and no moving claim refused the target. A move rewrites
+  the claim's status (``nodeName``, ``boundTime``, the ``Bound`` condition with reason
+  ``Moved``) with the claim's resourceVersion and is fed to the inventory at once, so the
+  binder's next plan sees it. The claims of this VM are not attached to any running VM (the
+  pod waits otherwise), so moving them stops nothing.
   When no target fits, the pod stays gated and the Event ``WaitingForPlacement`` says why;
   it is looked at again every :data:`WAIT_RECHECK` seconds (capacity frees without any
   event on this pod).
