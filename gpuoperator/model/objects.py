@@ -16,7 +16,8 @@ Key = tuple[str, str]
 def key(obj: Mapping[str, Any]) -> Key:
     """The ``(namespace, name)`` key of an object (``""`` for what it does not carry)."""
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    # A plain dict (every cached object) skips the abstract-class check: caches key each event.
+    if type(meta) is not dict and not isinstance(meta, Mapping):
         return ("", "")
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
