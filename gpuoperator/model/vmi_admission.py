@@ -37,15 +37,6 @@ from typing import Any, Final
 from gpuoperator import names
 from gpuoperator.model import claims, hostdevices, objects, orders, patches, references
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model.references import (
-    CLAIM_KEY,
-    CLASS_NAME_KEY,
-    COUNT_KEY,
-    TEMPLATE_KEY,
-    HeldRef,
-    Reference,
-    TemplateRef,
-)
 
 Obj = dict[str, Any]
 
@@ -115,7 +106,7 @@ def _user_elsewhere(
             refs = references.from_object(live)
         except references.AnnotationError:
             continue
-        if HeldRef(claim_name) in refs:
+        if references.HeldRef(claim_name) in refs:
             return other
     return None
 
@@ -144,7 +135,7 @@ def _class_refusals(
 
 def vmi_refusals(
     vmi: Mapping[str, Any],
-    refs: Sequence[Reference],
+    refs: Sequence[references.Reference],
     *,
     classes: Mapping[str, Obj],
     claims: Mapping[str, Obj],
@@ -198,7 +189,7 @@ def vmi_refusals(
             "GPUs through claim references only (hostDevices that name no GPU class's resource "
             "stay allowed)"
         )
-    if not vmi_name and any(isinstance(ref, HeldRef) for ref in refs):
+    if not vmi_name and any(isinstance(ref, references.HeldRef) for ref in refs):
         refusals.append(
             f"metadata.name: a VM that names held claims in {where} needs a name "
             "(generateName is not supported: the claim records the VM by name); allowed: "
@@ -206,8 +197,8 @@ def vmi_refusals(
         )
     for index, ref in enumerate(refs):
         at = references.item_field(index)
-        if isinstance(ref, TemplateRef):
-            field = f"{at}: {TEMPLATE_KEY}.{CLASS_NAME_KEY}"
+        if isinstance(ref, references.TemplateRef):
+            field = f"{at}: {references.TEMPLATE_KEY}.{references.CLASS_NAME_KEY}"
             cls = classes.get(ref.class_name)
             if cls is None:
                 refusals.append(
@@ -217,10 +208,12 @@ def vmi_refusals(
                 continue
             too_many = orders.max_count_refusal(cls, ref.count)
             if too_many is not None:
-                refusals.append(f"{at}: {TEMPLATE_KEY}.{COUNT_KEY}: {too_many}")
+                refusals.append(
+                    f"{at}: {references.TEMPLATE_KEY}.{references.COUNT_KEY}: {too_many}"
+                )
             refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
             continue
-        field = f"{at}: {CLAIM_KEY} {ref.claim}"
+        field = f"{at}: {references.CLAIM_KEY} {ref.claim}"
         claim = claims.get(ref.claim)
         if claim is None:
             refusals.append(
@@ -266,7 +259,7 @@ def vmi_refusals(
 
 
 def gpu_entries(
-    refs: Sequence[Reference], classes: Mapping[str, Obj], claims: Mapping[str, Obj]
+    refs: Sequence[references.Reference], classes: Mapping[str, Obj], claims: Mapping[str, Obj]
 ) -> list[Obj]:
     """The ``spec.domain.devices.gpus`` entries for ``refs``: one per unit, in reference
     order (a held claim's ``spec.count`` units, a template's ``count``), each
@@ -280,7 +273,7 @@ def gpu_entries(
     """
     entries: list[Obj] = []
     for ref in refs:
-        if isinstance(ref, TemplateRef):
+        if isinstance(ref, references.TemplateRef):
             class_name, count = ref.class_name, ref.count
         else:
             claim = claims.get(ref.claim)
