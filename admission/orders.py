@@ -11,7 +11,7 @@ no side effect (the webhook writes nothing).
 from __future__ import annotations
 
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import capacity, echo, ordering
+from gpuoperator.model import capacity, echo, orders
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 
 PATH = "/validate-gpuclaim"
@@ -34,15 +34,15 @@ class OrderWebhook:
         self.caches = caches
 
     def __call__(self, request: AdmissionRequest) -> Admission:
-        if request.operation != "CREATE" or ordering.is_template_claim(request.obj):
+        if request.operation != "CREATE" or orders.is_template_claim(request.obj):
             return Admission.allow()
         # The envelope's parser has checked metadata is an object when present; the
         # namespace is the request's (a create's body may omit it).
         meta = request.obj.get("metadata") or {}
         claim = {**request.obj, "metadata": {"namespace": request.namespace, **meta}}
-        class_name = ordering.ordered_class(claim)
+        class_name = orders.ordered_class(claim)
         cls = self.caches.classes.store.get(("", class_name))
-        refusals = ordering.order_refusals(
+        refusals = orders.order_refusals(
             claim,
             cls,
             self.caches.namespaces.store.get(("", request.namespace)),

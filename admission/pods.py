@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, references
+from gpuoperator.model import echo, launcher_pods, patches, references
 from gpuoperator.runtime import admitting
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 
@@ -77,13 +77,13 @@ class PodWebhook:
         if request.operation != "CREATE":
             return Admission.allow()
         pod = request.obj
-        if references.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
+        if launcher_pods.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
             return Admission.allow()
         namespace = request.namespace
         _check_lists(pod)
         try:
             refs = references.from_object(pod)
-        except references.ReferenceError as exc:
+        except references.AnnotationError as exc:
             name = request.name or str((pod.get("metadata") or {}).get("generateName") or "")
             who = f"{echo.clip(namespace)}/{echo.clip(name) if name else '(generated)'}"
             return Admission.refuse(f"Pod {who}: {exc}")
@@ -102,8 +102,8 @@ class PodWebhook:
         patch: list[Obj] = []
         if not isinstance(pod.get("spec"), Mapping):
             # Both patches below would add /spec; add it once, then fill it.
-            patch.append({"op": "add", "path": references.json_pointer("spec"), "value": {}})
+            patch.append({"op": "add", "path": patches.json_pointer("spec"), "value": {}})
             pod = {**pod, "spec": {}}
-        patch += references.gate_patch(pod)
-        patch += references.tolerations_patch(pod, classes)
+        patch += launcher_pods.gate_patch(pod)
+        patch += launcher_pods.tolerations_patch(pod, classes)
         return Admission.allow(patch=patch)

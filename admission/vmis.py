@@ -5,7 +5,7 @@ only VMIs that name their GPUs by reference. For such a VMI it:
 
 1. parses the annotation ``gpu.cozystack.io/claims`` (a missing or malformed annotation is
    refused with the parser's message);
-2. refuses what needs no placement to judge (``references.vmi_refusals``: unknown class or
+2. refuses what needs no placement to judge (``vmi_admission.vmi_refusals``: unknown class or
    claim, a claim another live VMI uses, a template claim named directly, count > maxCount,
    missing vGPU entitlement, raw ``gpus`` entries or ``hostDevices`` naming any class's
    resource next to references, a resource the KubeVirt
@@ -15,9 +15,9 @@ only VMIs that name their GPUs by reference. For such a VMI it:
    its one side effect, skipped on dry run (registered with ``sideEffects: NoneOnDryRun``);
 4. admits the VMI with a JSON patch writing one ``spec.domain.devices.gpus`` entry per unit.
 
-It binds, moves and creates nothing. It runs on every replica, so its writer is a plain
-(unfenced) client: the resourceVersion precondition, not leadership, keeps two webhooks (or
-two VMIs) from attaching one claim twice.
+It binds, moves and creates nothing. It runs on every replica, so it writes through the plain
+(unfenced) client, never the leader's fenced writer: the resourceVersion precondition, not
+leadership, keeps two webhooks (or two VMIs) from attaching one claim twice.
 
 Choices where DESIGN.md is silent:
 
@@ -53,11 +53,11 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, references
+from gpuoperator.kinds import GPUClaim
+from gpuoperator.model import echo, references, vmi_admission
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 from gpuoperator.runtime.client import Kind
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -69,7 +69,7 @@ MAX_NAME = 253
 WEBHOOK = "vmis"
 
 
-class StatusWriter(Protocol):
+class StatusClient(Protocol):
     """What the webhook writes through: ``runtime.client.Client.patch`` (a merge patch)."""
 
     def patch(
@@ -116,12 +116,12 @@ class VmiWebhook:
         caches: Caches,
         inventory: PermittedHostDevices,
         settings: Settings,
-        writer: StatusWriter,
+        client: StatusClient,
     ) -> None:
         self.caches = caches
         self.inventory = inventory
         self.settings = settings
-        self.writer = writer
+        self.client = client
 
     def __call__(self, request: AdmissionRequest) -> Admission:
         if request.operation != "CREATE" or not references.has_references(request.obj):
@@ -145,14 +145,14 @@ class VmiWebhook:
             )
         try:
             refs = references.from_object(vmi)
-        except references.ReferenceError as exc:
+        except references.AnnotationError as exc:
             return Admission.refuse(who + str(exc))
 
         classes = _by_name(self.caches.classes.store.values())
         claims = _by_name(self.caches.claims.store.by_index(BY_NAMESPACE, namespace))
         cached_vmis = _by_name(self.caches.vmis.store.by_index(BY_NAMESPACE, namespace))
         live_vmis = {name: v for name, v in cached_vmis.items() if name != vmi_name}
-        refusals = references.vmi_refusals(
+        refusals = vmi_admission.vmi_refusals(
             vmi,
             refs,
             classes=classes,
@@ -170,7 +170,7 @@ class VmiWebhook:
         if retry:
             return Admission.refuse(who + "; ".join(retry), reason="Conflict", code=409)
 
-        patch = references.gpus_patch(vmi, references.gpu_entries(refs, classes, claims))
+        patch = vmi_admission.gpus_patch(vmi, vmi_admission.gpu_entries(refs, classes, claims))
         if request.dry_run:
             return Admission.allow(patch=patch)
         for claim_name in held:
@@ -221,14 +221,14 @@ class VmiWebhook:
         re-read the claim and try again — unless it is now attached to another VM."""
         for attempt in range(attempts):
             resource_version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
-            body = references.attachment_patch(vmi_name, resource_version or None)
+            body = vmi_admission.attachment_patch(vmi_name, resource_version or None)
             try:
-                self.writer.patch(GPUClaim, claim_name, body, namespace, subresource="status")
+                self.client.patch(GPUClaim, claim_name, body, namespace, subresource="status")
                 return
             except errors.ConflictError:
                 if attempt == attempts - 1:
                     raise
-            claim = self.writer.get(GPUClaim, claim_name, namespace)
+            claim = self.client.get(GPUClaim, claim_name, namespace)
             other = ((claim.get("status") or {}).get("attachment") or {}).get("vmi")
             if other and other != vmi_name:
                 raise errors.ConflictError(409, "Conflict", f"attached to VM {other} meanwhile")

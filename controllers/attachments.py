@@ -48,13 +48,13 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import claims, ordering, references
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.model import claims, orders, references
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
@@ -86,7 +86,7 @@ def uses_claim(vmi: Obj, claim_name: str) -> bool:
         return False
     try:
         refs = references.from_object(vmi)
-    except references.ReferenceError:
+    except references.AnnotationError:
         return False
     return claim_name in references.held_claims(refs)
 
@@ -243,7 +243,7 @@ class Attachments:
 
     def _restore(self, claim: Obj) -> Result | None:
         """Record the attachment of a held claim that exactly one live VMI uses."""
-        if not self.settings.gpu_for_vms or ordering.is_template_claim(claim):
+        if not self.settings.gpu_for_vms or orders.is_template_claim(claim):
             return None
         ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
         users = [
@@ -285,7 +285,7 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
         if attachment(c).get("vmi") == name
     }
     if references.has_references(vmi):
-        with contextlib.suppress(references.ReferenceError):
+        with contextlib.suppress(references.AnnotationError):
             keys.update((ns, held) for held in references.held_claims(references.from_object(vmi)))
     return sorted(keys)
 

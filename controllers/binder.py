@@ -17,7 +17,7 @@ claim's first, and binding after it spares a conflict on every new claim.
 
 Never over-allocating rests on four things:
 
-* one decision at a time: a pass holds ``Inventory.decisions`` (placement's moves take it
+* one decision at a time: a pass holds ``Inventory.allocation_lock`` (placement's moves take it
   too) from reading the figures until **every** write it started has ended — a failed
   write does not let the pass leave while the others are still in flight;
 * the claims and figures a pass reads are the inventory's *assumed* state: a plan's
@@ -45,13 +45,13 @@ from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
-from gpuoperator.model import binding, conditions, ordering, tenants
-from gpuoperator.model import classes as gpuclasses
+from gpuoperator.kinds import GPUClaim
+from gpuoperator.model import binding, conditions, orders
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings
@@ -59,7 +59,7 @@ from gpuoperator.settings import Settings
 log = structlog.get_logger(__name__)
 
 NAME = "binder"
-BOUND = "Bound"
+BOUND = gpuclaims.BOUND_CONDITION
 NODE_LOST = "NodeLost"
 
 
@@ -97,7 +97,7 @@ class Binder:
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
-        with self.inventory.decisions:
+        with self.inventory.allocation_lock:
             return self._reconcile(key[1])
 
     def _reconcile(self, class_name: str) -> Result | None:
@@ -114,7 +114,11 @@ class Binder:
                         f"class {class_name} does not exist (kubectl get gpuclasses)",
                     )
             return None
-        lost = [c for c in claims if _phase(c) == BOUND and not self.inventory.has_node(_node(c))]
+        lost = [
+            c
+            for c in claims
+            if _phase(c) == gpuclaims.Phase.BOUND and not self.inventory.has_node(_node(c))
+        ]
         for claim in lost:
             self._lose(claim)
         if lost:
@@ -129,7 +133,7 @@ class Binder:
                 continue
             why = self._refusal(claim, cls)
             if why is not None:
-                self._wait(claim, *why)
+                self._wait(claim, why.reason.value, why.message)
             else:
                 candidates.append(claim)
         now = self.clock.now()
@@ -137,7 +141,7 @@ class Binder:
             candidates, cls, self.settings.placement_policy, now, self._bypass.get(class_name, {})
         )
         self._bypass[class_name] = plan.bypass_counts
-        by_key = {binding.claim_key(c): c for c in candidates}
+        by_key = {gpuclaims.key(c): c for c in candidates}
         self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
             self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
@@ -169,24 +173,13 @@ class Binder:
             future.result()  # raises the first failure, now that none is in flight
 
     # ---- decisions --------------------------------------------------------------------
-    def _refusal(self, claim: Obj, cls: Obj) -> tuple[str, str] | None:
+    def _refusal(self, claim: Obj, cls: Obj) -> orders.Refusal | None:
         ns = claim["metadata"]["namespace"]
         namespace = self.caches.namespaces.store.get(("", ns))
-        if gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
-            return (
-                "NotEntitled",
-                f"class {gpuclasses.name(cls)} is a vGPU class; namespace "
-                f"{ns} is not entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}=true)",
-            )
         quotas = self.caches.quotas.store.by_index(BY_NAMESPACE, ns)
-        if not quotas:
-            return None  # no budget in this namespace: nothing to add up
-        refusals = ordering.order_refusals_for_binding(
-            claim, quotas, self.caches.claims.store.by_index(BY_NAMESPACE, ns)
-        )
-        if refusals:
-            return ("BudgetExceeded", "; ".join(refusals))
-        return None
+        # No budget in this namespace: nothing to add up, so no claims are read.
+        others = self.caches.claims.store.by_index(BY_NAMESPACE, ns) if quotas else []
+        return orders.binding_refusal(claim, cls, namespace, quotas, others)
 
     def _bind(self, intended: Obj, node: str) -> None:
         count = intended["spec"]["count"]
@@ -208,7 +201,7 @@ class Binder:
     def _wait(self, claim: Obj, reason: str, message: str) -> None:
         status = dict(claim.get("status") or {})
         current = conditions.find(status.get("conditions"), BOUND)
-        lost = _phase(claim) == binding.LOST
+        lost = _phase(claim) == gpuclaims.Phase.LOST
         # Lost is transient: a claim that cannot be bound again waits as Pending, and its
         # condition says why, and which node it lost until it is bound again.
         message += _lost_note(_node(claim)) if lost else _carried_lost_note(current)
@@ -220,7 +213,9 @@ class Binder:
         ):
             return
         now = self.clock.now()
-        status["phase"] = binding.PENDING if lost else (status.get("phase") or binding.PENDING)
+        status["phase"] = (
+            gpuclaims.Phase.PENDING if lost else (status.get("phase") or gpuclaims.Phase.PENDING)
+        )
         if lost:
             status.pop("nodeName", None)
             status.pop("boundTime", None)
@@ -249,7 +244,7 @@ class Binder:
         node = _node(claim)
         message = f"node {node} is gone; the claim will be bound again"
         status = dict(claim.get("status") or {})
-        status["phase"] = binding.LOST
+        status["phase"] = gpuclaims.Phase.LOST
         status["conditions"] = conditions.set_condition(
             status.get("conditions"),
             BOUND,
@@ -294,7 +289,7 @@ def _bound(claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
     generation = claim["metadata"].get("generation")
     status = dict(claim.get("status") or {})
     status.update(
-        phase=BOUND,
+        phase=gpuclaims.Phase.BOUND,
         nodeName=node,
         boundTime=conditions.stamp(now),
         observedGeneration=generation,

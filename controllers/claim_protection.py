@@ -25,11 +25,11 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import claims, pods
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 

@@ -41,11 +41,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import conditions
+from gpuoperator.kinds import GPUClaim
+from gpuoperator.model import claims, conditions
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.informing import key_of
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.recording import EventType, Recorder
 
@@ -54,7 +54,7 @@ log = structlog.get_logger(__name__)
 #: Seconds an assumption whose write has an unknown outcome is kept (longer than the API
 #: server's own request timeout, 60 s by default, so a write still running there lands first).
 ASSUME_TTL: Final = 90.0
-BOUND: Final = "Bound"
+BOUND: Final = claims.BOUND_CONDITION
 
 
 class Outcome(enum.Enum):

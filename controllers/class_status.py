@@ -23,13 +23,13 @@ from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
+from gpuoperator.kinds import GPUClass
 from gpuoperator.model import conditions
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key, newest
-from gpuoperator.runtime.kinds import GPUClass
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.pacing import Pacer

@@ -9,7 +9,7 @@ lost its node, was refused by it, or the node was uncordoned) is keyed by itself
 ``(namespace, name)``, and the condition is removed. One pass, for one cordoned node:
 
 * **movable holds** are moved one decision at a time, in order of creation, under
-  ``Inventory.decisions`` (the lock every binder pass and placement move holds): each
+  ``Inventory.allocation_lock`` (the lock every binder pass and placement move holds): each
   target is chosen on the inventory's current figures by the binding model's rules
   (``Inventory.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
   goes through the claim status write-back (``claim_status``: assumed into the inventory
@@ -112,7 +112,7 @@ class Draining:
         if not draining.draining(node):
             self._settle(name)
             return None
-        with self.inventory.decisions:
+        with self.inventory.allocation_lock:
             claims = self._claims_on(name)
             holds = draining.holds_on(name, claims, self._vmis(claims))
             moves = self.settings.drain_moves
@@ -219,7 +219,7 @@ class Draining:
         """The node is not cordoned (any more): no condition of ours stays, nothing is told.
         The lock is taken only when a claim there still carries the condition."""
         if any(flagged(c) for c in self.caches.claims.store.by_index(BY_NODE, name)):
-            with self.inventory.decisions:
+            with self.inventory.allocation_lock:
                 self._clear_conditions(self._claims_on(name))
         with self._lock:
             self._told.pop(name, None)
@@ -239,7 +239,7 @@ class Draining:
             self.caches.nodes.store.get(("", node))
         ):
             return None  # its node's pass decides
-        with self.inventory.decisions:
+        with self.inventory.allocation_lock:
             self._clear_conditions([self.inventory.claim(key) or claim])
         return None
 

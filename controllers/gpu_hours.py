@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import binding, gpu_hours, ordering
+from gpuoperator.model import binding, gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -111,7 +111,7 @@ class GpuHours:
             return None
         bound_time = binding.parse_time((claim.get("status") or {}).get("boundTime"))
         new = gpu_hours.advance(
-            usage, state, ordering.ordered_count(claim), self.clock.now(), bound_time
+            usage, state, orders.ordered_count(claim), self.clock.now(), bound_time
         )
         return usage, new, state, vmi_name
 
@@ -148,12 +148,12 @@ class UnitSecondsCollector(Collector):
                 if usage.since is None:
                     continue  # never held
                 meta = claim.get("metadata") or {}
-                totals = gpu_hours.totals(usage, ordering.ordered_count(claim), now)
+                totals = gpu_hours.totals(usage, orders.ordered_count(claim), now)
                 base = (
                     str(meta.get("namespace") or ""),
                     str(meta.get("name") or ""),
                     str(meta.get("uid") or ""),
-                    ordering.ordered_class(claim),
+                    orders.ordered_class(claim),
                 )
                 for state, value in (("idle", totals.idle), ("in_use", totals.in_use)):
                     labels = (*base, state)

@@ -23,13 +23,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
 from gpuoperator.inventory import Inventory, NodeView, changed_nodes
-from gpuoperator.model import conditions, scheduling
+from gpuoperator.kinds import GPUNode
+from gpuoperator.model import conditions, eligibility
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key, newest
-from gpuoperator.runtime.kinds import GPUNode
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.pacing import Pacer
@@ -124,9 +124,9 @@ class NodeInventory:
         now = self.clock.now()
         old = (current.get("status") or {}).get("conditions")
         node = view.node
-        if not scheduling.node_ready(node):
+        if not eligibility.node_ready(node):
             sched = (False, "NotReady", "the node is not Ready")
-        elif scheduling.node_cordoned(node):
+        elif eligibility.node_cordoned(node):
             sched = (False, "Cordoned", "the node is cordoned (spec.unschedulable)")
         else:
             sched = (True, "Ready", "the node is Ready and not cordoned")

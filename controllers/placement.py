@@ -2,30 +2,31 @@
 when that node refuses it (DESIGN.md §5 "VMs").
 
 Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
-WaitForFirstConsumer volumes (``references.launcher_pod_kind``) of a VM with claim
+WaitForFirstConsumer volumes (``launcher_pods.launcher_pod_kind``) of a VM with claim
 references. Migration targets are never touched (KubeVirt renders them afresh and deletes
 them when they stay pending). Two situations are handled:
 
 **A gated pod** (the pod webhook added ``gpu.cozystack.io/placement``). Its VMI is found
 through the pod's controller ownerReference (else the ``vm.kubevirt.io/name`` label, else
 the VMI whose UID the ``kubevirt.io/created-by`` label names), its claims through the pod's
-references (``references.claim_names``: held claims by name, template claims by
+references (``templates.claim_names``: held claims by name, template claims by
 ``<vmi>-gpu-<index>``). The pod waits, gated, until every claim exists, is not being
 deleted, is not attached to another live VM, is a template claim of this very VMI (not of an
 earlier VMI of that name still being collected), and is Bound. Then:
 
 * all Bound to ONE node that still exists: the full pod is read (cached pods are slim and
   carry no affinity) and ONE merge patch with its resourceVersion
-  (``references.pin_and_ungate``) adds the required node affinity and removes the gate — the
+  (``launcher_pods.pin_and_ungate``) adds the required node affinity and removes the gate — the
   API server accepts the affinity only while the pod is gated. Event ``Pinned`` on the pod.
-* Bound to several nodes: the set is gathered on one of them. Candidate targets are the
-  set's nodes, the one holding most of its units first; the claims on other nodes are moved
-  there when the inventory says the target is eligible for their classes and has free units
-  of each resource for all of them together (classes may share a resource), and no moving
-  claim refused the target. A move rewrites the claim's status (``nodeName``, ``boundTime``,
-  the ``Bound`` condition with reason ``Moved``) with the claim's resourceVersion and is fed
-  to the inventory at once, so the binder's next plan sees it. The claims of this VM are
-  not attached to any running VM (the pod waits otherwise), so moving them stops nothing.
+* Bound to several nodes: the set is gathered on one of them, as ``model.gathering``
+  decides on the inventory's figures. Candidate targets are the set's nodes, the one holding
+  most of its units first; the claims on other nodes are moved there when the target is
+  eligible for their classes and has free units of each resource for all of them together
+  (classes may share a resource), and no moving claim refused the target. A move rewrites
+  the claim's status (``nodeName``, ``boundTime``, the ``Bound`` condition with reason
+  ``Moved``) with the claim's resourceVersion and is fed to the inventory at once, so the
+  binder's next plan sees it. The claims of this VM are not attached to any running VM (the
+  pod waits otherwise), so moving them stops nothing.
   When no target fits, the pod stays gated and the Event ``WaitingForPlacement`` says why;
   it is looked at again every :data:`WAIT_RECHECK` seconds (capacity frees without any
   event on this pod).
@@ -43,7 +44,7 @@ here). Events ``RefusedByNode`` on each claim and on the VMI.
 Choices where DESIGN.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
-  ``Inventory.decisions``, the lock every binder pass holds too, and it goes through the
+  ``Inventory.allocation_lock``, the lock every binder pass holds too, and it goes through the
   same write-back (``claim_status``): counted in the inventory before it is sent, kept
   there until the watch delivers a newer version.
 * **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
@@ -63,7 +64,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
-from collections.abc import Iterable
 from typing import Any, Final
 
 import pykube
@@ -73,7 +73,17 @@ from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, claims, conditions, ordering, pods, references
+from gpuoperator.model import (
+    binding,
+    conditions,
+    gathering,
+    launcher_pods,
+    orders,
+    pods,
+    references,
+    templates,
+)
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -94,12 +104,8 @@ SETTLE: Final = 60.0
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
 
-#: KubeVirt's labels naming a launcher pod's VM and VMI.
-VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
-CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
 
-BOUND: Final = "Bound"
-PENDING: Final = "Pending"
+BOUND: Final = gpuclaims.BOUND_CONDITION
 UNSCHEDULABLE: Final = "Unschedulable"
 
 PINNED = "Pinned"
@@ -140,14 +146,14 @@ def is_unschedulable(pod: Obj) -> bool:
 
 
 def _placed_pod(pod: Obj) -> bool:
-    return references.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
+    return launcher_pods.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
         "deletionTimestamp"
     )
 
 
 def needs_pin(pod: Obj) -> bool:
     """A launcher (or temporary) pod still held at the placement gate."""
-    return _placed_pod(pod) and references.is_gated(pod)
+    return _placed_pod(pod) and launcher_pods.is_gated(pod)
 
 
 def maybe_refused(pod: Obj) -> bool:
@@ -155,7 +161,7 @@ def maybe_refused(pod: Obj) -> bool:
     refusal if the operator pinned it (only the full pod shows the affinity)."""
     return (
         _placed_pod(pod)
-        and not references.is_gated(pod)
+        and not launcher_pods.is_gated(pod)
         and not pods.node_name(pod)
         and is_unschedulable(pod)
     )
@@ -169,15 +175,10 @@ def watched(pod: Obj) -> bool:
 def vmi_name_of(pod: Obj) -> str:
     """The name of the pod's VMI as the pod itself says it ("" when it does not): its
     controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
-    for owner in _meta(pod).get("ownerReferences") or []:
-        if owner.get("kind") == references.VMI_KIND and owner.get("controller"):
-            return str(owner.get("name") or "")
-    return str((_meta(pod).get("labels") or {}).get(VM_NAME_LABEL) or "")
-
-
-def attachment(claim: Obj) -> dict[str, Any]:
-    found = _status(claim).get("attachment")
-    return found if isinstance(found, dict) else {}
+    owner = gpuclaims.controlling_vmi(pod)
+    if owner is not None:
+        return owner.name
+    return str((_meta(pod).get("labels") or {}).get(names.VM_NAME_LABEL) or "")
 
 
 def _phase(claim: Obj) -> str:
@@ -186,10 +187,6 @@ def _phase(claim: Obj) -> str:
 
 def _node(claim: Obj) -> str:
     return str(_status(claim).get("nodeName") or "")
-
-
-def _units(n: int) -> str:
-    return f"{n} unit{'' if n == 1 else 's'}"
 
 
 # ---- the controller --------------------------------------------------------------------------
@@ -231,34 +228,34 @@ class Placement:
                 pod,
                 "Warning",
                 "the pod names no VM instance (no controller ownerReference to a "
-                f"{references.VMI_KIND}, no {VM_NAME_LABEL} or {CREATED_BY_LABEL} label)",
+                f"{names.VMI_KIND}, no {names.VM_NAME_LABEL} or {names.CREATED_BY_LABEL} label)",
             )
         try:
             refs = references.from_object(pod)
-        except references.ReferenceError as exc:
+        except references.AnnotationError as exc:
             return self._wait(pod, "Warning", str(exc))
-        names_ = references.claim_names(vmi_name, refs)
-        templates = {
+        names_ = templates.claim_names(vmi_name, refs)
+        made = {
             name
             for name, ref in zip(names_, refs, strict=True)
             if isinstance(ref, references.TemplateRef)
         }
         if needs_pin(pod):
-            return self._place(pod, vmi_name, vmi_uid, names_, templates)
+            return self._place(pod, vmi_name, vmi_uid, names_, made)
         return self._refused(pod, vmi_name, vmi_uid, names_)
 
     def _vmi_of(self, pod: Obj) -> tuple[str, str]:
         """The pod's VMI name and UID ("" when unknown)."""
         ns = str(_meta(pod).get("namespace") or "")
-        for owner in _meta(pod).get("ownerReferences") or []:
-            if owner.get("kind") == references.VMI_KIND and owner.get("controller"):
-                return str(owner.get("name") or ""), str(owner.get("uid") or "")
+        owner = gpuclaims.controlling_vmi(pod)
+        if owner is not None:
+            return owner.name, owner.uid
         labels = _meta(pod).get("labels") or {}
-        name = str(labels.get(VM_NAME_LABEL) or "")
+        name = str(labels.get(names.VM_NAME_LABEL) or "")
         if name:
             vmi = self.caches.vmis.store.get((ns, name))
             return name, str(_meta(vmi).get("uid") or "")
-        uid = str(labels.get(CREATED_BY_LABEL) or "")
+        uid = str(labels.get(names.CREATED_BY_LABEL) or "")
         if uid:
             for vmi in self.caches.vmis.store.by_index(BY_NAMESPACE, ns):
                 if _meta(vmi).get("uid") == uid:
@@ -269,15 +266,15 @@ class Placement:
         """Another live VMI the claim is attached to ("" when none; ``model.claims``: a VMI
         being deleted is still live). An attachment naming this VMI's name is this VMI's (or
         an earlier one's of that name, which is gone)."""
-        attached = claims.attachment(claim)
+        attached = gpuclaims.attachment(claim)
         if attached is None or attached.name == vmi_name:
             return ""
         live = self.caches.vmis.store.get((str(_meta(claim).get("namespace")), attached.name))
-        return attached.name if claims.is_live_user(attached, live) else ""
+        return attached.name if gpuclaims.is_live_user(attached, live) else ""
 
     # ---- gated pods ------------------------------------------------------------------------
     def _place(
-        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str], templates: set[str]
+        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str], made: set[str]
     ) -> Result | None:
         ns = str(_meta(pod).get("namespace"))
         vmi = self.caches.vmis.store.get((ns, vmi_name))
@@ -289,11 +286,11 @@ class Placement:
         for name in claim_names:
             claim = self.caches.claims.store.get((ns, name))
             if claim is None:
-                made = " (it is made from the VM's claim template)" if name in templates else ""
-                return self._wait(pod, "Normal", f"claim {name} does not exist yet{made}")
+                why = " (it is made from the VM's claim template)" if name in made else ""
+                return self._wait(pod, "Normal", f"claim {name} does not exist yet{why}")
             if _meta(claim).get("deletionTimestamp"):
                 return self._wait(pod, "Warning", f"claim {name} is being deleted")
-            if name in templates and vmi_uid and not references.is_template_claim_of(claim, owner):
+            if name in made and vmi_uid and not templates.is_template_claim_of(claim, owner):
                 return self._wait(
                     pod,
                     "Normal",
@@ -307,7 +304,7 @@ class Placement:
                     "Warning",
                     f"claim {name} is attached to VM instance {other}, which still exists",
                 )
-            if _phase(claim) != BOUND or not _node(claim):
+            if not gpuclaims.is_bound(claim):
                 bound = conditions.find(_status(claim).get("conditions"), BOUND) or {}
                 why = bound.get("message") or "not bound yet"
                 return self._wait(pod, "Normal", f"claim {name} is {_phase(claim) or 'new'}: {why}")
@@ -328,10 +325,10 @@ class Placement:
             full = self.writer.get(pykube.Pod, key[1], key[0])
         except errors.NotFoundError:
             return None
-        if not references.is_gated(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
+        if not launcher_pods.is_gated(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
             log.info("pod changed meanwhile; judging again", reason="Stale")
             return Result(requeue_after=RETRY)
-        patch = references.pin_and_ungate(full, node)
+        patch = launcher_pods.pin_and_ungate(full, node)
         try:
             self.writer.patch(pykube.Pod, key[1], patch, key[0])
         except errors.ConflictError:
@@ -356,12 +353,13 @@ class Placement:
 
     def _gather(self, pod: Obj, vmi_name: str, claims: list[Obj]) -> Result | None:
         """Move the claims bound elsewhere to one node of the set, or say why not."""
-        with self.inventory.decisions:
+        with self.inventory.allocation_lock:
             # Judge on the inventory's view: another reconcile may have just moved claims.
             fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
             if len({_node(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
-            target, moving, why = self._move_plan(fresh)
+            plan = self._move_plan(fresh)
+            target, moving, why = plan.target, plan.moving, plan.why
             if target is None:
                 where = ", ".join(f"{_meta(c)['name']} on {_node(c)}" for c in fresh)
                 return self._wait(
@@ -377,50 +375,20 @@ class Placement:
         # net for a claim whose update maps to no VMI (an attachment cleared meanwhile).
         return Result(requeue_after=WAIT_RECHECK)
 
-    def _move_plan(self, claims: list[Obj]) -> tuple[str | None, list[Obj], str]:
-        """``(target, claims to move there, "")``, or ``(None, [], why)``."""
-        held: dict[str, list[Obj]] = {}
-        for claim in claims:
-            held.setdefault(_node(claim), []).append(claim)
-        order = sorted(
-            held,
-            key=lambda n: (-sum(ordering.ordered_count(c) for c in held[n]), -len(held[n]), n),
-        )
-        reasons: list[str] = []
-        for target in order:
-            moving = [c for c in claims if _node(c) != target]
-            why = self._fit(target, moving)
-            if why is None:
-                return target, moving, ""
-            reasons.append(f"{target}: {why}")
-        return None, [], "; ".join(reasons)
-
-    def _fit(self, target: str, moving: Iterable[Obj]) -> str | None:
-        """Why ``moving`` cannot all be moved to ``target`` now (``None``: they can)."""
-        if not self.inventory.has_node(target):
-            return "the node is gone"
-        view = self.inventory.node(target)
-        class_free = {c["name"]: c["free"] for c in view.classes} if view is not None else {}
-        now = self.clock.now()
-        need: dict[str, int] = {}
-        free: dict[str, int] = {}
-        for claim in moving:
-            name, class_name = _meta(claim)["name"], ordering.ordered_class(claim)
-            until = binding.refused_until(claim, target, now)
-            if until is not None:
-                return f"claim {name} skips it until {conditions.stamp(until)} (refused)"
+    def _move_plan(self, claims: list[Obj]) -> gathering.Gathering:
+        """Where ``claims`` gather, on the inventory's figures (``model.gathering``)."""
+        class_free: dict[str, dict[str, int] | None] = {}
+        for node in {_node(c) for c in claims}:
+            if not self.inventory.has_node(node):
+                class_free[node] = None
+                continue
+            view = self.inventory.node(node)
+            class_free[node] = {c["name"]: c["free"] for c in view.classes} if view else {}
+        resources: dict[str, str] = {}
+        for class_name in {orders.ordered_class(c) for c in claims}:
             cls = self.caches.classes.store.get(("", class_name))
-            resource = gpuclasses.resource_name(cls) if cls is not None else ""
-            if not resource:
-                return f"class {class_name} of claim {name} is unknown"
-            if class_name not in class_free:
-                return f"it is not eligible for class {class_name} of claim {name}"
-            need[resource] = need.get(resource, 0) + ordering.ordered_count(claim)
-            free[resource] = class_free[class_name]
-        for resource in sorted(need):
-            if need[resource] > free[resource]:
-                return f"{_units(need[resource])} of {resource} needed, {free[resource]} free"
-        return None
+            resources[class_name] = gpuclasses.resource_name(cls) if cls is not None else ""
+        return gathering.gather(claims, class_free, resources, self.clock.now())
 
     def _move(self, claim: Obj, target: str, vmi_name: str) -> bool:
         now = self.clock.now()
@@ -432,7 +400,7 @@ class Placement:
         generation = _meta(claim).get("generation")
         status = dict(_status(claim))
         status.update(
-            phase=BOUND,
+            phase=gpuclaims.Phase.BOUND,
             nodeName=target,
             boundTime=conditions.stamp(now),
             conditions=conditions.set_condition(
@@ -464,7 +432,7 @@ class Placement:
             return None
         if not maybe_refused(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
             return None  # the cache was behind: the pod was scheduled or replaced
-        node = references.pinned_node(full)
+        node = launcher_pods.pinned_node(full)
         if node is None:
             log.info("unschedulable pod not pinned by the operator; left alone", reason="NotPinned")
             return None
@@ -507,8 +475,8 @@ class Placement:
                 "Warning",
                 REFUSED,
                 message,
-                kind=references.VMI_KIND,
-                api_version=references.KUBEVIRT_API_VERSION,
+                kind=names.VMI_KIND,
+                api_version=names.KUBEVIRT_API_VERSION,
             )
         else:
             self._event_pod(full, "Warning", REFUSED, message)
@@ -529,7 +497,7 @@ class Placement:
             return None
         resources: set[str] = set()
         for claim in claims:
-            cls = self.caches.classes.store.get(("", ordering.ordered_class(claim)))
+            cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
             if cls is not None and gpuclasses.resource_name(cls):
                 resources.add(gpuclasses.resource_name(cls))
         leaving = sorted(
@@ -562,14 +530,14 @@ class Placement:
         status["refusedNodes"] = binding.add_refusal(
             status.get("refusedNodes"), node, until, now=now
         )
-        unbind = _phase(claim) == BOUND and _node(claim) == node
+        unbind = gpuclaims.is_bound(claim) and _node(claim) == node
         message = (
             f"node {node} refused launcher pod {pod_key[1]} ({detail}); it is skipped until "
             f"{conditions.stamp(until)}"
         )
         if unbind:
             message += "; the claim is bound again elsewhere"
-            status["phase"] = PENDING
+            status["phase"] = gpuclaims.Phase.PENDING
             status.pop("nodeName", None)
             status.pop("boundTime", None)
             status["conditions"] = conditions.set_condition(
@@ -624,13 +592,8 @@ def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
 
 def vmis_of_claim(claim: Obj) -> set[str]:
     """The VMIs a claim serves: the one its attachment names and the one controlling it."""
-    found = {str(attachment(claim).get("vmi") or "")}
-    found.update(
-        str(owner.get("name") or "")
-        for owner in _meta(claim).get("ownerReferences") or []
-        if owner.get("kind") == references.VMI_KIND and owner.get("controller")
-    )
-    return found - {""}
+    refs = (gpuclaims.attachment(claim), gpuclaims.controlling_vmi(claim))
+    return {ref.name for ref in refs if ref is not None}
 
 
 def register(

@@ -2,7 +2,7 @@
 VMI exists (DESIGN.md §2 GPUClaim, §5 "VMs").
 
 Key: a VMI ``(namespace, name)``. For every ``claimTemplate`` reference of a VMI that exists,
-is not being deleted and has not finished, the claim ``references.template_claims`` describes
+is not being deleted and has not finished, the claim ``templates.template_claims`` describes
 is created: named ``<vmi>-gpu-<index>``, marked ``gpu.cozystack.io/template-claim: "true"``
 and controlled by the VMI (ownerReference with its UID), so garbage collection removes it
 when the VMI goes and no code here ever deletes one. The binder binds it like any claim and
@@ -35,12 +35,12 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
-from gpuoperator.model import claims, references
+from gpuoperator.kinds import GPUClaim
+from gpuoperator.model import claims, references, templates
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings
@@ -77,11 +77,11 @@ class TemplateClaims:
             return None
         try:
             refs = references.from_object(vmi)
-        except references.ReferenceError as exc:
+        except references.AnnotationError as exc:
             log.warning("VMI references unreadable", reason=INVALID, error=str(exc))
             self._event(vmi, "Warning", INVALID, f"no claim made from claim templates: {exc}")
             return None
-        wanted = references.template_claims(vmi, refs)
+        wanted = templates.template_claims(vmi, refs)
         if not wanted:
             return None
         if not self.settings.gpu_for_vms:
@@ -123,7 +123,7 @@ class TemplateClaims:
                     "its claim template; it is removed with this VM instance",
                 )
                 return True
-        if references.is_template_claim_of(current, vmi):
+        if templates.is_template_claim_of(current, vmi):
             return True
         log.warning("template claim name taken", reason=CONFLICT, claim=name)
         self._event(
@@ -143,8 +143,8 @@ class TemplateClaims:
             type_,
             reason,
             message,
-            kind=references.VMI_KIND,
-            api_version=references.KUBEVIRT_API_VERSION,
+            kind=names.VMI_KIND,
+            api_version=names.KUBEVIRT_API_VERSION,
         )
 
 

@@ -12,11 +12,12 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
+from gpuoperator.kinds import Workload
+from gpuoperator.model import claims
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
-from gpuoperator.runtime.kinds import Workload
 from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)
@@ -63,7 +64,7 @@ class UsageRecords:
         claim = self.caches.claims.store.get(key)
         record_key = (namespace, names.workload_name(claim_name))
         current = self.caches.workloads.store.get(record_key)
-        bound = claim is not None and (claim.get("status") or {}).get("phase") == "Bound"
+        bound = claim is not None and claims.phase(claim) == claims.Phase.BOUND
         if not bound:
             if current is not None and _owned_by(current, claim):
                 self.writer.delete(

@@ -10,10 +10,7 @@ from typing import Any
 
 import pykube
 
-from gpuoperator.model import slimming
-from gpuoperator.runtime import informing
-from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.kinds import (
+from gpuoperator.kinds import (
     GPUClaim,
     GPUClass,
     GPUNode,
@@ -21,6 +18,9 @@ from gpuoperator.runtime.kinds import (
     VirtualMachineInstance,
     Workload,
 )
+from gpuoperator.model import slimming
+from gpuoperator.runtime import informing
+from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager
 
 #: Index names.

@@ -10,10 +10,8 @@ import argparse
 import datetime
 import os
 import signal
-import socket
 import sys
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,10 +39,10 @@ from controllers import (
 )
 from gpuoperator import __version__, caches, names, settings, status
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import certificates
-from gpuoperator.runtime import admitting, errors, logs, serving
+from gpuoperator.runtime import admitting, errors, leading, logs, servercerts, serving
 from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
 
@@ -248,6 +246,13 @@ def node_status(client: Client, node: str) -> str:
     return status.node_report(inventory, classes, node, claims, status.collect_vmis(client))
 
 
+def leader_identity(flag: str | None) -> str:
+    """The leader-election identity: ``--identity`` when given, else one unique to this
+    process (``leading.unique_identity``: a restarted pod keeps its name, and two processes
+    with one identity would both lead)."""
+    return flag or leading.unique_identity()
+
+
 def run(args: argparse.Namespace) -> int:
     config_path = args.kubeconfig
 
@@ -257,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     client = Client(config_factory, qps=args.qps, burst=args.burst)
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or client.namespace
     operator_settings = load_settings(client, namespace, args)
-    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    identity = leader_identity(args.identity)
     log.info(
         "starting",
         version=__version__,
@@ -299,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
             registry=manager.registry,
         )
         manager.options.extra_servers.append(server)
-        if isinstance(certs, serving.MemoryCertificates):
+        if isinstance(certs, servercerts.MemoryCertificates):
             self_managed_certificates(args, manager, namespace, certs.reload)
 
     stop = threading.Event()
@@ -314,15 +319,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def webhook_tls(args: argparse.Namespace) -> serving.CertificateSource | tuple[Path, Path]:
+def webhook_tls(args: argparse.Namespace) -> servercerts.CertificateSource | tuple[Path, Path]:
     """What the webhook server starts with: the mounted pair (re-read when it rotates), or
     (self-managed) a throwaway pair in memory that it never serves while ready, replaced
     from the Secret."""
     if args.certificates == "mounted":
         cert_dir = args.webhook_cert_dir or Path(names.WEBHOOK_CERT_DIR)
         return cert_dir / "tls.crt", cert_dir / "tls.key"
-    cert, key = serving.self_signed()
-    return serving.MemoryCertificates(cert.read_bytes(), key.read_bytes())
+    cert, key = servercerts.self_signed()
+    return servercerts.MemoryCertificates(cert.read_bytes(), key.read_bytes())
 
 
 def self_managed_certificates(
@@ -344,7 +349,9 @@ def self_managed_certificates(
         ),
     )
     options.wanted_names()  # a bad extra SAN fails here, at startup
-    webhook_certificates.register(manager, Recorder(manager.writer), options, serve)
+    webhook_certificates.register(
+        manager, Recorder(manager.writer, api_version=names.API_VERSION), options, serve
+    )
 
 
 def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:
@@ -354,7 +361,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     inventory.connect(shared)
     # Events, the bindings, usage records and the status figures each write through a
     # client-side rate bucket of their own (Manager.writer_for); the others share one.
-    recorder = Recorder(manager.writer_for("events"))
+    recorder = Recorder(manager.writer_for("events"), api_version=names.API_VERSION)
     node_inventory.register(manager, shared, inventory, recorder, operator_settings)
     class_status.register(manager, shared, inventory, recorder, operator_settings)
     # Claims by phase and reason, and the oldest pending claim: computed on each scrape.

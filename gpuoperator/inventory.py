@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuoperator.caches import Caches
-from gpuoperator.model import binding, capacity, catalog, hostdevices, scheduling
+from gpuoperator.model import binding, capacity, catalog, eligibility, hostdevices
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -103,11 +103,11 @@ class Inventory:
         #: nodes and classes whose figures (or claims) changed. Controllers declare it in
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
         self.changes = Feed("inventory")
-        #: Held by every decision that hands out units (the binder's passes, placement's
-        #: moves) from reading the figures until every write it started has ended (each
-        #: assumed here before it was sent): two such decisions never give the same free
-        #: units away.
-        self.decisions = threading.RLock()
+        #: Guards the allocation of free units. Invariant: a decision that hands out units
+        #: (a binder pass, placement's moves) holds it from reading the figures until every
+        #: write it started has ended, each assumed here before it was sent; so two such
+        #: decisions never give the same free units away.
+        self.allocation_lock = threading.RLock()
 
     # ---- wiring ---------------------------------------------------------------------
     def connect(self, caches: Caches) -> None:
@@ -133,7 +133,7 @@ class Inventory:
 
     # ---- events -----------------------------------------------------------------------
     def apply_node(self, node: Obj) -> None:
-        name = scheduling.node_name(node)
+        name = eligibility.node_name(node)
         with self._lock:
             self._nodes[name] = node
             changed = self._nodes_changed(self._ledger.set_node(node) | {name})
@@ -143,7 +143,7 @@ class Inventory:
         """A node is gone: its figures change, and so does every class with a claim bound
         there (those claims are Lost now), even when the node served nothing any more
         (NotReady or cordoned before it went): the binder must hear of it."""
-        name = scheduling.node_name(node)
+        name = eligibility.node_name(node)
         with self._lock:
             self._nodes.pop(name, None)
             nodes, classes = self._nodes_changed(self._ledger.remove_node(name) | {name})
@@ -419,7 +419,7 @@ class Inventory:
             node, cls = self._nodes.get(node_name), self._classes.get(class_name)
             if node is None or cls is None:
                 return ["unknown node or class"]
-            return scheduling.eligibility(node, cls)
+            return eligibility.reasons(node, cls)
 
     def has_node(self, name: str) -> bool:
         with self._lock:

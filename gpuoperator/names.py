@@ -85,11 +85,18 @@ def workload_name(claim_name: str) -> str:
 KUBEVIRT_GROUP: Final = "kubevirt.io"
 KUBEVIRT_API_VERSION: Final = f"{KUBEVIRT_GROUP}/v1"
 VMI_KIND: Final = "VirtualMachineInstance"
+VMIS: Final = "virtualmachineinstances"
+#: KubeVirt's own configuration object (its CR lists the permitted host devices).
+KUBEVIRT_KIND: Final = "KubeVirt"
+KUBEVIRTS: Final = "kubevirts"
 #: Label and value KubeVirt sets on the pods it renders for a VMI.
 KUBEVIRT_LABEL: Final = "kubevirt.io"
 VIRT_LAUNCHER: Final = "virt-launcher"
 #: Label on migration target pods.
 MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+#: Labels KubeVirt sets on a launcher pod naming its VM and (by UID) its VMI.
+VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
+CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
 #: Annotation on KubeVirt's temporary pod for WaitForFirstConsumer volumes.
 EPHEMERAL_ANNOTATION: Final = "kubevirt.io/ephemeral-provisioning"
 #: VMI phases in which its launcher pod runs on the node (Scheduled, then Running).

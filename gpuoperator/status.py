@@ -15,13 +15,13 @@ from __future__ import annotations
 import pykube
 
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim, GPUClass, KubeVirt, VirtualMachineInstance
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import draining, slimming
 from gpuoperator.model.draining import Role
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, KubeVirt, VirtualMachineInstance
 
 
 def collect(client: Client) -> tuple[Inventory, dict[str, Obj]]:

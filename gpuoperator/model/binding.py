@@ -2,7 +2,7 @@
 and in which order.
 
 A waiting claim (phase ``Pending``, ``Lost`` or none yet, not being deleted) is bound to one
-node that is eligible for its class (:func:`scheduling.is_eligible`), has
+node that is eligible for its class (:func:`eligibility.is_eligible`), has
 ``free >= spec.count`` units of the class's resource (:meth:`capacity.Ledger.free`), and is
 not among the claim's unexpired ``status.refusedNodes``. Among those the ``placementPolicy``
 chooses: ``binpack`` takes the node with the least free that fits (large blocks stay whole for
@@ -10,7 +10,7 @@ large orders), ``spread`` the most free; ties go to the smallest node name, so t
 deterministic and two replicas (or a replica after a leader change) decide alike.
 
 **Order: strict FIFO per class with bounded bypass.** Claims of one class are considered in
-order of creation (:func:`ordering.creation_order`). A claim that fits nowhere does not stop
+order of creation (:func:`orders.creation_order`). A claim that fits nowhere does not stop
 the queue at once: later claims may be bound past it (a small order should not idle while
 capacity for a big one accumulates). But each such binding counts as one *bypass* of every
 older claim still waiting, and once a waiting claim has been bypassed ``max_bypass`` times
@@ -26,9 +26,9 @@ Choices where DESIGN.md is silent:
 * A claim that cannot fit on any eligible node even when that node is empty (``spec.count``
   above the largest allocatable) never blocks the line and is not counted: it would otherwise
   stop its class forever. Template claims skip the order webhook, so they can be like that.
-* Budgets are not judged here: the caller drops the claims that
-  :func:`ordering.order_refusals_for_binding` refuses before planning (they wait with
-  ``BudgetExceeded``), so a claim over budget never blocks the line either.
+* Budgets and the vGPU entitlement are not judged here: the caller drops the claims that
+  :func:`orders.binding_refusal` refuses before planning (they wait with ``BudgetExceeded``
+  or ``NotEntitled``), so such a claim never blocks the line either.
 * One plan simulates its bindings on a local copy of the free units, so two claims of one
   plan never both take the last units of a node. The Ledger is only read.
 * ``status.refusedNodes`` keeps at most :data:`MAX_REFUSED_NODES` entries, one per node; an
@@ -47,7 +47,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
-from gpuoperator.model import capacity, conditions, ordering, scheduling
+from gpuoperator.model import capacity, claims, conditions, eligibility, orders
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -56,14 +56,10 @@ Policy = Literal["binpack", "spread"]
 
 BINPACK: Final = "binpack"
 SPREAD: Final = "spread"
-PENDING: Final = "Pending"
-LOST: Final = "Lost"
 #: The most ``status.refusedNodes`` entries a claim keeps (the CRD's maxItems).
 MAX_REFUSED_NODES: Final = 16
 #: How often a waiting claim may be bypassed before it blocks its class's line.
 DEFAULT_MAX_BYPASS: Final = 8
-#: Phases of a claim waiting for a node ("" = no status yet).
-WAITING_PHASES: Final = frozenset({"", PENDING, LOST})
 
 
 class WaitReason(enum.StrEnum):
@@ -93,11 +89,6 @@ class Plan(NamedTuple):
     bindings: list[tuple[Key, str]]
     bypass_counts: dict[Key, int]
     waiting: dict[Key, Waiting]
-
-
-def claim_key(claim: Obj) -> Key:
-    """The ``(namespace, name)`` key of a claim."""
-    return capacity.object_key(claim)
 
 
 def _key_text(key: Key) -> str:
@@ -185,16 +176,12 @@ def add_refusal(
 
 
 def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[str, Obj]:
-    """The eligible nodes with allocatable units of the class's resource, by name."""
-    resource = gpuclasses.resource_name(cls)
-    if not resource:
-        return {}
-    out: dict[str, Obj] = {}
-    for node in nodes:
-        name = scheduling.node_name(node)
-        if name and ledger.allocatable(name, resource) > 0 and scheduling.is_eligible(node, cls):
-            out[name] = node
-    return out
+    """The nodes that serve the class (:func:`capacity.serves`), by name."""
+    return {
+        eligibility.node_name(node): node
+        for node in nodes
+        if eligibility.node_name(node) and capacity.serves(ledger, node, cls)
+    }
 
 
 class _FreeIndex:
@@ -249,7 +236,7 @@ def candidates(
     eligible for ``cls``, serving its resource with ``free >= spec.count``, not refused."""
     resource = gpuclasses.resource_name(cls)
     frees = {n: ledger.free(n, resource) for n in _serving(cls, nodes, ledger)}
-    return _fitting(ordering.ordered_count(claim), frees, unexpired_refusals(claim, now))
+    return _fitting(orders.ordered_count(claim), frees, unexpired_refusals(claim, now))
 
 
 def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
@@ -270,14 +257,13 @@ def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
 def is_waiting(claim: Obj) -> bool:
     """Whether the claim waits for a node: phase ``Pending``, ``Lost`` or none yet, and not
     being deleted (a claim on its way out is not given units)."""
-    phase = str((claim.get("status") or {}).get("phase") or "")
-    return phase in WAITING_PHASES and ordering.charged(claim)
+    return claims.phase(claim) in claims.WAITING_PHASES and orders.charged(claim)
 
 
 def pending_in_order(claims: Iterable[Obj]) -> list[Obj]:
     """The waiting claims (:func:`is_waiting`) in order of creation, then namespace/name:
     the FIFO queue of one class when given one class's claims."""
-    return sorted((c for c in claims if is_waiting(c)), key=ordering.creation_order)
+    return sorted((c for c in claims if is_waiting(c)), key=orders.creation_order)
 
 
 def head_of_line_blocks(
@@ -347,7 +333,7 @@ def plan(
     frees = {n: ledger.free(n, resource) for n in serving}
     by_free = _FreeIndex(frees)
     largest = max((ledger.allocatable(n, resource) for n in serving), default=0)
-    queue = [c for c in pending_in_order(claims_of_class) if ordering.ordered_class(c) == name]
+    queue = [c for c in pending_in_order(claims_of_class) if orders.ordered_class(c) == name]
 
     bindings: list[tuple[Key, str]] = []
     counts: dict[Key, int] = {}
@@ -355,8 +341,8 @@ def plan(
     passed: list[Key] = []  # older claims that wait and may still be bypassed
     blocker: Key | None = None
     for claim in queue:
-        key = claim_key(claim)
-        need = ordering.ordered_count(claim)
+        key = claims.key(claim)
+        need = orders.ordered_count(claim)
         if blocker is not None:
             waiting[key] = Waiting(
                 WaitReason.QUEUED, f"waiting behind older claim {_key_text(blocker)}"

@@ -48,7 +48,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
-from gpuoperator.model import claims, pods, scheduling, slimming
+from gpuoperator.model import claims, eligibility, pods, quantities
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -72,18 +72,13 @@ class ClassFree(TypedDict):
     free: int
 
 
-def object_key(obj: Obj) -> Key:
-    """The ``(namespace, name)`` key of a namespaced object (:func:`claims.key`)."""
-    return claims.key(obj)
-
-
 def _counts(resources: Any) -> dict[str, int]:
     if not isinstance(resources, dict):
         return {}
     return {
-        resource: pods.parse_count(quantity)
+        resource: quantities.parse_count(quantity)
         for resource, quantity in resources.items()
-        if slimming.is_extended(resource)
+        if quantities.is_extended(resource)
     }
 
 
@@ -207,7 +202,7 @@ class Ledger:
         """Record a node's capacity and allocatable (extended resources only). Returns
         ``{name}`` when its figures changed, else an empty set. Eligibility (Ready, cordon,
         taints) is not a figure: callers judge it from the node object."""
-        name = scheduling.node_name(node)
+        name = eligibility.node_name(node)
         if not name:
             return set()
         status = node.get("status") or {}
@@ -239,7 +234,7 @@ class Ledger:
         VMI's claims hold on that node (:func:`gpuoperator.model.pods.launcher_vmi`). Returns
         the nodes whose figures changed: none, its node, or its old and new node when it
         moved."""
-        key = object_key(pod)
+        key = claims.key(pod)
         node = pods.node_name(pod)
         usage = pods.pod_usage(pod) if node else {}
         new = _Use(node, tuple(sorted(usage.items())), pods.launcher_vmi(pod)) if usage else None
@@ -305,9 +300,9 @@ class Ledger:
         VMI it serves there (:func:`gpuoperator.model.claims.covering_vmi`). Returns the
         nodes whose figures changed: none, the claim's node, or its old and new node when it
         was rebound."""
-        key = object_key(claim)
+        key = claims.key(claim)
         node = claims.node_name(claim)
-        count = pods.parse_count((claim.get("spec") or {}).get("count"))
+        count = quantities.parse_count((claim.get("spec") or {}).get("count"))
         new = None
         if claims.is_bound(claim) and resource_name and count:
             new = _Hold(node, resource_name, count, claims.covering_vmi(claim))
@@ -489,8 +484,8 @@ def serves(ledger: Ledger, node: Obj, cls: Obj) -> bool:
     resource = gpuclasses.resource_name(cls)
     return (
         bool(resource)
-        and ledger.allocatable(scheduling.node_name(node), resource) > 0
-        and scheduling.is_eligible(node, cls)
+        and ledger.allocatable(eligibility.node_name(node), resource) > 0
+        and eligibility.is_eligible(node, cls)
     )
 
 
@@ -499,7 +494,7 @@ def class_figures(ledger: Ledger, cls: Obj, nodes: Iterable[Obj]) -> ClassFigure
     <serves>` it. Figures come from the ledger; eligibility from the node objects."""
     resource = gpuclasses.resource_name(cls)
     frees = [
-        ledger.free(scheduling.node_name(node), resource)
+        ledger.free(eligibility.node_name(node), resource)
         for node in nodes
         if serves(ledger, node, cls)
     ]
@@ -515,7 +510,7 @@ def node_class_free(ledger: Ledger, node: Obj, classes: Iterable[Obj]) -> list[C
     there, sorted by class name, at most :data:`MAX_NODE_CLASSES` of them (the first by
     name: a longer list would fail every status write; ``GPUClass.status`` is not affected).
     """
-    name = scheduling.node_name(node)
+    name = eligibility.node_name(node)
     return sorted(
         (
             ClassFree(

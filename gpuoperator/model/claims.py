@@ -34,10 +34,12 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpuoperator import names
+from gpuoperator.model import objects
 
 Obj = dict[str, Any]
-#: ``(namespace, name)`` of a namespaced object (``""`` for a cluster-scoped one's namespace).
-Key = tuple[str, str]
+#: A claim's key is its object key (:mod:`gpuoperator.model.objects`).
+Key = objects.Key
+key = objects.key
 
 
 class Phase(enum.StrEnum):
@@ -46,6 +48,12 @@ class Phase(enum.StrEnum):
     PENDING = "Pending"
     BOUND = "Bound"
     LOST = "Lost"
+
+
+#: The type of the claim's condition that says whether it is bound, and why not.
+BOUND_CONDITION: Final = "Bound"
+#: Phases of a claim waiting for a node (``""``: no status yet).
+WAITING_PHASES: Final = frozenset({"", Phase.PENDING, Phase.LOST})
 
 
 #: VMI phases after which the VMI never runs again (KubeVirt's final phases).
@@ -62,12 +70,6 @@ def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 def _status(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return _mapping((obj or {}).get("status"))
-
-
-def key(obj: Mapping[str, Any]) -> Key:
-    """The ``(namespace, name)`` key of an object."""
-    meta = _meta(obj)
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def phase(claim: Mapping[str, Any]) -> str:

@@ -33,7 +33,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuoperator.model import capacity, gpu_hours, ordering, scheduling
+from gpuoperator.model import capacity, eligibility, gpu_hours, orders
 
 Obj = dict[str, Any]
 Key = capacity.Key
@@ -71,7 +71,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def draining(node: Mapping[str, Any] | None) -> bool:
     """Whether the node is cordoned (``spec.unschedulable``): its holds should leave."""
-    return node is not None and scheduling.node_cordoned(dict(node))
+    return node is not None and eligibility.node_cordoned(dict(node))
 
 
 def bound_to(claim: Mapping[str, Any], node_name: str) -> bool:
@@ -84,7 +84,7 @@ def hold(claim: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> Hold:
     :func:`gpu_hours.served_vmi_name` (``None`` when there is none)."""
     meta = _mapping(claim.get("metadata"))
     key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-    cls, count = ordering.ordered_class(claim), ordering.ordered_count(claim)
+    cls, count = orders.ordered_class(claim), orders.ordered_count(claim)
     if meta.get("deletionTimestamp"):
         return Hold(key, cls, count, Role.RELEASING)
     served = gpu_hours.served_vmi_name(claim)
@@ -101,7 +101,7 @@ def holds_on(
 ) -> list[Hold]:
     """The holds bound to ``node_name``, in order of creation; ``vmis`` are the cached VM
     instances by ``(namespace, name)``."""
-    bound = sorted((c for c in claims if bound_to(c, node_name)), key=ordering.creation_order)
+    bound = sorted((c for c in claims if bound_to(c, node_name)), key=orders.creation_order)
     out = []
     for claim in bound:
         ns = str(_mapping(claim.get("metadata")).get("namespace") or "")

@@ -8,10 +8,8 @@ started before it, so its peak is its request plus that running total. The pod's
 ``max(Σ regular containers + Σ sidecars, max over init containers of their peak) + overhead``
 (kube-scheduler's ``PodRequests``, with the sidecar's own peak being the running total).
 
-Quantities of extended resources are whole numbers (the API server refuses fractions), so
-a quantity that is not a non-negative integer after its suffix (``"1.5"``, ``"500m"``,
-``"-1"``, garbage) is invalid and counts as 0: it cannot occur on an admitted pod, and a
-guess would be worse than nothing. Native resources (CPU, memory) are not counted at all.
+Quantities are read by :mod:`gpuoperator.model.quantities`: extended resources only, whole
+units (an invalid quantity counts as 0), a limit without a request counting as the request.
 
 A pod that has terminated (``Succeeded``/``Failed``) uses nothing. A pod being deleted still
 uses its units until it is gone, as it does for the scheduler. Which of a pod's units a claim
@@ -27,13 +25,11 @@ too). Every function is pure and idempotent.
 
 from __future__ import annotations
 
-import decimal
-import re
 from collections.abc import Iterable
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import claims, slimming
+from gpuoperator.model import claims, quantities
 
 Obj = dict[str, Any]
 
@@ -41,62 +37,14 @@ SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
 RESTART_ALWAYS: Final = "Always"
 
-_INT64_MAX: Final = 2**63 - 1
-# resource.Quantity's grammar: a signed decimal, then an exponent or a suffix.
-_QUANTITY: Final = re.compile(
-    r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]))?"
-)
-_SUFFIX: Final[dict[str, decimal.Decimal]] = {
-    "": decimal.Decimal(1),
-    "m": decimal.Decimal("0.001"),
-    **{s: decimal.Decimal(10) ** (3 * i) for i, s in enumerate("kMGTPE", start=1)},
-    **{s + "i": decimal.Decimal(2) ** (10 * i) for i, s in enumerate("KMGTPE", start=1)},
-}
-# Enough digits for any int64 times any suffix; exponents beyond int64 are refused first.
-_CONTEXT: Final = decimal.Context(prec=60)
-_MAX_EXPONENT: Final = 19
-
-
-def parse_count(quantity: Any) -> int:
-    """An extended-resource quantity as a whole number of units; 0 when invalid.
-
-    Accepts ints and quantity strings (``"2"``, ``"0"``, ``"1k"``, ``"2000m"``, ``"1e3"``,
-    ``"2Ki"``). Fractions, negative numbers, values beyond int64, booleans and anything
-    unparseable are invalid for an extended resource and count as 0.
-    """
-    if isinstance(quantity, bool):
-        return 0
-    if isinstance(quantity, int):
-        return quantity if 0 <= quantity <= _INT64_MAX else 0
-    if not isinstance(quantity, str):
-        return 0
-    match = _QUANTITY.fullmatch(quantity.strip())
-    if match is None:
-        return 0
-    number, exponent, suffix = match.groups()
-    if exponent is not None and abs(int(exponent)) > _MAX_EXPONENT:
-        return 0
-    try:
-        value = _CONTEXT.multiply(decimal.Decimal(number), _SUFFIX[suffix or ""])
-        if exponent is not None:
-            value = _CONTEXT.scaleb(value, int(exponent))
-    except ArithmeticError:
-        return 0
-    if value < 0 or value > _INT64_MAX or value != value.to_integral_value():
-        return 0
-    return int(value)
-
 
 def _requests(container: Obj) -> dict[str, int]:
-    """A container's requests of extended resources; a limit without a request counts as the
-    request (the API server defaults it so for extended resources, as slim_pod does)."""
-    resources = container.get("resources") or {}
-    merged = dict(resources.get("limits") or {})
-    merged.update(resources.get("requests") or {})
+    """A container's requests of extended resources (:func:`quantities.requested`: a limit
+    without a request counts as the request)."""
     out: dict[str, int] = {}
-    for resource, quantity in merged.items():
-        if slimming.is_extended(resource):
-            units = parse_count(quantity)
+    for resource, quantity in quantities.requested(container.get("resources")).items():
+        if quantities.is_extended(resource):
+            units = quantities.parse_count(quantity)
             if units:
                 out[resource] = units
     return out

@@ -4,7 +4,7 @@ quota's GPU budget keys should say, so ``kubectl describe quota`` prints it besi
 For every budget key in ``spec.hard`` (:func:`quota.parse_key`: the per-class
 ``<class>.gpuclass.cozystack.io/devices`` and the total ``gpuclass.cozystack.io/devices``) the
 used value is the budget usage the order webhook and the binder judge by
-(:func:`ordering.usage`: ``spec.count`` summed over the namespace's claims not being deleted,
+(:func:`orders.usage`: ``spec.count`` summed over the namespace's claims not being deleted,
 held and template claims alike, bound or not). Nothing else is read or written: every other
 key of ``status.used`` is Kubernetes' own (the quota controller and quota admission keep
 them), and a budget key no longer in ``spec.hard`` is removed by the quota controller itself
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuoperator.model import ordering, pods, quota
+from gpuoperator.model import orders, quantities, quota
 
 Obj = dict[str, Any]
 
@@ -44,7 +44,7 @@ def desired_used(
     for key in budget_keys(rq):
         parsed = quota.parse_key(key)
         assert parsed is not None
-        used[key] = str(ordering.usage(claims, parsed[1]))
+        used[key] = str(orders.usage(claims, parsed[1]))
     return used
 
 
@@ -53,8 +53,7 @@ def _same(stored: Any, wanted: str) -> bool:
         return False
     if str(stored).strip() == wanted:
         return True
-    units = pods.parse_count(stored)
-    return units == int(wanted) and (units != 0 or ordering.parse_budget(stored) == 0)
+    return quantities.parse_whole(stored) == int(wanted)
 
 
 def used_patch(

@@ -23,22 +23,17 @@ from __future__ import annotations
 from typing import Any
 
 from gpuoperator import names
+from gpuoperator.model import quantities
 
 Obj = dict[str, Any]
 
-_KEEP_ANNOTATION_PREFIXES = (names.DOMAIN + "/", "kubevirt.io/")
-
-
-def is_extended(resource: str) -> bool:
-    """An extended resource name has a domain (``nvidia.com/GA102GL_A10``); native ones
-    (cpu, memory, hugepages-*, ephemeral-storage) do not."""
-    return "/" in resource
+_KEEP_ANNOTATION_PREFIXES = (names.DOMAIN + "/", names.KUBEVIRT_GROUP + "/")
 
 
 def _extended(resources: Any) -> dict[str, str]:
     if not isinstance(resources, dict):
         return {}
-    return {k: str(v) for k, v in resources.items() if is_extended(k)}
+    return {k: str(v) for k, v in resources.items() if quantities.is_extended(k)}
 
 
 def _meta(meta: Obj, *, annotations: bool) -> Obj:
@@ -77,11 +72,7 @@ def _meta(meta: Obj, *, annotations: bool) -> Obj:
 
 def _container(c: Obj) -> Obj:
     out: Obj = {"name": c.get("name", "")}
-    requests = _extended((c.get("resources") or {}).get("requests"))
-    limits = _extended((c.get("resources") or {}).get("limits"))
-    # An extended resource given only as a limit is requested at that amount (defaulting).
-    for k, v in limits.items():
-        requests.setdefault(k, v)
+    requests = _extended(quantities.requested(c.get("resources")))
     if requests:
         out["resources"] = {"requests": requests}
     if c.get("restartPolicy"):

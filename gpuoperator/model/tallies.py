@@ -4,7 +4,7 @@ phase and ``Bound`` reason, and how long the oldest claim of each class has been
 Choices where DESIGN.md is silent:
 
 * A claim with no phase yet (the binder has not decided it) is counted as ``Pending``: it
-  waits for a node like any Pending claim (:data:`binding.WAITING_PHASES`).
+  waits for a node like any Pending claim (:data:`claims.WAITING_PHASES`).
 * The reason is the ``Bound`` condition's reason (``NoCapacity``, ``BudgetExceeded``,
   ``Bound``...); empty (:data:`NO_REASON`) while the claim has no such condition yet, which
   Prometheus reads as no ``reason`` label.
@@ -27,11 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuoperator.model import binding, conditions, ordering
+from gpuoperator.model import binding, claims, conditions, orders
 
 Obj = dict[str, Any]
 
-BOUND: Final = "Bound"
 #: The reason of a claim whose ``Bound`` condition is not set yet.
 NO_REASON: Final = ""
 
@@ -47,12 +46,12 @@ class ClaimTally:
 
 def phase(claim: Mapping[str, Any]) -> str:
     """The claim's ``status.phase``; ``Pending`` when it has none yet."""
-    return str((claim.get("status") or {}).get("phase") or binding.PENDING)
+    return claims.phase(claim) or claims.Phase.PENDING
 
 
 def reason(claim: Mapping[str, Any]) -> str:
     """The reason of the claim's ``Bound`` condition; :data:`NO_REASON` without one."""
-    found = conditions.find((claim.get("status") or {}).get("conditions"), BOUND)
+    found = conditions.find((claim.get("status") or {}).get("conditions"), claims.BOUND_CONDITION)
     return str((found or {}).get("reason") or NO_REASON)
 
 
@@ -62,7 +61,7 @@ def of_claims(claims: Iterable[Obj], now: datetime.datetime) -> ClaimTally:
     counts: Counter[tuple[str, str, str]] = Counter()
     oldest: dict[str, float] = {}
     for claim in claims:
-        cls = ordering.ordered_class(claim)
+        cls = orders.ordered_class(claim)
         counts[(cls, phase(claim), reason(claim))] += 1
         if not binding.is_waiting(claim):
             continue

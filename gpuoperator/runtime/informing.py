@@ -36,6 +36,7 @@ import requests
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gpuoperator.model import objects
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import WATCH_TIMEOUT_SECONDS, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -43,14 +44,13 @@ from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
 
-Key = tuple[str, str]
+Key = objects.Key
 IndexFunc = Callable[[Obj], Iterable[str]]
 Transform = Callable[[Obj], Obj]
 
 
-def key_of(obj: Obj) -> Key:
-    meta = obj.get("metadata") or {}
-    return (meta.get("namespace") or "", meta.get("name") or "")
+#: The object key, defined once for the runtime and the model.
+key_of = objects.key
 
 
 def resource_version(obj: Obj) -> int | None:

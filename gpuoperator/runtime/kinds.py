@@ -1,52 +1,16 @@
-"""The kinds pykube-ng has no class for, declared once for the whole operator."""
+"""The Kubernetes kinds pykube-ng has no class for that the runtime itself uses (leases,
+reviews, admission configuration), declared once. The product's own kinds (and KubeVirt's)
+are in :mod:`gpuoperator.kinds`: the runtime knows no product names."""
 
 from __future__ import annotations
 
 from pykube.objects import APIObject, NamespacedAPIObject
-
-from gpuoperator import names
-
-
-class GPUClass(APIObject):  # type: ignore[misc]
-    version = names.API_VERSION
-    endpoint = names.GPU_CLASSES
-    kind = names.GPU_CLASS
-
-
-class GPUClaim(NamespacedAPIObject):  # type: ignore[misc]
-    version = names.API_VERSION
-    endpoint = names.GPU_CLAIMS
-    kind = names.GPU_CLAIM
-
-
-class GPUNode(APIObject):  # type: ignore[misc]
-    version = names.API_VERSION
-    endpoint = names.GPU_NODES
-    kind = names.GPU_NODE
-
-
-class Workload(NamespacedAPIObject):  # type: ignore[misc]
-    version = names.API_VERSION
-    endpoint = names.WORKLOADS
-    kind = names.WORKLOAD
 
 
 class Lease(NamespacedAPIObject):  # type: ignore[misc]
     version = "coordination.k8s.io/v1"
     endpoint = "leases"
     kind = "Lease"
-
-
-class VirtualMachineInstance(NamespacedAPIObject):  # type: ignore[misc]
-    version = "kubevirt.io/v1"
-    endpoint = "virtualmachineinstances"
-    kind = "VirtualMachineInstance"
-
-
-class KubeVirt(NamespacedAPIObject):  # type: ignore[misc]
-    version = "kubevirt.io/v1"
-    endpoint = "kubevirts"
-    kind = "KubeVirt"
 
 
 class ValidatingAdmissionPolicy(APIObject):  # type: ignore[misc]

@@ -60,7 +60,6 @@ import pykube
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from gpuoperator import names
 from gpuoperator.runtime import clock as clocks
 from gpuoperator.runtime import errors, kinds
 
@@ -177,7 +176,7 @@ class LeaderElectionConfig:
 
     namespace: str
     _: dataclasses.KW_ONLY
-    name: str = names.LEADER_LEASE
+    name: str
     identity: str
     lease_duration: float = 15.0
     renew_deadline: float = 10.0

@@ -34,7 +34,7 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpuoperator.runtime import serving
+from gpuoperator.runtime import servercerts, serving
 from gpuoperator.runtime.authorizing import Authorizer
 from gpuoperator.runtime.client import Client, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -59,7 +59,8 @@ class ManagerOptions:
     namespace: str
     identity: str
     leader_election: bool = True
-    lease_name: str = "gpu-operator"
+    #: The Lease leader election takes (required with ``leader_election``).
+    lease_name: str = ""
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -81,6 +82,8 @@ class Manager:
         registry: CollectorRegistry = REGISTRY,
         clock: Clock = SYSTEM,
     ) -> None:
+        if options.leader_election and not options.lease_name:
+            raise ValueError("lease_name must not be empty with leader_election")
         self.client = client
         self.options = options
         self.registry = registry
@@ -367,7 +370,7 @@ class Manager:
                     )
             return serving.Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
 
-        tls = None if o.metrics_insecure else (o.metrics_tls or serving.self_signed())
+        tls = None if o.metrics_insecure else (o.metrics_tls or servercerts.self_signed())
         return serving.Server(
             "metrics",
             o.metrics_address or ":8443",

@@ -23,7 +23,6 @@ from typing import Any, Literal
 import pykube
 import structlog
 
-from gpuoperator import names
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -48,11 +47,14 @@ class Recorder:
         self,
         client: Client,
         *,
+        api_version: str,
         dedupe_window: float = 600.0,
         clock: Clock = SYSTEM,
         host: str | None = None,
     ) -> None:
         self._client = client
+        #: The apiVersion of the objects an event names by ``kind`` alone (the product's).
+        self._api_version = api_version
         self._window = dedupe_window
         self._clock = clock
         self._host = host or socket.gethostname()
@@ -72,12 +74,12 @@ class Recorder:
         message: str,
         *,
         kind: str | None = None,
-        api_version: str = names.API_VERSION,
+        api_version: str | None = None,
     ) -> None:
         """Record an event about ``obj``. Objects from caches carry no ``kind``: name it
-        (``api_version`` defaults to the operator's own group)."""
+        (``api_version`` defaults to the one this recorder was made with)."""
         if kind is not None:
-            obj = {**obj, "kind": kind, "apiVersion": api_version}
+            obj = {**obj, "kind": kind, "apiVersion": api_version or self._api_version}
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         key = (uid, type_, reason, message)

@@ -25,8 +25,8 @@ from typing import Any
 
 import pykube
 
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.kinds import GPUClaim
 from localcluster.cluster import REPO, LocalCluster
 
 NAMESPACE = "bench-tenant"

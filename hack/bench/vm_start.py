@@ -26,7 +26,7 @@ from typing import Any
 import pykube
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.kubevirt import KubeVirtSimulator
 from localcluster.cluster import REPO, LocalCluster
 

@@ -23,7 +23,7 @@ import pykube
 import requests
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.waiting import wait_for
 
 Obj = dict[str, Any]

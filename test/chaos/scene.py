@@ -12,7 +12,7 @@ import pykube
 from chaos import load, oracle
 from chaos.history import ClaimHistory
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClass, GPUNode
+from gpuoperator.kinds import GPUClass, GPUNode
 from harness.waiting import WaitTimeoutError, wait_for
 
 CONVERGE = 120.0

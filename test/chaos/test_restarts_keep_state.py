@@ -17,7 +17,7 @@ from chaos.conftest import FIGURES
 from chaos.history import ClaimHistory
 from chaos.replicas import Replicas
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.waiting import wait_for
 

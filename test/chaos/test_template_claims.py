@@ -15,7 +15,7 @@ from chaos import load, oracle, scene
 from chaos.history import ClaimHistory
 from chaos.replicas import Replicas
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import mutate
 from harness.waiting import wait_for

@@ -9,7 +9,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUNode, Workload
+from gpuoperator.kinds import GPUNode, Workload
 from harness.kube import load_yaml, refused, replace
 from localcluster.cluster import REPO, kubectl
 

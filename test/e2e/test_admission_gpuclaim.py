@@ -11,7 +11,7 @@ from typing import Any
 import pykube
 import pytest
 
-from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.kinds import GPUClaim
 from harness.kube import Obj, refused, replace
 from localcluster.cluster import kubectl
 

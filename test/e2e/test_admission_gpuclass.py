@@ -14,7 +14,7 @@ from typing import Any
 import pykube
 import pytest
 
-from gpuoperator.runtime.kinds import GPUClass
+from gpuoperator.kinds import GPUClass
 from harness.kube import Obj, refused, replace
 from localcluster.cluster import kubectl
 

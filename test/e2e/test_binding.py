@@ -13,7 +13,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
+from gpuoperator.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, replace
 from harness.operator import Deployed, OperatorProcess

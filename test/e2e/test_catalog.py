@@ -14,7 +14,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode
+from gpuoperator.kinds import GPUClaim, GPUClass, GPUNode
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate
 from harness.operator import Deployed, OperatorProcess

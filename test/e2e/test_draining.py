@@ -16,7 +16,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.operator import Deployed

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.operator import Deployed

@@ -9,7 +9,7 @@ from typing import Any
 import pykube
 import pytest
 
-from gpuoperator.runtime.kinds import KubeVirt, VirtualMachineInstance
+from gpuoperator.kinds import KubeVirt, VirtualMachineInstance
 from harness.kubevirt import KubeVirtSimulator
 from harness.waiting import wait_for
 

@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry
 from controllers import license_copier
 from gpuoperator import caches, names, settings
 from gpuoperator.caches import Caches
+from gpuoperator.kinds import GPUClaim, GPUClass
 from gpuoperator.model import licensing
 from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
 from harness.kube import Obj, replace
@@ -62,7 +62,11 @@ def copier(kubeconfig: Path, api: pykube.HTTPClient) -> Iterator[Copier]:
     )
     shared = caches.register(manager)
     license_copier.register(
-        manager, shared, Recorder(manager.writer), settings.load(None, {}, {}), ns
+        manager,
+        shared,
+        Recorder(manager.writer, api_version=names.API_VERSION),
+        settings.load(None, {}, {}),
+        ns,
     )
     stop = threading.Event()
     thread = threading.Thread(target=manager.run, args=(stop,), name="copier", daemon=True)

@@ -10,7 +10,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.kinds import GPUClaim
 from harness import kube
 from harness.fleet import Fleet, published
 from harness.kube import refused

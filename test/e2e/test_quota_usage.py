@@ -11,7 +11,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim
+from gpuoperator.kinds import GPUClaim
 from harness.fleet import Fleet
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for

@@ -154,7 +154,12 @@ def test_a_write_after_leadership_is_lost_is_refused(
     started, stopped = threading.Event(), threading.Event()
     elector = LeaderElector(
         LeaderElectionConfig(
-            namespace=namespace, identity="me", lease_duration=6, renew_deadline=4, retry_period=0.5
+            namespace=namespace,
+            name=names.LEADER_LEASE,
+            identity="me",
+            lease_duration=6,
+            renew_deadline=4,
+            retry_period=0.5,
         ),
         KubeLeaseStore(pykube.HTTPClient(pykube.KubeConfig.from_file(str(kubeconfig)))),
         on_started_leading=started.set,

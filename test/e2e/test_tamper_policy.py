@@ -23,7 +23,8 @@ import yaml
 from pykube.objects import APIObject
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, ValidatingAdmissionPolicy
+from gpuoperator.kinds import GPUClaim
+from gpuoperator.runtime.kinds import ValidatingAdmissionPolicy
 from harness.kube import Obj, Refusal, mutate, refused, replace
 from harness.operator import Deployed
 from harness.waiting import WaitTimeoutError, wait_for

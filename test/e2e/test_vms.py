@@ -11,7 +11,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, refused
 from harness.waiting import wait_for

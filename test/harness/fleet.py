@@ -10,7 +10,7 @@ from typing import Any
 import pykube
 
 from gpuoperator import names
-from gpuoperator.runtime.kinds import GPUClass
+from gpuoperator.kinds import GPUClass
 from harness.kube import Obj, replace
 from harness.waiting import wait_for
 from localcluster import profile

@@ -47,7 +47,7 @@ from typing import Any, Final, cast
 
 import pykube
 
-from gpuoperator.runtime.kinds import KubeVirt, VirtualMachineInstance
+from gpuoperator.kinds import KubeVirt, VirtualMachineInstance
 
 Obj = dict[str, Any]
 

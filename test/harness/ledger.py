@@ -23,7 +23,7 @@ from typing import Any
 
 import pykube
 
-from gpuoperator.runtime.kinds import GPUClaim, GPUClass
+from gpuoperator.kinds import GPUClaim, GPUClass
 
 Obj = dict[str, Any]
 

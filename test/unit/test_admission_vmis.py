@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry
 from admission import vmis
 from gpuoperator import settings
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import admitting, errors, serving
 from gpuoperator.runtime.client import Client, Kind
-from gpuoperator.runtime.kinds import GPUClaim
 from harness.offline import apply_json_patch, store_caches
 
 Obj = dict[str, Any]
@@ -70,7 +70,7 @@ class FakeInventory:
         return self._permitted
 
 
-def _client_is_a_status_writer(client: Client) -> vmis.StatusWriter:
+def _client_is_a_status_writer(client: Client) -> vmis.StatusClient:
     return client  # mypy checks that the real client fits the protocol
 
 

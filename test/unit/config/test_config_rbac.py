@@ -23,6 +23,7 @@ import pykube
 import pytest
 from unit.config.manifests import NAMESPACE, REPO, SERVICE_ACCOUNT, VARIANTS, Obj, find, render
 
+from gpuoperator import kinds as product_kinds
 from gpuoperator import names
 from gpuoperator.runtime import kinds
 
@@ -89,9 +90,13 @@ def _kind(node: ast.expr) -> Any:
         if node.value.id == "pykube":
             return getattr(pykube, node.attr, None)
         if node.value.id == "kinds":
-            return getattr(kinds, node.attr, None)
+            return getattr(kinds, node.attr, None) or getattr(product_kinds, node.attr, None)
     if isinstance(node, ast.Name):
-        return getattr(kinds, node.id, None) or getattr(pykube, node.id, None)
+        return (
+            getattr(kinds, node.id, None)
+            or getattr(product_kinds, node.id, None)
+            or getattr(pykube, node.id, None)
+        )
     return None
 
 

@@ -22,12 +22,12 @@ from controllers import binder as bindermod
 from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Handlers
-from gpuoperator.runtime.kinds import GPUClaim
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness import objects
@@ -43,7 +43,7 @@ WAIT = 10.0  # seconds any step of a test may wait for another thread (a deadlin
 
 
 class WatchedLock:
-    """``Inventory.decisions`` that sets ``contended`` when a thread has to wait for it."""
+    """``Inventory.allocation_lock`` that sets ``contended`` when a thread has to wait for it."""
 
     def __init__(self, contended: threading.Event) -> None:
         self._lock = threading.RLock()
@@ -166,7 +166,7 @@ def test_a_failed_write_does_not_let_the_next_pass_plan_while_another_write_is_i
     world.put_claim(claim("big", class_name="large", count=2, created=at(3)))
     # The slow write lands once the "large" pass has to wait for the lock, or has ended.
     s2_in_flight, go = threading.Event(), threading.Event()
-    world.inventory.decisions = WatchedLock(contended=go)  # type: ignore[assignment]
+    world.inventory.allocation_lock = WatchedLock(contended=go)  # type: ignore[assignment]
 
     def deleted_meanwhile(_obj: Obj) -> None:
         assert s2_in_flight.wait(WAIT)  # fail only once the other write is in flight

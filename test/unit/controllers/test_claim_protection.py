@@ -12,9 +12,9 @@ import pytest
 
 from controllers import claim_protection
 from gpuoperator import names
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.kinds import GPUClaim
 from harness import objects
 from harness.objects import NS
 from harness.offline import OfflineCluster

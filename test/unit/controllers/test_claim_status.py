@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.inventory import Inventory
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.kinds import GPUClaim
 from harness import objects
 from harness.offline import FakeApi, FakeRecorder
 

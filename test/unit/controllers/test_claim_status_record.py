@@ -136,7 +136,7 @@ def test_gpu_hours_never_wait_for_the_decisions_lock() -> None:
         controller.reconcile(("t", "c"))
         done.set()
 
-    with inventory.decisions:  # a binder pass is running
+    with inventory.allocation_lock:  # a binder pass is running
         worker = threading.Thread(target=reconcile)
         worker.start()
         assert done.wait(10.0), "the GPU-hours write waited for the binder"

@@ -12,8 +12,8 @@ import structlog
 
 from controllers import class_status
 from gpuoperator import names
+from gpuoperator.kinds import GPUClass
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.kinds import GPUClass
 from gpuoperator.settings import Settings
 from harness import objects
 from harness.objects import A10

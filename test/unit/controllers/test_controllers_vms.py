@@ -26,11 +26,11 @@ import pytest
 from controllers import attachments, claim_protection, claim_status, placement, template_claims
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import references, slimming
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.model import launcher_pods, slimming, templates
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness import objects
@@ -200,7 +200,7 @@ def test_template_claim_behind_the_cache_is_recognised_after_already_exists(worl
     # it is this VMI's own claim — no conflict reported.
     assert controller.reconcile((NS, "vm1")) is None
     assert world.recorder.events == []
-    assert references.is_template_claim_of(world.api.objects[("GPUClaim", NS, "vm1-gpu-1")], vm)
+    assert templates.is_template_claim_of(world.api.objects[("GPUClaim", NS, "vm1-gpu-1")], vm)
 
 
 @pytest.mark.parametrize(
@@ -611,8 +611,8 @@ def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
     ]
     assert "podAntiAffinity" in body["spec"]["affinity"]  # read from the full pod, kept
     pinned = world.api.objects[("Pod", NS, POD[1])]
-    assert references.pinned_node(pinned) == "n1"
-    assert not references.is_gated(pinned)
+    assert launcher_pods.pinned_node(pinned) == "n1"
+    assert not launcher_pods.is_gated(pinned)
     event = world.recorder.events[-1]
     assert (event["reason"], event["kind"], event["name"]) == ("Pinned", "Pod", POD[1])
 
@@ -692,7 +692,7 @@ def test_split_set_is_gathered_where_it_fits_then_pinned(world: World) -> None:
 
     world.sync_claim("hold-a")
     assert controller.reconcile(POD) is None
-    assert references.pinned_node(world.api.objects[("Pod", NS, POD[1])]) == "n2"
+    assert launcher_pods.pinned_node(world.api.objects[("Pod", NS, POD[1])]) == "n2"
 
 
 def test_split_set_that_fits_nowhere_waits_gated(world: World) -> None:

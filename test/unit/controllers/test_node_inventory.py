@@ -12,8 +12,8 @@ import structlog
 
 from controllers import node_inventory
 from gpuoperator import names
+from gpuoperator.kinds import GPUNode
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.kinds import GPUNode
 from gpuoperator.settings import Settings
 from harness import objects
 from harness.objects import A10

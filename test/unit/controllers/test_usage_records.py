@@ -12,8 +12,8 @@ import structlog
 
 from controllers import usage_records
 from gpuoperator import names
+from gpuoperator.kinds import Workload
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.kinds import Workload
 from harness import objects
 from harness.objects import NS
 from harness.offline import OfflineCluster

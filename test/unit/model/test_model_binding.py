@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuoperator.model import binding, capacity
+from gpuoperator.model import objects as model_objects
 from harness import objects
 
 Obj = dict[str, Any]
@@ -331,7 +332,7 @@ def test_pending_in_order_is_fifo_of_waiting_claims() -> None:
         claim("z-same-second", created=5, namespace="tenant-a"),
         claim("leaving", created=1, deleting=True),
     ]
-    assert [binding.claim_key(c) for c in binding.pending_in_order(claims)] == [
+    assert [model_objects.key(c) for c in binding.pending_in_order(claims)] == [
         ("tenant-a", "z-same-second"),
         ("tenant-b", "a-same-second"),
         ("tenant-b", "b-same-second"),
@@ -671,7 +672,7 @@ def test_plan_never_over_allocates(
         )
         for i, (count, created, refused) in enumerate(cspecs)
     ]
-    by_key = {binding.claim_key(c): c for c in claims}
+    by_key = {model_objects.key(c): c for c in claims}
     counts = {key(name): n for name, n in previous.items()}
     result = binding.plan(claims, A10, nodes, ledger, policy, NOW, counts, max_bypass=max_bypass)
 
@@ -695,7 +696,7 @@ def test_plan_never_over_allocates(
         # cannot fit on any eligible node even when it is empty (they never block).
         largest = max((alloc for alloc, _, eligible in nspecs if eligible), default=0)
         queue = [
-            binding.claim_key(c)
+            model_objects.key(c)
             for c in binding.pending_in_order(claims)
             if c["spec"]["count"] <= largest
         ]

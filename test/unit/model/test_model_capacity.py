@@ -12,7 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import capacity, scheduling
+from gpuoperator.model import capacity, eligibility
+from gpuoperator.model import objects as model_objects
 from harness import objects
 
 Obj = dict[str, Any]
@@ -752,7 +753,7 @@ def test_class_free_is_the_sum_of_free_over_its_eligible_nodes(
     eligible = [
         n["metadata"]["name"]
         for n in nodes
-        if scheduling.is_eligible(n, cls) and ledger.allocatable(n["metadata"]["name"], resource)
+        if eligibility.is_eligible(n, cls) and ledger.allocatable(n["metadata"]["name"], resource)
     ]
     frees = [ledger.free(n, resource) for n in eligible]
     figures = capacity.class_figures(ledger, cls, nodes)
@@ -782,9 +783,9 @@ def test_removing_everything_added_returns_to_the_start(
     for c, resource in added_claims:
         ledger.set_claim(c, resource)
     for p in added_pods:
-        ledger.remove_pod(capacity.object_key(p))
+        ledger.remove_pod(model_objects.key(p))
     for c, _ in added_claims:
-        ledger.remove_claim(capacity.object_key(c))
+        ledger.remove_claim(model_objects.key(c))
     assert {n: ledger.devices(n) for n in NODES} == start
     for n in NODES:
         for r in RESOURCES:

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpuoperator.model import capacity, ordering
+from gpuoperator.model import capacity, orders, quantities
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -95,7 +95,7 @@ def figures(max_free: int) -> capacity.ClassFigures:
     ],
 )
 def test_is_template_claim(obj: Obj, expected: bool) -> None:
-    assert ordering.is_template_claim(obj) is expected
+    assert orders.is_template_claim(obj) is expected
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_is_template_claim(obj: Obj, expected: bool) -> None:
     ],
 )
 def test_charged(obj: Obj, expected: bool) -> None:
-    assert ordering.charged(obj) is expected
+    assert orders.charged(obj) is expected
 
 
 def test_usage_sums_charged_claims_per_class_and_in_total() -> None:
@@ -120,11 +120,11 @@ def test_usage_sums_charged_claims_per_class_and_in_total() -> None:
         claim("c", "l40s-24q", 1, phase="Bound"),
         claim("d", "a10", 8, deleting=True),
     ]
-    assert ordering.usage(claims) == 6
-    assert ordering.usage(claims, "a10") == 5
-    assert ordering.usage(claims, class_name="l40s-24q") == 1
-    assert ordering.usage(claims, "h100") == 0
-    assert ordering.usage([]) == 0
+    assert orders.usage(claims) == 6
+    assert orders.usage(claims, "a10") == 5
+    assert orders.usage(claims, class_name="l40s-24q") == 1
+    assert orders.usage(claims, "h100") == 0
+    assert orders.usage([]) == 0
 
 
 def test_creation_order_is_time_then_namespace_then_name() -> None:
@@ -135,7 +135,7 @@ def test_creation_order_is_time_then_namespace_then_name() -> None:
         claim("y", created="2024-05-01T10:00:00Z"),
         claim("unknown", created=None),
     ]
-    ordered = sorted(claims, key=ordering.creation_order)
+    ordered = sorted(claims, key=orders.creation_order)
     names = [(c["metadata"]["namespace"], c["metadata"]["name"]) for c in ordered]
     assert names == [
         (NS, "y"),
@@ -174,7 +174,7 @@ def test_creation_order_is_time_then_namespace_then_name() -> None:
     ],
 )
 def test_parse_budget(quantity: Any, expected: int | None) -> None:
-    assert ordering.parse_budget(quantity) == expected
+    assert quantities.parse_whole(quantity) == expected
 
 
 # -- budgets ---------------------------------------------------------------------------------
@@ -399,9 +399,7 @@ BUDGET_CASES = [
 def test_budget_refusals(
     new: Obj, quotas: list[Obj], others: list[Obj], expected: list[str]
 ) -> None:
-    assert ordering.budget_refusals(new, quotas, others, {"a10": A10}) == expected
-    # The classes are not needed to attribute usage: same answer without them.
-    assert ordering.budget_refusals(new, quotas, others) == expected
+    assert orders.budget_refusals(new, quotas, others) == expected
 
 
 # -- the order -------------------------------------------------------------------------------
@@ -594,7 +592,7 @@ def test_order_refusals(
     figs: capacity.ClassFigures | None,
     expected: list[str],
 ) -> None:
-    assert ordering.order_refusals(new, cls, ns, quotas, others, figs) == expected
+    assert orders.order_refusals(new, cls, ns, quotas, others, figs) == expected
 
 
 @pytest.mark.parametrize(
@@ -610,7 +608,7 @@ def test_order_refusals(
     ],
 )
 def test_missing_class_lists_known_classes(known: list[str], suffix: str) -> None:
-    refusals = ordering.order_refusals(
+    refusals = orders.order_refusals(
         claim(class_name="a10x"), None, namespace(), [], [], None, known
     )
     assert refusals == [
@@ -636,7 +634,7 @@ def test_missing_class_lists_known_classes(known: list[str], suffix: str) -> Non
 def test_every_message_names_field_value_and_allowance(case: str, needles: list[str]) -> None:
     (params,) = [p for p in ORDER_CASES if p.id == case]
     new, cls, ns, quotas, others, figs, _ = cast(OrderCase, params.values)
-    (message,) = ordering.order_refusals(new, cls, ns, quotas, others, figs)
+    (message,) = orders.order_refusals(new, cls, ns, quotas, others, figs)
     for needle in needles:
         assert needle in message
 
@@ -644,7 +642,7 @@ def test_every_message_names_field_value_and_allowance(case: str, needles: list[
 def test_order_refusals_do_not_look_at_the_template_mark() -> None:
     """The caller skips template claims; the rule itself judges any claim alike."""
     marked = claim(count=4, template=True)
-    assert ordering.order_refusals(marked, A10, namespace(), [], [], figures(2)) == [
+    assert orders.order_refusals(marked, A10, namespace(), [], [], figures(2)) == [
         "spec.count: class a10 has at most 2 free GPUs on one node, 4 were ordered"
     ]
 
@@ -733,4 +731,4 @@ YOUNGER = "2024-05-01T10:00:05Z"
 def test_order_refusals_for_binding(
     target: Obj, namespace_claims: list[Obj], quotas: list[Obj], expected: list[str]
 ) -> None:
-    assert ordering.order_refusals_for_binding(target, quotas, namespace_claims) == expected
+    assert orders.order_refusals_for_binding(target, quotas, namespace_claims) == expected

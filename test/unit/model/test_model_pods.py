@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import pods
+from gpuoperator.model import pods, quantities
 from harness import objects
 
 Obj = dict[str, Any]
@@ -83,7 +83,7 @@ def pod(
     ],
 )
 def test_parse_count(quantity: Any, expected: int) -> None:
-    assert pods.parse_count(quantity) == expected
+    assert quantities.parse_count(quantity) == expected
 
 
 @pytest.mark.parametrize(

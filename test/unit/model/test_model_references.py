@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import references
+from gpuoperator.model import launcher_pods, patches, references, templates, vmi_admission
 from gpuoperator.model.references import HeldRef, TemplateRef
 from harness import objects
 from harness.offline import apply_json_patch, apply_merge_patch, pointer_tokens
@@ -250,7 +250,7 @@ def seventeen() -> str:
 def test_parse_refuses_with_a_message_naming_annotation_item_and_allowed(
     value: str | None, fragments: list[str]
 ) -> None:
-    with pytest.raises(references.ReferenceError) as caught:
+    with pytest.raises(references.AnnotationError) as caught:
         references.parse(value)
     message = str(caught.value)
     assert message.startswith(f"{ANNOTATION}: ")
@@ -261,7 +261,7 @@ def test_parse_refuses_with_a_message_naming_annotation_item_and_allowed(
 
 def test_parse_message_for_a_zero_count_is_the_documented_one() -> None:
     value = '[{"claim":"a"},{"claimTemplate":{"className":"a10","count":0}}]'
-    with pytest.raises(references.ReferenceError) as caught:
+    with pytest.raises(references.AnnotationError) as caught:
         references.parse(value)
     assert str(caught.value) == (
         "annotation gpu.cozystack.io/claims: item 2: claimTemplate.count must be an integer "
@@ -270,7 +270,7 @@ def test_parse_message_for_a_zero_count_is_the_documented_one() -> None:
 
 
 def test_parse_shortens_long_values_in_messages() -> None:
-    with pytest.raises(references.ReferenceError) as caught:
+    with pytest.raises(references.AnnotationError) as caught:
         references.parse(json.dumps([{"claim": "X" * 10_000}]))
     assert len(str(caught.value)) < 300
 
@@ -280,7 +280,7 @@ def test_from_object_reads_the_annotation_of_a_vmi_or_pod() -> None:
     assert references.has_references(obj)
     assert references.from_object(obj) == [HeldRef("hold-a")]
     assert not references.has_references(vmi())
-    with pytest.raises(references.ReferenceError, match="missing"):
+    with pytest.raises(references.AnnotationError, match="missing"):
         references.from_object(vmi())
 
 
@@ -306,7 +306,7 @@ def test_dump_then_parse_gives_the_references_back(refs: list[references.Referen
 def test_parse_either_returns_references_or_raises_reference_error(value: str) -> None:
     try:
         refs = references.parse(value)
-    except references.ReferenceError as error:
+    except references.AnnotationError as error:
         assert str(error).startswith(ANNOTATION)
     else:
         assert 1 <= len(refs) <= references.MAX_REFERENCES
@@ -321,7 +321,7 @@ def test_claim_and_class_names_follow_reference_order() -> None:
     ]
     claims = {"hold-a": claim("hold-a", "a10")}
     assert references.held_claims(refs) == ["hold-a", "ghost"]
-    assert references.claim_names("vm1", refs) == ["vm1-gpu-0", "hold-a", "vm1-gpu-2", "ghost"]
+    assert templates.claim_names("vm1", refs) == ["vm1-gpu-0", "hold-a", "vm1-gpu-2", "ghost"]
     assert references.class_names(refs, claims) == ["l40s", "a10"]
 
 
@@ -333,8 +333,8 @@ def is_subdomain(name: str) -> bool:
 
 
 def test_template_claim_name_of_a_short_vmi_is_readable() -> None:
-    assert references.template_claim_name("vm1", 0) == "vm1-gpu-0"
-    assert references.template_claim_name("web.prod", 15) == "web.prod-gpu-15"
+    assert templates.template_claim_name("vm1", 0) == "vm1-gpu-0"
+    assert templates.template_claim_name("web.prod", 15) == "web.prod-gpu-15"
 
 
 @pytest.mark.parametrize(
@@ -349,26 +349,26 @@ def test_template_claim_name_of_a_short_vmi_is_readable() -> None:
 )
 def test_template_claim_name_of_a_long_vmi_is_valid_bounded_and_hashed(vmi_name: str) -> None:
     assert is_subdomain(vmi_name)
-    names = [references.template_claim_name(vmi_name, i) for i in range(16)]
+    names = [templates.template_claim_name(vmi_name, i) for i in range(16)]
     for i, name in enumerate(names):
         assert is_subdomain(name), name
-        assert len(name) <= references.MAX_TEMPLATE_CLAIM_NAME
+        assert len(name) <= templates.MAX_TEMPLATE_CLAIM_NAME
         assert is_subdomain(f"gpuclaim-{name}")  # the usage record's name
         assert name.endswith(f"-gpu-{i}")
     assert len(set(names)) == 16
-    assert names == [references.template_claim_name(vmi_name, i) for i in range(16)]
+    assert names == [templates.template_claim_name(vmi_name, i) for i in range(16)]
 
 
 def test_template_claim_name_is_stable_across_releases() -> None:
     # The template controller finds its claims by this name: the scheme must not change.
-    name = references.template_claim_name("v" * 240, 3)
+    name = templates.template_claim_name("v" * 240, 3)
     assert name == "v" * 227 + "-1dbaebb892-gpu-3"
     assert len(name) == 244
 
 
 def test_template_claim_name_distinguishes_long_names_sharing_a_prefix() -> None:
-    first = references.template_claim_name("a" * 240 + "x", 0)
-    second = references.template_claim_name("a" * 240 + "y", 0)
+    first = templates.template_claim_name("a" * 240 + "x", 0)
+    second = templates.template_claim_name("a" * 240 + "y", 0)
     assert first != second
 
 
@@ -382,7 +382,7 @@ def test_template_claim_name_distinguishes_long_names_sharing_a_prefix() -> None
 )
 def test_template_claim_name_refuses_impossible_inputs(vmi_name: str, index: int) -> None:
     with pytest.raises(ValueError, match=r"index|name"):
-        references.template_claim_name(vmi_name, index)
+        templates.template_claim_name(vmi_name, index)
 
 
 def _subdomain_names() -> st.SearchStrategy[str]:
@@ -399,22 +399,22 @@ def _subdomain_names() -> st.SearchStrategy[str]:
 @settings(max_examples=300, deadline=None)
 @given(_subdomain_names(), st.integers(0, 15))
 def test_template_claim_name_is_always_a_bounded_subdomain(vmi_name: str, index: int) -> None:
-    name = references.template_claim_name(vmi_name, index)
+    name = templates.template_claim_name(vmi_name, index)
     assert is_subdomain(name)
-    assert len(name) <= references.MAX_TEMPLATE_CLAIM_NAME
-    assert name == references.template_claim_name(vmi_name, index)
+    assert len(name) <= templates.MAX_TEMPLATE_CLAIM_NAME
+    assert name == templates.template_claim_name(vmi_name, index)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.sets(st.tuples(_subdomain_names(), st.integers(0, 15)), min_size=2, max_size=30))
 def test_template_claim_name_is_injective_on_a_sample(pairs: set[tuple[str, int]]) -> None:
-    produced = {references.template_claim_name(n, i) for n, i in pairs}
+    produced = {templates.template_claim_name(n, i) for n, i in pairs}
     assert len(produced) == len(pairs)
 
 
 def test_template_claim_is_marked_and_owned_by_its_vmi() -> None:
     owner = vmi(uid="uid-1")
-    assert references.template_claim(owner, 2, TemplateRef("a10", 3)) == {
+    assert templates.template_claim(owner, 2, TemplateRef("a10", 3)) == {
         "apiVersion": "cozystack.io/v1alpha1",
         "kind": "GPUClaim",
         "metadata": {
@@ -438,7 +438,7 @@ def test_template_claim_is_marked_and_owned_by_its_vmi() -> None:
 
 def test_template_claim_needs_an_existing_vmi() -> None:
     with pytest.raises(ValueError, match="uid"):
-        references.template_claim(vmi(), 0, TemplateRef("a10", 1))
+        templates.template_claim(vmi(), 0, TemplateRef("a10", 1))
 
 
 def test_template_claims_and_ownership() -> None:
@@ -448,14 +448,14 @@ def test_template_claims_and_ownership() -> None:
         TemplateRef("a10", 1),
         TemplateRef("l40s", 1),
     ]
-    made = references.template_claims(owner, refs)
+    made = templates.template_claims(owner, refs)
     assert [c["metadata"]["name"] for c in made] == ["vm1-gpu-1", "vm1-gpu-2"]
-    assert all(references.is_template_claim_of(c, owner) for c in made)
-    assert not references.is_template_claim_of(made[0], vmi(uid="uid-2"))  # a new VMI
-    assert not references.is_template_claim_of(claim("vm1-gpu-1"), owner)  # a tenant's claim
+    assert all(templates.is_template_claim_of(c, owner) for c in made)
+    assert not templates.is_template_claim_of(made[0], vmi(uid="uid-2"))  # a new VMI
+    assert not templates.is_template_claim_of(claim("vm1-gpu-1"), owner)  # a tenant's claim
     unmarked = copy.deepcopy(made[0])
     del unmarked["metadata"]["labels"]
-    assert not references.is_template_claim_of(unmarked, owner)
+    assert not templates.is_template_claim_of(unmarked, owner)
 
 
 # -- the VMI webhook's refusals ---------------------------------------------------------------
@@ -471,7 +471,7 @@ def refusals(
     permitted: frozenset[str] | None = None,
     switch: bool = True,
 ) -> list[str]:
-    return references.vmi_refusals(
+    return vmi_admission.vmi_refusals(
         obj if obj is not None else vmi(),
         refs,
         classes=CLASSES,
@@ -606,7 +606,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
             {"refs": [TemplateRef("a10-max4", 5)]},
             [
                 f"{ANNOTATION}: item 1: claimTemplate.count: class a10-max4 allows at most 4 GPUs",
-                "5 ordered",
+                "5 were ordered",
             ],
             id="count-above-max-count",
         ),
@@ -620,7 +620,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
             [
                 f"{ANNOTATION}: item 1: claimTemplate.className: class l40s is a vGPU class",
                 f"namespace {NS} is not entitled",
-                "allowed only with the namespace label gpu.cozystack.io/vgpu-entitled=true",
+                "not entitled to vGPU (label gpu.cozystack.io/vgpu-entitled=true)",
             ],
             id="vgpu-template-not-entitled",
         ),
@@ -785,7 +785,7 @@ def test_gpu_entries_one_per_unit_in_reference_order() -> None:
         HeldRef("hold-v"),
         TemplateRef("a10", 1),
     ]
-    entries = references.gpu_entries(refs, CLASSES, claims)
+    entries = vmi_admission.gpu_entries(refs, CLASSES, claims)
     assert entries == [
         {"name": "gpuop-0", "deviceName": A10_RES},
         {"name": "gpuop-1", "deviceName": A10_RES},
@@ -794,7 +794,7 @@ def test_gpu_entries_one_per_unit_in_reference_order() -> None:
         {"name": "gpuop-4", "deviceName": A10_RES},
     ]
     assert all(DNS_LABEL.fullmatch(e["name"]) for e in entries)
-    assert all(references.is_operator_entry(e) for e in entries)
+    assert all(vmi_admission.is_operator_entry(e) for e in entries)
 
 
 @pytest.mark.parametrize(
@@ -806,7 +806,7 @@ def test_gpu_entries_one_per_unit_in_reference_order() -> None:
 )
 def test_gpu_entries_need_known_claims_and_classes(refs: list[references.Reference]) -> None:
     with pytest.raises(ValueError, match="unknown"):
-        references.gpu_entries(refs, CLASSES, {})
+        vmi_admission.gpu_entries(refs, CLASSES, {})
 
 
 @pytest.mark.parametrize(
@@ -820,27 +820,27 @@ def test_gpu_entries_need_known_claims_and_classes(refs: list[references.Referen
     ],
 )
 def test_gpus_patch_makes_the_list_exactly_the_entries_once(obj: Obj) -> None:
-    entries = references.gpu_entries([TemplateRef("a10", 2)], CLASSES, {})
-    ops = references.gpus_patch(obj, entries)
+    entries = vmi_admission.gpu_entries([TemplateRef("a10", 2)], CLASSES, {})
+    ops = vmi_admission.gpus_patch(obj, entries)
     assert ops
     patched = apply_json_patch(obj, ops)
     assert patched["spec"]["domain"]["devices"]["gpus"] == entries
-    assert references.gpus_patch(patched, entries) == []
-    assert references.raw_gpu_entries(patched) == []
+    assert vmi_admission.gpus_patch(patched, entries) == []
+    assert vmi_admission.raw_gpu_entries(patched) == []
 
 
 def test_attachment_patch_records_the_vmi_by_name_and_drops_a_stale_uid() -> None:
-    patch = references.attachment_patch("vm1", "42")
+    patch = vmi_admission.attachment_patch("vm1", "42")
     assert patch == {
         "status": {"attachment": {"vmi": "vm1", "uid": None}},
         "metadata": {"resourceVersion": "42"},
     }
     stale = claim("hold-a", attachment={"vmi": "vm1", "uid": "old"})
-    once = apply_merge_patch(stale, references.attachment_patch("vm1"))
+    once = apply_merge_patch(stale, vmi_admission.attachment_patch("vm1"))
     assert once["status"]["attachment"] == {"vmi": "vm1"}
     assert once["status"]["phase"] == "Bound"
-    assert apply_merge_patch(once, references.attachment_patch("vm1")) == once
-    assert "metadata" not in references.attachment_patch("vm1")
+    assert apply_merge_patch(once, vmi_admission.attachment_patch("vm1")) == once
+    assert "metadata" not in vmi_admission.attachment_patch("vm1")
 
 
 # -- the pod webhook --------------------------------------------------------------------------
@@ -911,7 +911,7 @@ def pod(
     ],
 )
 def test_launcher_pod_kind(obj: Obj, kind: str) -> None:
-    assert references.launcher_pod_kind(obj) == kind
+    assert launcher_pods.launcher_pod_kind(obj) == kind
 
 
 @pytest.mark.parametrize(
@@ -932,21 +932,21 @@ def test_launcher_pod_kind(obj: Obj, kind: str) -> None:
     ],
 )
 def test_gate_patch_adds_the_gate_once(obj: Obj, expected_gates: list[Obj]) -> None:
-    patched = apply_json_patch(obj, references.gate_patch(obj))
+    patched = apply_json_patch(obj, launcher_pods.gate_patch(obj))
     assert patched["spec"]["schedulingGates"] == expected_gates
-    assert references.gate_patch(patched) == []
-    assert references.is_gated(patched)
+    assert launcher_pods.gate_patch(patched) == []
+    assert launcher_pods.is_gated(patched)
 
 
 def test_gate_patch_on_a_pod_without_spec() -> None:
-    ops = references.gate_patch({"metadata": {}})
+    ops = launcher_pods.gate_patch({"metadata": {}})
     assert ops == [{"op": "add", "path": "/spec", "value": {"schedulingGates": [{"name": GATE}]}}]
 
 
 def test_gate_patch_of_a_null_gates_list_writes_the_list() -> None:
     obj = pod()
     obj["spec"]["schedulingGates"] = None
-    assert references.gate_patch(obj) == [
+    assert launcher_pods.gate_patch(obj) == [
         {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}
     ]
 
@@ -994,14 +994,14 @@ def test_tolerations_patch_adds_missing_tolerations_once(
 ) -> None:
     obj = pod(tolerations=existing)
     classes = [gpuclass(f"c{i}", tolerations=t) for i, t in enumerate(class_tolerations)]
-    patched = apply_json_patch(obj, references.tolerations_patch(obj, classes))
+    patched = apply_json_patch(obj, launcher_pods.tolerations_patch(obj, classes))
     assert patched["spec"].get("tolerations") == expected
-    assert references.tolerations_patch(patched, classes) == []
+    assert launcher_pods.tolerations_patch(patched, classes) == []
 
 
 def test_pod_patches_combine_into_one_admission_patch() -> None:
     obj = pod(gates=[{"name": "other/gate"}], tolerations=[])
-    ops = references.gate_patch(obj) + references.tolerations_patch(
+    ops = launcher_pods.gate_patch(obj) + launcher_pods.tolerations_patch(
         obj, [gpuclass("a10", tolerations=[GPU_TAINT])]
     )
     patched = apply_json_patch(obj, ops)
@@ -1023,7 +1023,7 @@ def test_pod_patches_combine_into_one_admission_patch() -> None:
     ],
 )
 def test_json_pointer_escapes(parts: tuple[str, ...], pointer: str) -> None:
-    assert references.json_pointer(*parts) == pointer
+    assert patches.json_pointer(*parts) == pointer
     assert pointer_tokens(pointer) == list(parts)
 
 
@@ -1092,7 +1092,7 @@ def test_pin_and_ungate_ands_the_pin_into_every_term(
 ) -> None:
     obj = pod(gates=[{"name": GATE}], affinity=affinity)
     before = copy.deepcopy(obj)
-    patch = references.pin_and_ungate(obj, "n1")
+    patch = launcher_pods.pin_and_ungate(obj, "n1")
     assert obj == before  # pure
     node_affinity = patch["spec"]["affinity"]["nodeAffinity"]
     terms = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -1100,14 +1100,14 @@ def test_pin_and_ungate_ands_the_pin_into_every_term(
     assert patch["spec"]["schedulingGates"] == []
     assert patch["metadata"] == {"resourceVersion": "99"}
     updated = apply_merge_patch(obj, patch)
-    assert references.pin_and_ungate(updated, "n1")["spec"] == patch["spec"]  # idempotent
+    assert launcher_pods.pin_and_ungate(updated, "n1")["spec"] == patch["spec"]  # idempotent
     if any(t for t in expected_terms):
-        assert references.pinned_node(updated) == "n1"
+        assert launcher_pods.pinned_node(updated) == "n1"
 
 
 def test_pin_and_ungate_needs_a_node() -> None:
     with pytest.raises(ValueError, match="node"):
-        references.pin_and_ungate(pod(gates=[{"name": GATE}]), "")
+        launcher_pods.pin_and_ungate(pod(gates=[{"name": GATE}]), "")
 
 
 def test_pin_and_ungate_keeps_other_gates_and_the_rest_of_the_affinity() -> None:
@@ -1117,15 +1117,15 @@ def test_pin_and_ungate_keeps_other_gates_and_the_rest_of_the_affinity() -> None
     affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
     affinity["podAntiAffinity"] = anti
     obj = pod(gates=[{"name": "a/first"}, {"name": GATE}, {"name": "b/last"}], affinity=affinity)
-    updated = apply_merge_patch(obj, references.pin_and_ungate(obj, "gpu-7"))
+    updated = apply_merge_patch(obj, launcher_pods.pin_and_ungate(obj, "gpu-7"))
     spec = updated["spec"]
     assert spec["schedulingGates"] == [{"name": "a/first"}, {"name": "b/last"}]
     assert spec["affinity"]["podAntiAffinity"] == anti
     assert spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == (
         preferred
     )
-    assert references.pinned_node(updated) == "gpu-7"
-    assert not references.is_gated(updated)
+    assert launcher_pods.pinned_node(updated) == "gpu-7"
+    assert not launcher_pods.is_gated(updated)
     assert spec["containers"] == [{"name": "compute"}]
 
 
@@ -1149,12 +1149,12 @@ def test_pin_and_ungate_keeps_other_gates_and_the_rest_of_the_affinity() -> None
     ],
 )
 def test_pinned_node_is_none_unless_every_term_pins_one_node(affinity: Obj | None) -> None:
-    assert references.pinned_node(pod(affinity=affinity)) is None
+    assert launcher_pods.pinned_node(pod(affinity=affinity)) is None
 
 
 def test_the_pin_is_on_the_node_name_field_not_the_hostname_label() -> None:
     """The hostname label can differ from the node's name; the pin must name the node."""
-    patch = references.pin_and_ungate(pod(gates=[{"name": GATE}]), "n1")
+    patch = launcher_pods.pin_and_ungate(pod(gates=[{"name": GATE}]), "n1")
     [term] = patch["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
@@ -1163,4 +1163,4 @@ def test_the_pin_is_on_the_node_name_field_not_the_hostname_label() -> None:
 
 def test_a_pod_pinned_on_the_hostname_label_by_an_earlier_version_is_still_read_as_pinned() -> None:
     affinity = required({"matchExpressions": [ZONE_A, hostname_pinned("n1")]})
-    assert references.pinned_node(pod(affinity=affinity)) == "n1"
+    assert launcher_pods.pinned_node(pod(affinity=affinity)) == "n1"

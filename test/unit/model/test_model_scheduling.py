@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import scheduling
+from gpuoperator.model import eligibility
 from harness import objects
 
 Obj = dict[str, Any]
@@ -133,7 +133,7 @@ GPU_TAINT = taint("nvidia.com/gpu", "present")
     ],
 )
 def test_toleration_tolerates(toleration: Obj, taint_: Obj, expected: bool) -> None:
-    assert scheduling.toleration_tolerates(toleration, taint_) is expected
+    assert eligibility.toleration_tolerates(toleration, taint_) is expected
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_toleration_tolerates(toleration: Obj, taint_: Obj, expected: bool) -> N
     ],
 )
 def test_untolerated_taints(taints: list[Obj], tolerations: list[Obj], expected: list[Obj]) -> None:
-    assert scheduling.untolerated_taints(taints, tolerations) == expected
+    assert eligibility.untolerated_taints(taints, tolerations) == expected
 
 
 @pytest.mark.parametrize(
@@ -219,7 +219,7 @@ def test_untolerated_taints(taints: list[Obj], tolerations: list[Obj], expected:
     ],
 )
 def test_node_ready(node_: Obj, ready: bool) -> None:
-    assert scheduling.node_ready(node_) is ready
+    assert eligibility.node_ready(node_) is ready
 
 
 @pytest.mark.parametrize(
@@ -232,8 +232,8 @@ def test_node_ready(node_: Obj, ready: bool) -> None:
     ],
 )
 def test_node_cordoned_and_schedulable(node_: Obj, cordoned: bool, schedulable: bool) -> None:
-    assert scheduling.node_cordoned(node_) is cordoned
-    assert scheduling.node_schedulable(node_) is schedulable
+    assert eligibility.node_cordoned(node_) is cordoned
+    assert eligibility.node_schedulable(node_) is schedulable
 
 
 @pytest.mark.parametrize(
@@ -283,16 +283,16 @@ def test_node_cordoned_and_schedulable(node_: Obj, cordoned: bool, schedulable: 
 )
 def test_eligibility(node_: Obj, tolerations: list[Obj] | None, reasons: list[str]) -> None:
     cls = gpu_class(tolerations)
-    assert scheduling.eligibility(node_, cls) == reasons
-    assert scheduling.is_eligible(node_, cls) is (not reasons)
+    assert eligibility.reasons(node_, cls) == reasons
+    assert eligibility.is_eligible(node_, cls) is (not reasons)
 
 
 def test_ineligibility_reasons_are_the_user_facing_words() -> None:
-    assert scheduling.Ineligibility.NOT_READY.value == "NotReady"
-    assert scheduling.Ineligibility.CORDONED.value == "Cordoned"
-    assert scheduling.eligibility(node(ready="False", unschedulable=True), gpu_class()) == [
-        scheduling.Ineligibility.NOT_READY.value,
-        scheduling.Ineligibility.CORDONED.value,
+    assert eligibility.Ineligibility.NOT_READY.value == "NotReady"
+    assert eligibility.Ineligibility.CORDONED.value == "Cordoned"
+    assert eligibility.reasons(node(ready="False", unschedulable=True), gpu_class()) == [
+        eligibility.Ineligibility.NOT_READY.value,
+        eligibility.Ineligibility.CORDONED.value,
     ]
 
 
@@ -340,8 +340,8 @@ nodes_st = st.builds(
 def test_a_toleration_added_never_makes_fewer_nodes_eligible(
     nodes: list[Obj], tolerations: list[Obj], added: Obj
 ) -> None:
-    before = [scheduling.is_eligible(n, gpu_class(tolerations)) for n in nodes]
-    after = [scheduling.is_eligible(n, gpu_class([*tolerations, added])) for n in nodes]
+    before = [eligibility.is_eligible(n, gpu_class(tolerations)) for n in nodes]
+    after = [eligibility.is_eligible(n, gpu_class([*tolerations, added])) for n in nodes]
     assert all(a or not b for b, a in zip(before, after, strict=True))
 
 
@@ -350,8 +350,8 @@ def test_a_toleration_added_never_makes_fewer_nodes_eligible(
 def test_untolerated_taints_are_exactly_the_counted_taints_no_toleration_matches(
     taints: list[Obj], tolerations: list[Obj]
 ) -> None:
-    untolerated = scheduling.untolerated_taints(taints, tolerations)
+    untolerated = eligibility.untolerated_taints(taints, tolerations)
     for t in taints:
         counted = t["effect"] in ("NoSchedule", "NoExecute")
-        tolerated = any(scheduling.toleration_tolerates(tol, t) for tol in tolerations)
+        tolerated = any(eligibility.toleration_tolerates(tol, t) for tol in tolerations)
         assert (t in untolerated) is (counted and not tolerated)

@@ -16,10 +16,10 @@ import pytest
 import requests
 import yaml
 
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config, resource_of
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.kinds import GPUClaim
 from harness import objects
 
 Reply = tuple[int, dict[str, str], Any]

@@ -140,7 +140,9 @@ def make(
 ) -> tuple[leading.LeaderElector, Recorder]:
     rec = Recorder(clock)
     elector = leading.LeaderElector(
-        leading.LeaderElectionConfig(NS, identity=identity, **config),
+        leading.LeaderElectionConfig(
+            NS, **{"name": names.LEADER_LEASE, **config}, identity=identity
+        ),
         store,
         on_started_leading=rec.started,
         on_stopped_leading=rec.stopped,
@@ -451,7 +453,7 @@ def test_on_stop_the_lease_is_released_only_after_the_controllers_stopped() -> N
         holders_while_stopping.append(record(store).holder_identity)
 
     a = leading.LeaderElector(
-        leading.LeaderElectionConfig(NS, identity="a"),
+        leading.LeaderElectionConfig(NS, name=names.LEADER_LEASE, identity="a"),
         store,
         on_started_leading=lambda: None,
         on_stopped_leading=stopped,
@@ -472,7 +474,7 @@ def test_on_stop_a_lease_whose_controllers_did_not_drain_is_left_to_expire() -> 
     stop = threading.Event()
     driver = Driver(stop, clock)
     a = leading.LeaderElector(
-        leading.LeaderElectionConfig(NS, identity="a"),
+        leading.LeaderElectionConfig(NS, name=names.LEADER_LEASE, identity="a"),
         store,
         on_started_leading=lambda: None,
         on_stopped_leading=lambda: False,  # a reconcile is still writing
@@ -657,7 +659,7 @@ def test_run_with_the_default_wait_returns_when_stop_is_set() -> None:
         stop.set()  # the renew loop's stop.wait(2) must return at once
 
     a = leading.LeaderElector(
-        leading.LeaderElectionConfig(NS, identity="a"),
+        leading.LeaderElectionConfig(NS, name=names.LEADER_LEASE, identity="a"),
         store,
         on_started_leading=started,
         on_stopped_leading=lambda: calls.append("stopped"),
@@ -739,7 +741,7 @@ def test_micro_time_has_exactly_six_fractional_digits_in_utc() -> None:
 
 
 def test_config_defaults_are_client_go_s() -> None:
-    cfg = leading.LeaderElectionConfig(NS, identity="a")
+    cfg = leading.LeaderElectionConfig(NS, name=names.LEADER_LEASE, identity="a")
     assert (cfg.name, cfg.lease_duration, cfg.renew_deadline, cfg.retry_period) == (
         names.LEADER_LEASE,
         15.0,
@@ -747,7 +749,9 @@ def test_config_defaults_are_client_go_s() -> None:
         2.0,
     )
     assert cfg.release_on_cancel
-    leading.LeaderElectionConfig(NS, identity="a", renew_deadline=2.5)  # just above 1.2 * 2
+    leading.LeaderElectionConfig(
+        NS, name=names.LEADER_LEASE, identity="a", renew_deadline=2.5
+    )  # just above 1.2 * 2
 
 
 @pytest.mark.parametrize(
@@ -766,7 +770,12 @@ def test_config_defaults_are_client_go_s() -> None:
     ],
 )
 def test_bad_config_raises_naming_the_field(overrides: dict[str, Any], field: str) -> None:
-    kwargs: dict[str, Any] = {"namespace": NS, "identity": "a", **overrides}
+    kwargs: dict[str, Any] = {
+        "namespace": NS,
+        "name": names.LEADER_LEASE,
+        "identity": "a",
+        **overrides,
+    }
     with pytest.raises(ValueError, match=rf"^{field} "):
         leading.LeaderElectionConfig(**kwargs)
 

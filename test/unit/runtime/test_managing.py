@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pykube
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuoperator.runtime.client import Client
@@ -97,3 +98,13 @@ def test_stopping_reports_drained_when_every_reconcile_ended() -> None:
     controller.start()
     assert done.running.wait(10)
     assert m._stop_leading() is True
+
+
+def test_leader_election_needs_a_lease_name() -> None:
+    """The runtime knows no product names: the caller names the Lease it campaigns for."""
+    with pytest.raises(ValueError, match="lease_name"):
+        Manager(
+            Client(lambda: pykube.KubeConfig(DOC)),
+            ManagerOptions(namespace="ns", identity="me", health_address=None),
+            registry=CollectorRegistry(),
+        )

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes
 
 from gpuoperator import pki
 from gpuoperator.model import certificates
-from gpuoperator.runtime import serving
+from gpuoperator.runtime import servercerts, serving
 from localcluster.cluster import free_ports
 
 NOW = datetime.datetime.now(datetime.UTC)
@@ -29,7 +29,7 @@ class Served:
     """A TLS server on loopback and the in-memory certificate source it serves."""
 
     port: int
-    source: serving.MemoryCertificates
+    source: servercerts.MemoryCertificates
 
     def reload(self, cert_pem: bytes, key_pem: bytes) -> None:
         self.source.reload(cert_pem, key_pem)
@@ -38,8 +38,8 @@ class Served:
 @pytest.fixture
 def server() -> Iterator[Served]:
     (port,) = free_ports(1)
-    cert, key = serving.self_signed()
-    source = serving.MemoryCertificates(cert.read_bytes(), key.read_bytes())
+    cert, key = servercerts.self_signed()
+    source = servercerts.MemoryCertificates(cert.read_bytes(), key.read_bytes())
     s = serving.Server(
         "test",
         f"127.0.0.1:{port}",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from gpuoperator.runtime import serving
+from gpuoperator.runtime import servercerts, serving
 from harness.waiting import wait_for
 from localcluster import pki
 from localcluster.cluster import free_ports
@@ -62,7 +62,7 @@ def test_a_pair_handed_over_in_memory_serves_the_next_connections(tmp_path: Path
     ca, ca_key = pki.new_ca("test-ca")
     first, first_key = pki.issue(ca, ca_key, "one", server=True, ips=("127.0.0.1",))
     pki.write_pair(first, first_key, tmp_path / "a.crt", tmp_path / "a.key")
-    source = serving.MemoryCertificates(
+    source = servercerts.MemoryCertificates(
         (tmp_path / "a.crt").read_bytes(), (tmp_path / "a.key").read_bytes()
     )
     server = serving.Server(
@@ -87,7 +87,7 @@ def test_a_certificate_file_that_is_not_a_pair_is_a_clear_startup_error(tmp_path
     (tmp_path / "tls.crt").write_text("not a certificate")
     (tmp_path / "tls.key").write_text("not a key")
     with pytest.raises(ValueError, match=r"tls\.crt and .*tls\.key do not load"):
-        serving.FileCertificates(tmp_path / "tls.crt", tmp_path / "tls.key")
+        servercerts.FileCertificates(tmp_path / "tls.crt", tmp_path / "tls.key")
 
 
 def test_limits_name_the_field_that_is_out_of_range() -> None:

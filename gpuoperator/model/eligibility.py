@@ -123,7 +123,7 @@ def taint_text(taint: Obj) -> str:
     return f"{key}={value}:{effect}" if value else f"{key}:{effect}"
 
 
-def eligibility(node: Obj, cls: Obj) -> list[str]:
+def reasons(node: Obj, cls: Obj) -> list[str]:
     """Why ``node`` is NOT eligible for ``cls``, in human-readable reasons; empty = eligible.
 
     Reasons come in a stable order: ``NotReady``, ``Cordoned``, then one
@@ -145,5 +145,5 @@ def eligibility(node: Obj, cls: Obj) -> list[str]:
 
 
 def is_eligible(node: Obj, cls: Obj) -> bool:
-    """Whether ``node`` is eligible for ``cls`` (:func:`eligibility` finds no reason)."""
-    return not eligibility(node, cls)
+    """Whether ``node`` is eligible for ``cls`` (:func:`reasons` finds none)."""
+    return not reasons(node, cls)

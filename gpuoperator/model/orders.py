@@ -1,5 +1,6 @@
-"""Ordering a claim (DESIGN.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the
-refusals of one GPUClaim order, decided once for the order webhook and the binder's re-check.
+"""Orders (DESIGN.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the refusals of
+one GPUClaim order, decided once for the order webhook, the VMI webhook's claim templates and
+the binder's re-check at bind time (:func:`binding_refusal`).
 
 An order is refused, in this order, when:
 
@@ -11,7 +12,11 @@ An order is refused, in this order, when:
 3. ``spec.count`` is above the class's published ``status.maxFreePerNode``: it cannot fit on
    any node now (skipped when the class's figures are not known yet);
 4. a budget would be exceeded (:func:`budget_refusals`; the messages name ``spec.count``);
-5. the class is ``vgpu`` and the namespace lacks the vGPU entitlement.
+5. the class is ``vgpu`` and the namespace lacks the vGPU entitlement
+   (:func:`entitlement_refusal`).
+
+The maxCount and entitlement refusals read the same wherever they are made
+(:func:`max_count_refusal`, :func:`entitlement_refusal`; each caller puts the field first).
 
 Every message names the field, the value and what is allowed, in words a tenant understands.
 All applicable refusals are returned (a tenant fixes them at once), not only the first.
@@ -33,43 +38,38 @@ Choices where DESIGN.md is silent:
 * A quota's ``spec.scopes``/``scopeSelector`` are ignored: scopes select pods, never claims.
 * The claim being judged is excluded from "the others" by namespace/name, so re-checking an
   existing claim does not count it twice.
-* At bind time (:func:`order_refusals_for_binding`) only budgets are re-checked: capacity is
-  the binder's own decision against nodes, and the rest cannot change for an existing claim
-  (its spec is immutable, its class is protected by a finalizer; the vGPU entitlement is
-  checked by the order and VMI webhooks). To settle two orders that passed the webhook at
-  once, the re-check counts only the claims that are bound or were created before this one:
-  the older order keeps its budget and the younger waits, instead of each waiting on the
-  other forever.
+* At bind time (:func:`binding_refusal`, the binder's one check before planning) the vGPU
+  entitlement and the budgets are re-checked: a template claim never met the order webhook,
+  a namespace can lose its entitlement label after ordering, and two orders can pass the
+  webhook at once. Capacity is the binder's own decision against nodes, and the rest cannot
+  change for an existing claim (its spec is immutable, its class is protected by a
+  finalizer). To settle two orders that passed the webhook at once, the budget re-check
+  (:func:`order_refusals_for_binding`) counts only the claims that are bound or were created
+  before this one: the older order keeps its budget and the younger waits, instead of each
+  waiting on the other forever.
 
 Every function is pure and idempotent: the same objects give the same refusals.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import re
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import capacity, echo, pods, quota, tenants
+from gpuoperator.model import capacity, claims, echo, objects, quantities, quota, tenants
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
 
-BOUND: Final = "Bound"
 #: The largest ``spec.count`` (the CRD declares it ``int32``).
 MAX_COUNT: Final = 2**31 - 1
 _COUNT_ALLOWED: Final = f"allowed: a whole number from 1 to {MAX_COUNT}"
 #: At most this many class names are listed after "known:" (admission messages stay short).
 MAX_KNOWN_LISTED: Final = 20
-
-#: A quantity whose value is zero, in resource.Quantity's grammar (``0``, ``0.0``, ``0k``...):
-#: :func:`pods.parse_count` reads both zero and invalid values as 0, this tells them apart.
-_ZERO: Final = re.compile(
-    r"[+-]?(?:0+(?:\.0*)?|\.0+)(?:[eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE])?"
-)
-
 
 # -- reading claims --------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def ordered_class(claim: Mapping[str, Any]) -> str:
 
 def ordered_count(claim: Mapping[str, Any]) -> int:
     """The units a claim orders (``spec.count``); 0 when absent or not a whole number."""
-    return pods.parse_count(_spec(claim).get("count"))
+    return quantities.parse_count(_spec(claim).get("count"))
 
 
 def count_refusal(claim: Mapping[str, Any]) -> str | None:
@@ -130,16 +130,11 @@ def usage(claims: Iterable[Mapping[str, Any]], class_name: str | None = None) ->
     )
 
 
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = _meta(obj)
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
 def _same(claim_key: tuple[str, str], other: Mapping[str, Any]) -> bool:
     """Whether ``other`` is the claim itself. A claim being created may carry no namespace
     (the request names it) or no name yet (``generateName``): no name matches nothing."""
     namespace, name = claim_key
-    other_namespace, other_name = _key(other)
+    other_namespace, other_name = claims.key(other)
     return bool(name) and name == other_name and (not namespace or namespace == other_namespace)
 
 
@@ -161,7 +156,7 @@ def creation_order(claim: Mapping[str, Any]) -> tuple[datetime.datetime, str, st
     """The claim's place in the order of ordering: ``metadata.creationTimestamp``, then
     namespace and name (timestamps have one-second resolution, so ties are common). A claim
     without a readable creation time sorts last."""
-    namespace, name = _key(claim)
+    namespace, name = claims.key(claim)
     return (_created(claim) or _NEVER, namespace, name)
 
 
@@ -171,19 +166,6 @@ def _precedes(other: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
 
 
 # -- budgets ---------------------------------------------------------------------------------
-
-
-def parse_budget(quantity: Any) -> int | None:
-    """A ``spec.hard`` value as whole units; ``None`` when it is not a non-negative whole
-    number (``"1.5"``, ``"500m"``, ``"-1"``, garbage). ``"4"``, ``4`` and ``"1k"`` parse."""
-    units = pods.parse_count(quantity)
-    if units:
-        return units
-    if isinstance(quantity, int) and not isinstance(quantity, bool) and quantity == 0:
-        return 0
-    if isinstance(quantity, str) and _ZERO.fullmatch(quantity.strip()):
-        return 0
-    return None
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -202,7 +184,6 @@ def budget_refusals(
     claim: Mapping[str, Any],
     quotas: Iterable[Mapping[str, Any]],
     namespace_claims: Iterable[Mapping[str, Any]],
-    classes_by_name: Mapping[str, Obj] | None = None,
 ) -> list[str]:
     """The budgets ``claim`` would exceed, one message per quota and key.
 
@@ -210,20 +191,18 @@ def budget_refusals(
     GPUClaims (the claim itself may be among them: it is not counted twice). For each quota
     (sorted by name) the claim's class key, then the total key, is checked when present:
     refused when the other charged claims' usage plus ``spec.count`` exceeds the limit.
-    ``classes_by_name`` is not needed by the rule (usage follows each claim's
-    ``spec.className``); it is accepted so callers holding the catalog can pass it.
+    Usage follows each claim's ``spec.className``, so no class object is needed.
     """
-    del classes_by_name  # usage is attributed by spec.className, see the docstring
-    own_key = _key(claim)
+    own_key = claims.key(claim)
     own_class = ordered_class(claim)
     ordered = ordered_count(claim)
     others = [c for c in namespace_claims if not _same(own_key, c)]
     refusals: list[str] = []
-    for rq in sorted(quotas, key=_key):
+    for rq in sorted(quotas, key=objects.key):
         hard = _spec(rq).get("hard")
         if not isinstance(hard, Mapping):
             continue
-        rq_namespace, rq_name = _key(rq)
+        rq_namespace, rq_name = objects.key(rq)
         where = f"{rq_namespace or own_key[0]}/{rq_name}"
         for key in (quota.class_key(own_class), quota.TOTAL_KEY):
             parsed = quota.parse_key(key)
@@ -231,7 +210,7 @@ def budget_refusals(
                 continue
             used = usage(others, parsed[1])
             raw = hard[key]
-            limit = parse_budget(raw)
+            limit = quantities.parse_whole(raw)
             if limit is None:
                 refusals.append(
                     f"spec.count: budget exceeded: ResourceQuota {where} has an invalid value "
@@ -245,6 +224,36 @@ def budget_refusals(
                     f"{_held(used)}, {_ordered(ordered)}"
                 )
     return refusals
+
+
+# -- the refusals every caller shares ----------------------------------------------------------
+
+
+def max_count_refusal(cls: Obj, count: int) -> str | None:
+    """Why ``count`` units are more than one claim of ``cls`` may order (its effective
+    maxCount, :func:`classes.effective_max_count`); ``None`` when they are not. The caller
+    names the field first (``spec.count``, a claim template's ``count``)."""
+    max_count = gpuclasses.effective_max_count(cls)
+    if max_count is None or count <= max_count:
+        return None
+    return (
+        f"class {echo.clip(gpuclasses.name(cls))} allows at most "
+        f"{_plural(max_count, 'GPU', 'GPUs')} per claim, {_ordered(count)}"
+    )
+
+
+def entitlement_refusal(
+    cls: Obj, namespace: Mapping[str, Any] | None, namespace_name: str
+) -> str | None:
+    """Why the namespace ``namespace_name`` (its object ``namespace``; ``None``: unknown, not
+    entitled) may not use ``cls``: a ``vgpu`` class needs the namespace's vGPU entitlement
+    label; ``None`` when it may. The caller names the field first."""
+    if not gpuclasses.is_vgpu(cls) or tenants.vgpu_entitled(namespace):
+        return None
+    return (
+        f"class {echo.clip(gpuclasses.name(cls))} is a vGPU class; namespace {namespace_name} "
+        f"is not entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}={names.TRUE})"
+    )
 
 
 # -- the order -------------------------------------------------------------------------------
@@ -291,12 +300,9 @@ def order_refusals(
             "the classes are listed by kubectl get gpuclasses"
         )
     elif bad_count is None:
-        max_count = gpuclasses.effective_max_count(cls)
-        if max_count is not None and ordered > max_count:
-            refusals.append(
-                f"spec.count: class {wanted} allows at most {_plural(max_count, 'GPU', 'GPUs')} "
-                f"per claim, {_ordered(ordered)}"
-            )
+        too_many = max_count_refusal(cls, ordered)
+        if too_many is not None:
+            refusals.append(f"spec.count: {too_many}")
         if figures is not None and ordered > figures.max_free_per_node:
             most = figures.max_free_per_node
             room = (
@@ -307,12 +313,10 @@ def order_refusals(
             refusals.append(f"spec.count: class {wanted} {room}, {_ordered(ordered)}")
     if bad_count is None:
         refusals.extend(budget_refusals(claim, quotas, namespace_claims))
-    if cls is not None and gpuclasses.is_vgpu(cls) and not tenants.vgpu_entitled(namespace):
-        namespace_name = str(_meta(namespace or {}).get("name") or _key(claim)[0])
-        refusals.append(
-            f"spec.className: class {wanted} is a vGPU class; namespace {namespace_name} is not "
-            f"entitled to vGPU (label {names.VGPU_ENTITLED_LABEL}={names.TRUE})"
-        )
+    namespace_name = str(_meta(namespace or {}).get("name") or claims.key(claim)[0])
+    not_entitled = None if cls is None else entitlement_refusal(cls, namespace, namespace_name)
+    if not_entitled is not None:
+        refusals.append(f"spec.className: {not_entitled}")
     return refusals
 
 
@@ -330,8 +334,44 @@ def order_refusals_for_binding(
     Template claims are re-checked too: they are charged like any claim.
     """
     earlier = [
-        c
-        for c in namespace_claims
-        if (c.get("status") or {}).get("phase") == BOUND or _precedes(c, claim)
+        c for c in namespace_claims if claims.phase(c) == claims.Phase.BOUND or _precedes(c, claim)
     ]
     return budget_refusals(claim, quotas, earlier)
+
+
+class RefusalReason(enum.StrEnum):
+    """Why the binder leaves a claim waiting before planning; the values are the ``Bound``
+    condition's reasons."""
+
+    NOT_ENTITLED = "NotEntitled"
+    BUDGET_EXCEEDED = "BudgetExceeded"
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A claim refused at bind time: the condition reason and a message a tenant reads."""
+
+    reason: RefusalReason
+    message: str
+
+
+def binding_refusal(
+    claim: Mapping[str, Any],
+    cls: Obj,
+    namespace: Mapping[str, Any] | None,
+    quotas: Iterable[Mapping[str, Any]],
+    namespace_claims: Sequence[Mapping[str, Any]],
+) -> Refusal | None:
+    """Why the binder must not bind ``claim`` of class ``cls`` now (see the module
+    docstring), ``None`` when it may: the namespace (``namespace``; ``None``: unknown) lacks
+    the vGPU entitlement (:func:`entitlement_refusal`, the order webhook's message), else a
+    budget would be exceeded (:func:`order_refusals_for_binding`, all of them in one
+    message). A caller without quotas may pass no claims: nothing is added up then."""
+    namespace_name = claims.key(claim)[0]
+    not_entitled = entitlement_refusal(cls, namespace, namespace_name)
+    if not_entitled is not None:
+        return Refusal(RefusalReason.NOT_ENTITLED, not_entitled)
+    over = order_refusals_for_binding(claim, quotas, namespace_claims)
+    if over:
+        return Refusal(RefusalReason.BUDGET_EXCEEDED, "; ".join(over))
+    return None

@@ -1,0 +1,44 @@
+"""The product's kinds and KubeVirt's that pykube-ng has no class for, declared once for the
+whole operator (their names are :mod:`gpuoperator.names`)."""
+
+from __future__ import annotations
+
+from pykube.objects import APIObject, NamespacedAPIObject
+
+from gpuoperator import names
+
+
+class GPUClass(APIObject):  # type: ignore[misc]
+    version = names.API_VERSION
+    endpoint = names.GPU_CLASSES
+    kind = names.GPU_CLASS
+
+
+class GPUClaim(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.API_VERSION
+    endpoint = names.GPU_CLAIMS
+    kind = names.GPU_CLAIM
+
+
+class GPUNode(APIObject):  # type: ignore[misc]
+    version = names.API_VERSION
+    endpoint = names.GPU_NODES
+    kind = names.GPU_NODE
+
+
+class Workload(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.API_VERSION
+    endpoint = names.WORKLOADS
+    kind = names.WORKLOAD
+
+
+class VirtualMachineInstance(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.KUBEVIRT_API_VERSION
+    endpoint = names.VMIS
+    kind = names.VMI_KIND
+
+
+class KubeVirt(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.KUBEVIRT_API_VERSION
+    endpoint = names.KUBEVIRTS
+    kind = names.KUBEVIRT_KIND

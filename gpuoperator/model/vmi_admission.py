@@ -1,0 +1,330 @@
+"""The VMI admission decision (DESIGN.md §5 "VMs"): what the VMI webhook refuses, judged
+without placement, and what it writes for an admitted VMI with references.
+
+* :func:`vmi_refusals` — what the VMI webhook refuses.
+* :func:`gpu_entries` / :func:`gpus_patch` — the ``spec.domain.devices.gpus`` entries the
+  VMI webhook writes, one per unit.
+* :func:`attachment_patch` — what the VMI webhook records on each held claim.
+
+Choices where DESIGN.md is silent:
+
+* ``hostDevices`` beside references are refused when they name the resourceName of any
+  class (DESIGN.md §10), judged on the classes that exist at admission; other host devices
+  (NICs, USB...) stay allowed.
+* Besides the refusals DESIGN.md lists, :func:`vmi_refusals` refuses a held claim that is
+  being deleted, a held claim whose class no longer exists, a held claim named by another
+  live VMI's annotation even when its attachment is not recorded (yet), and held references
+  on a VMI without ``metadata.name`` (``generateName``: a mutating webhook sees no name yet,
+  and the attachment records the VMI by name).
+* A template's class is judged with the order's own rules and messages (maxCount and the
+  vGPU entitlement, :mod:`gpuoperator.model.orders`).
+* With ``gpuForVMs`` off only that refusal is returned: nothing else matters until it is on.
+* The operator's ``gpus`` entries are named ``gpuop-<n>`` (units counted from 0 across the
+  VMI); entries with that prefix are not counted as the tenant's raw entries, because
+  :func:`gpus_patch` rewrites the whole list anyway (a re-invoked webhook stays idempotent).
+
+Every function is pure and idempotent: no I/O, plain dicts in and out (inputs are never
+mutated), and applying a result twice changes nothing (the JSON patch comes back empty once
+applied).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from gpuoperator import names
+from gpuoperator.model import claims, hostdevices, objects, orders, patches, references
+from gpuoperator.model import classes as gpuclasses
+
+Obj = dict[str, Any]
+
+#: At most this many names are listed after "known:" / "permitted:" in messages.
+MAX_LISTED: Final = 20
+
+#: Prefix of the ``gpus`` entries the operator writes (:func:`gpu_entries`).
+GPU_ENTRY_PREFIX: Final = "gpuop-"
+
+
+def _gpus(vmi: Mapping[str, Any]) -> list[Any]:
+    spec = vmi.get("spec")
+    domain = spec.get("domain") if isinstance(spec, Mapping) else None
+    devices = domain.get("devices") if isinstance(domain, Mapping) else None
+    gpus = devices.get("gpus") if isinstance(devices, Mapping) else None
+    return gpus if isinstance(gpus, list) else []
+
+
+def is_operator_entry(entry: Any) -> bool:
+    """Whether a ``gpus`` entry is one the operator wrote (:data:`GPU_ENTRY_PREFIX`)."""
+    return isinstance(entry, Mapping) and str(entry.get("name") or "").startswith(GPU_ENTRY_PREFIX)
+
+
+def raw_gpu_entries(vmi: Mapping[str, Any]) -> list[Any]:
+    """The VMI's own ``spec.domain.devices.gpus`` entries: all but the operator's (which a
+    re-invoked webhook, or a VMI re-created from a dump, already carries). :func:`gpus_patch`
+    replaces the whole list, so an entry that only looks like the operator's is dropped."""
+    return [entry for entry in _gpus(vmi) if not is_operator_entry(entry)]
+
+
+def _listed(values: Iterable[str]) -> str:
+    items = sorted(set(values))
+    if not items:
+        return "none"
+    more = len(items) - MAX_LISTED
+    return ", ".join(items[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(objects.meta(obj).get("deletionTimestamp"))
+
+
+def _user_elsewhere(
+    claim_name: str, claim: Mapping[str, Any], vmi_name: str, live_vmis: Mapping[str, Obj]
+) -> str | None:
+    """Another live VMI that uses the held claim: the one its attachment names, when that
+    VMI is a live user (:func:`claims.is_live_user`: it exists with the attachment's UID when
+    recorded, being deleted or not — a VMI being deleted may still hold the GPU), else one
+    whose own annotation references it (an attachment not recorded yet). ``None`` when no
+    other VMI does."""
+    attached = claims.attachment(claim)
+    if (
+        attached is not None
+        and attached.name != vmi_name
+        and claims.is_live_user(attached, live_vmis.get(attached.name))
+    ):
+        return attached.name
+    for other in sorted(live_vmis):
+        live = live_vmis[other]
+        if other == vmi_name or not references.has_references(live):
+            continue
+        try:
+            refs = references.from_object(live)
+        except references.AnnotationError:
+            continue
+        if references.HeldRef(claim_name) in refs:
+            return other
+    return None
+
+
+def _class_refusals(
+    at: str,
+    cls: Obj,
+    namespace: Mapping[str, Any] | None,
+    namespace_name: str,
+    permitted: frozenset[str] | None,
+) -> list[str]:
+    class_name = gpuclasses.name(cls)
+    refusals: list[str] = []
+    not_entitled = orders.entitlement_refusal(cls, namespace, namespace_name)
+    if not_entitled is not None:
+        refusals.append(f"{at}: {not_entitled}")
+    resource = gpuclasses.resource_name(cls)
+    if not hostdevices.is_permitted(resource, permitted):
+        refusals.append(
+            f"{at}: class {class_name} uses {resource or 'no resource'}, which the KubeVirt "
+            f"CR's spec.configuration.permittedHostDevices does not permit (permitted: "
+            f"{_listed(permitted or ())}); allowed: a class whose resource it lists"
+        )
+    return refusals
+
+
+def vmi_refusals(
+    vmi: Mapping[str, Any],
+    refs: Sequence[references.Reference],
+    *,
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+    live_vmis: Mapping[str, Obj],
+    namespace: Mapping[str, Any] | None,
+    permitted: frozenset[str] | None,
+    gpu_for_vms: bool,
+) -> list[str]:
+    """Why the VMI webhook refuses ``vmi`` with the parsed ``refs`` (DESIGN.md §5 "VMs"),
+    judged without placement; ``[]`` when it is admitted. Every applicable refusal is
+    returned, in reference order, each naming the field (``annotation
+    gpu.cozystack.io/claims: item N``, ``spec.domain.devices.gpus`` or ``metadata.name``) and
+    what is allowed.
+
+    ``classes`` are the GPUClasses by name, ``claims`` the namespace's GPUClaims by name,
+    ``live_vmis`` the namespace's VMIs by name (the VMI being created is not among them),
+    ``namespace`` the Namespace object (``None``: unknown, not entitled), ``permitted`` the
+    KubeVirt table read by :func:`hostdevices.permitted_resources` (``None``: no table), and
+    ``gpu_for_vms`` the feature switch.
+    """
+    if not refs:
+        return []
+    where = references.field()
+    if not gpu_for_vms:
+        return [
+            f"{where}: GPU claim references are switched off on this cluster (operator setting "
+            f"gpuForVMs is off); allowed: a VM without the label {names.CLAIMS_LABEL} and "
+            "this annotation"
+        ]
+    meta = objects.meta(vmi)
+    vmi_name = str(meta.get("name") or "")
+    namespace_name = str(objects.meta(namespace).get("name") or meta.get("namespace") or "")
+    refusals: list[str] = []
+    raw = raw_gpu_entries(vmi)
+    if raw:
+        shown = _listed(
+            str(e.get("name")) if isinstance(e, Mapping) else references.shown(e) for e in raw
+        )
+        refusals.append(
+            f"spec.domain.devices.gpus: {_plural(len(raw), 'entry', 'entries')} ({shown}) next "
+            f"to claim references in {where}; allowed: either gpus entries or claim references, "
+            "not both (the operator writes the gpus entries of claim references itself)"
+        )
+    gpu_resources = {gpuclasses.resource_name(c) for c in classes.values()} - {""}
+    host_gpus = hostdevices.gpu_host_devices(vmi, gpu_resources)
+    if host_gpus:
+        shown = _listed(f"{name or '(unnamed)'} ({device})" for name, device in host_gpus)
+        refusals.append(
+            f"spec.domain.devices.hostDevices: {_plural(len(host_gpus), 'entry', 'entries')} "
+            f"({shown}) name a GPU resource next to claim references in {where}; allowed: "
+            "GPUs through claim references only (hostDevices that name no GPU class's resource "
+            "stay allowed)"
+        )
+    if not vmi_name and any(isinstance(ref, references.HeldRef) for ref in refs):
+        refusals.append(
+            f"metadata.name: a VM that names held claims in {where} needs a name "
+            "(generateName is not supported: the claim records the VM by name); allowed: "
+            "metadata.name set"
+        )
+    for index, ref in enumerate(refs):
+        at = references.item_field(index)
+        if isinstance(ref, references.TemplateRef):
+            field = f"{at}: {references.TEMPLATE_KEY}.{references.CLASS_NAME_KEY}"
+            cls = classes.get(ref.class_name)
+            if cls is None:
+                refusals.append(
+                    f"{field}: class {ref.class_name} does not exist (known: "
+                    f"{_listed(classes)}); the classes are listed by kubectl get gpuclasses"
+                )
+                continue
+            too_many = orders.max_count_refusal(cls, ref.count)
+            if too_many is not None:
+                refusals.append(
+                    f"{at}: {references.TEMPLATE_KEY}.{references.COUNT_KEY}: {too_many}"
+                )
+            refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
+            continue
+        field = f"{at}: {references.CLAIM_KEY} {ref.claim}"
+        claim = claims.get(ref.claim)
+        if claim is None:
+            refusals.append(
+                f"{field}: no such GPUClaim in namespace {namespace_name} (known: "
+                f"{_listed(n for n, c in claims.items() if not orders.is_template_claim(c))}"
+                "); allowed: a claim you ordered, or a claimTemplate"
+            )
+            continue
+        if orders.is_template_claim(claim):
+            refusals.append(
+                f"{field}: the operator made this claim from a VM's claim template (label "
+                f"{names.TEMPLATE_CLAIM_LABEL}={names.TRUE}) and only that VM uses it; "
+                "allowed: a claim you ordered, or a claimTemplate"
+            )
+            continue
+        if _deleting(claim):
+            refusals.append(
+                f"{field}: the claim is being deleted; allowed: a claim that is not being deleted"
+            )
+            continue
+        other = _user_elsewhere(ref.claim, claim, vmi_name, live_vmis)
+        if other is not None:
+            state = (
+                "which is being deleted and may still hold the GPU"
+                if _deleting(live_vmis[other])
+                else "which still exists"
+            )
+            refusals.append(
+                f"{field}: the claim is attached to VM {other}, {state}, and a "
+                f"claim serves one VM at a time; allowed: a claim no other live VM uses (stop "
+                f"{other} first and retry once it is gone, or order another claim)"
+            )
+        class_name = orders.ordered_class(claim)
+        cls = classes.get(class_name)
+        if cls is None:
+            refusals.append(
+                f"{field}: the claim's class {class_name or '(none)'} does not exist; allowed: "
+                "a claim of an existing class"
+            )
+            continue
+        refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
+    return refusals
+
+
+def gpu_entries(
+    refs: Sequence[references.Reference], classes: Mapping[str, Obj], claims: Mapping[str, Obj]
+) -> list[Obj]:
+    """The ``spec.domain.devices.gpus`` entries for ``refs``: one per unit, in reference
+    order (a held claim's ``spec.count`` units, a template's ``count``), each
+    ``{"name": "gpuop-<n>", "deviceName": <class resourceName>}`` with ``n`` counting units
+    from 0 across the whole VMI.
+
+    The names are unique within the VMI, DNS labels (as KubeVirt expects), and cannot collide
+    with a tenant's own entries: a VMI with references may carry none
+    (:func:`vmi_refusals`), and :func:`gpus_patch` replaces the list. Call after
+    :func:`vmi_refusals` returned nothing: an unknown claim or class raises ``ValueError``.
+    """
+    entries: list[Obj] = []
+    for ref in refs:
+        if isinstance(ref, references.TemplateRef):
+            class_name, count = ref.class_name, ref.count
+        else:
+            claim = claims.get(ref.claim)
+            if claim is None:
+                raise ValueError(f"claim {ref.claim} is unknown")
+            class_name, count = orders.ordered_class(claim), orders.ordered_count(claim)
+        cls = classes.get(class_name)
+        if cls is None:
+            raise ValueError(f"class {class_name} is unknown")
+        resource = gpuclasses.resource_name(cls)
+        first = len(entries)
+        entries.extend(
+            {"name": f"{GPU_ENTRY_PREFIX}{first + unit}", "deviceName": resource}
+            for unit in range(count)
+        )
+    return entries
+
+
+def gpus_patch(vmi: Mapping[str, Any], entries: list[Obj]) -> list[Obj]:
+    """JSON patch ops that make ``spec.domain.devices.gpus`` exactly ``entries`` (creating
+    missing parents); ``[]`` when it already is. The whole list is written, so operator
+    entries of an earlier pass are replaced, never doubled."""
+    path = ("spec", "domain", "devices", "gpus")
+    node: Mapping[str, Any] = vmi
+    for depth, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if not isinstance(child, Mapping):
+            value: Any = copy.deepcopy(entries)
+            for missing in reversed(path[depth + 1 :]):
+                value = {missing: value}
+            return [{"op": "add", "path": patches.json_pointer(*path[: depth + 1]), "value": value}]
+        node = child
+    if node.get(path[-1]) == entries:
+        return []
+    # "add" on an existing member replaces it (RFC 6902), so one op serves both cases.
+    return [{"op": "add", "path": patches.json_pointer(*path), "value": copy.deepcopy(entries)}]
+
+
+def attachment_patch(vmi_name: str, resource_version: str | None = None) -> Obj:
+    """The JSON merge patch (for the claim's ``status`` subresource) that records the
+    attachment of a held claim to the VMI ``vmi_name``: ``{vmi: <name>}``.
+
+    No UID is recorded: the VMI webhook runs at CREATE, before the API server assigns the
+    VMI's UID (mutating webhooks run first); the claims controller fills ``attachment.uid``
+    once the VMI exists, and clears an attachment whose VMI never appeared, was deleted or has
+    another UID. A UID left from an earlier VMI is removed (``null`` in a merge patch).
+    Given ``resource_version`` (the claim's, as judged by :func:`vmi_refusals`), the patch
+    fails with a conflict if the claim changed meanwhile: of two VMIs racing for one claim,
+    one gets it.
+    """
+    patch: Obj = {"status": {"attachment": {"vmi": vmi_name, "uid": None}}}
+    if resource_version:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    return patch
