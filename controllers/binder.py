@@ -193,7 +193,7 @@ class Binder:
             ),
         )
         if written.ok:
-            created = binding.parse_time(intended["metadata"].get("creationTimestamp"))
+            created = conditions.parse_stamp(intended["metadata"].get("creationTimestamp"))
             if created is not None:
                 waited = (self.clock.now() - created).total_seconds()
                 self._metrics.wait.observe(max(0.0, waited))

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import binding, gpu_hours, orders
+from gpuoperator.model import conditions, gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -109,7 +109,7 @@ class GpuHours:
         usage = gpu_hours.read(claim)
         if state == usage.state:
             return None
-        bound_time = binding.parse_time((claim.get("status") or {}).get("boundTime"))
+        bound_time = conditions.parse_stamp((claim.get("status") or {}).get("boundTime"))
         new = gpu_hours.advance(
             usage, state, orders.ordered_count(claim), self.clock.now(), bound_time
         )

@@ -102,17 +102,6 @@ def _aware(moment: datetime.datetime) -> datetime.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
-def parse_time(value: Any) -> datetime.datetime | None:
-    """An RFC 3339 timestamp (``2024-05-01T10:00:00Z``) as an aware datetime; ``None`` when
-    it cannot be read."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return _aware(datetime.datetime.fromisoformat(value))
-    except ValueError:
-        return None
-
-
 def _refused_entries(refused_nodes: Any) -> dict[str, datetime.datetime | None]:
     """``{nodeName: until}`` (the latest ``until`` per node; ``None`` when unreadable)."""
     out: dict[str, datetime.datetime | None] = {}
@@ -122,7 +111,7 @@ def _refused_entries(refused_nodes: Any) -> dict[str, datetime.datetime | None]:
         if not isinstance(entry, Mapping) or not entry.get("nodeName"):
             continue
         node = str(entry["nodeName"])
-        until = parse_time(entry.get("until"))
+        until = conditions.parse_stamp(entry.get("until"))
         previous = out.get(node)
         if node not in out or (until is not None and (previous is None or until > previous)):
             out[node] = until

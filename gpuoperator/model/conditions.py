@@ -13,6 +13,18 @@ def stamp(now: datetime.datetime) -> str:
     return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_stamp(value: Any) -> datetime.datetime | None:
+    """An RFC 3339 timestamp (``2024-05-01T10:00:00Z``, the inverse of :func:`stamp`) as an
+    aware datetime (naive ones read as UTC); ``None`` when it cannot be read."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
 def find(conditions: list[Obj] | None, type_: str) -> Obj | None:
     return next((c for c in conditions or [] if c.get("type") == type_), None)
 

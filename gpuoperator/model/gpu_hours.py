@@ -86,16 +86,6 @@ def _whole(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _parse(value: Any) -> datetime.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
-
-
 def _second(moment: datetime.datetime) -> datetime.datetime:
     return moment.astimezone(datetime.UTC).replace(microsecond=0)
 
@@ -107,7 +97,7 @@ def read(claim: Mapping[str, Any]) -> Usage:
         state: State | None = State(str(found.get("state")))
     except ValueError:
         state = None
-    since = _parse(found.get("since"))
+    since = conditions.parse_stamp(found.get("since"))
     if since is None:
         state = None
     return Usage(

@@ -60,7 +60,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import capacity, claims, echo, objects, quantities, quota, tenants
+from gpuoperator.model import (
+    capacity,
+    claims,
+    conditions,
+    echo,
+    objects,
+    quantities,
+    quota,
+    tenants,
+)
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -138,17 +147,6 @@ def _same(claim_key: tuple[str, str], other: Mapping[str, Any]) -> bool:
     return bool(name) and name == other_name and (not namespace or namespace == other_namespace)
 
 
-def _created(claim: Mapping[str, Any]) -> datetime.datetime | None:
-    value = _meta(claim).get("creationTimestamp")
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
-
-
 _NEVER: Final = datetime.datetime.max.replace(tzinfo=datetime.UTC)
 
 
@@ -157,7 +155,11 @@ def creation_order(claim: Mapping[str, Any]) -> tuple[datetime.datetime, str, st
     namespace and name (timestamps have one-second resolution, so ties are common). A claim
     without a readable creation time sorts last."""
     namespace, name = claims.key(claim)
-    return (_created(claim) or _NEVER, namespace, name)
+    return (
+        conditions.parse_stamp(_meta(claim).get("creationTimestamp")) or _NEVER,
+        namespace,
+        name,
+    )
 
 
 def _precedes(other: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:

@@ -65,7 +65,7 @@ def of_claims(claims: Iterable[Obj], now: datetime.datetime) -> ClaimTally:
         counts[(cls, phase(claim), reason(claim))] += 1
         if not binding.is_waiting(claim):
             continue
-        created = binding.parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
+        created = conditions.parse_stamp((claim.get("metadata") or {}).get("creationTimestamp"))
         if created is None:
             continue
         age = max(0.0, (now - created).total_seconds())
