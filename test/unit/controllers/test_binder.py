@@ -490,3 +490,37 @@ def test_an_unconfirmed_refusal_frees_no_units_of_the_node_the_claim_is_still_bo
     world.reconcile("a10")
     assert world.held("n-0") == 2
     assert world.status("hold")["nodeName"] == "n-0"
+
+
+def test_a_pass_while_a_refusal_write_is_in_flight_does_not_bind_over_the_old_binding(
+    world: World,
+) -> None:
+    """Placement's refusal write is in flight (it holds no decision lock) when a binder pass
+    runs: the pass must not plan the claim from the assumed Pending state, whose bind would
+    carry the stored Bound@n-0 version's resourceVersion and could land first."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n-0", 2))
+    world.put_node(node("n-1", 2))
+    world.put_claim(claim("hold", count=2, created=at(1), phase="Bound", node="n-0"))
+    versions = stored_versions(world, "hold")
+    in_flight, go = threading.Event(), threading.Event()
+
+    def held_in_flight(_obj: Obj) -> None:
+        if not in_flight.is_set():  # the refusal, the first write: held until the pass ended
+            in_flight.set()
+            assert go.wait(WAIT)
+
+    world.api.before["hold"] = held_in_flight
+    refused: list[bool] = []
+    placement = threading.Thread(target=lambda: refused.append(refuse(world, "hold", "n-0")))
+    placement.start()
+    try:
+        assert in_flight.wait(WAIT)
+        world.reconcile("a10")
+    finally:
+        go.set()
+        placement.join(WAIT)
+    assert refused == [True]
+    assert versions == [("Pending", "")], "the claim changed node without being released"
+    world.reconcile("a10")
+    assert versions == [("Pending", ""), ("Bound", "n-1")]
