@@ -23,7 +23,11 @@ Never over-allocating rests on four things:
 * the claims and figures a pass reads are the inventory's *assumed* state: a plan's
   bindings are counted before their writes leave (``ClaimStatus.assume``), and kept until
   the watch delivers a newer version, so the next pass neither plans a claim bound a moment
-  ago (no wasted 409, no false ``NoCapacity``) nor hands its units out again;
+  ago (no wasted 409, no false ``NoCapacity``) nor hands its units out again; an
+  assumption that releases units (a node refusal unbinding a claim) frees nothing until its
+  write is confirmed, and a claim whose last write is unconfirmed is left out of the pass
+  (a bind is written only on top of a stored waiting version, so a claim changes node only
+  through a stored version that released the first one);
 * a 409 on the binder's own retried write is recognised as its own (``claim_status``);
 * writes are fenced — a replica that stops leading stops writing, even between retries,
   and each attempt ends before another replica may take the Lease; and a replica that
@@ -51,7 +55,7 @@ from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.informing import Key, key_of
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings
@@ -61,6 +65,9 @@ log = structlog.get_logger(__name__)
 NAME = "binder"
 BOUND = gpuclaims.BOUND_CONDITION
 NODE_LOST = "NodeLost"
+#: Seconds before a pass that left out a claim with a write in flight looks again (a safety
+#: net: the write's outcome or the watch's next version wakes the class too).
+UNCONFIRMED_RECHECK = 1.0
 
 
 class _Metrics:
@@ -103,7 +110,7 @@ class Binder:
     def _reconcile(self, class_name: str) -> Result | None:
         # The inventory's view: a claim bound (or lost) a moment ago reads as such even
         # while the claims cache still shows the version before.
-        claims = self.inventory.claims_of_class(class_name)
+        claims, unconfirmed = self._claims(class_name)
         cls = self.caches.classes.store.get(("", class_name))
         if cls is None:
             for claim in claims:
@@ -122,7 +129,7 @@ class Binder:
         for claim in lost:
             self._lose(claim)
         if lost:
-            claims = self.inventory.claims_of_class(class_name)
+            claims, unconfirmed = self._claims(class_name)
         candidates = []
         for claim in claims:
             if not binding.is_waiting(claim) or claim["metadata"].get("deletionTimestamp"):
@@ -151,7 +158,21 @@ class Binder:
         expiry = self.inventory.next_expiry(class_name)
         if expiry is not None:
             looks.append(expiry + 0.1)  # a write with an unknown outcome is forgotten then
+        elif unconfirmed:
+            looks.append(UNCONFIRMED_RECHECK)  # another controller's write is in flight
         return Result(requeue_after=min(looks)) if looks else None
+
+    def _claims(self, class_name: str) -> tuple[list[Obj], bool]:
+        """The class's claims as counted, leaving out those whose last write is not
+        confirmed (in flight, or its outcome unknown), and whether any was left out. Such a
+        state is not stored (yet): a write based on it would carry the stored version's
+        resourceVersion, so a bind planned on an unconfirmed unbinding (a node refusal) could
+        land on the old binding and move the claim without a stored version releasing its
+        first node. They are decided once the write is confirmed, forgotten or superseded
+        by the watch."""
+        counted = self.inventory.claims_of_class(class_name)
+        claims = [c for c in counted if not self.inventory.unconfirmed(key_of(c))]
+        return claims, len(claims) < len(counted)
 
     def _bind_all(self, bindings: list[tuple[Obj, str]], now: datetime.datetime) -> None:
         """Write a plan's bindings together and return only once every write has ended.

@@ -355,6 +355,10 @@ class Placement:
         """Move the claims bound elsewhere to one node of the set, or say why not."""
         with self.inventory.allocation_lock:
             # Judge on the inventory's view: another reconcile may have just moved claims.
+            # Not on a state whose write is unconfirmed: a move would rest on the stored
+            # version's resourceVersion, not on that state.
+            if any(self.inventory.unconfirmed(key_of(c)) for c in claims):
+                return Result(requeue_after=RETRY)
             fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
             if len({_node(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)

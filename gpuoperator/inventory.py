@@ -18,6 +18,16 @@ cache's older copy (the next pass does not plan a claim bound a moment ago). The
 * the outcome is unknown (timeout, 5xx, connection cut): :meth:`expire_after` — the
   assumption stays until the watch tells the truth or the deadline passes.
 
+An assumption only ever *adds* holds until its write is confirmed. While it is unconfirmed
+(in flight, or its outcome unknown), the stored version's hold is counted too when the
+assumed state releases or moves it (a node refusal unbinding a claim, a move): the stored
+claim still holds those units, and if the write never lands it keeps them, so they must not
+be handed out meanwhile. And no decision is taken on an unconfirmed state
+(:meth:`unconfirmed`): a write based on it would carry the precondition of the stored
+version, not of the assumed one, so a bind planned on an unconfirmed release could land
+straight on the old binding and move the claim without a stored version that released its
+first node.
+
 An assumption is superseded only by a *newer* version from the watch: one whose
 resourceVersion is above the version it was based on (in flight) or at least the version
 written (confirmed). Older versions — a relist served from a lagging cache, the event of a
@@ -43,6 +53,11 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.informing import Feed, Handlers, Key, key_of, resource_version
 
 Obj = dict[str, Any]
+
+
+#: Appended to a claim's name for the ledger entry of the stored hold an unconfirmed
+#: assumption releases ("/" is never part of an object's name).
+_RELEASING = "/releasing"
 
 
 def changed_nodes(notice: Obj) -> list[Key]:
@@ -181,11 +196,12 @@ class Inventory:
                 return  # an older snapshot than the one counted: never go back
             self._store_observed(claim)
             assumed = self._assumed.get(key)
-            if assumed is not None:
-                if not assumed.superseded_by(version):
-                    return
-                del self._assumed[key]
-            changed = self._count(claim)
+            if assumed is not None and not assumed.superseded_by(version):
+                # The stored hold an unconfirmed assumption releases is this version's now.
+                changed = self._nodes_changed(self._count_releasing(key))
+            else:
+                self._assumed.pop(key, None)
+                changed = self._count(claim)
         self._notify(*changed)
 
     def delete_claim(self, claim: Obj) -> None:
@@ -193,7 +209,8 @@ class Inventory:
         with self._lock:
             self._claims_by_class.get(self._claim_class.pop(key, ""), {}).pop(key, None)
             self._assumed.pop(key, None)
-            changed = self._nodes_changed(self._ledger.remove_claim(key))
+            nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+            changed = self._nodes_changed(nodes)
         self._notify(*changed)
 
     def catch_up(self, claims: Iterable[Obj]) -> None:
@@ -224,7 +241,8 @@ class Inventory:
             if observed is None:
                 # Deleted meanwhile (its delete came before this reply): nothing to hold.
                 self._assumed.pop(key, None)
-                changed = self._nodes_changed(self._ledger.remove_claim(key))
+                nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+                changed = self._nodes_changed(nodes)
             elif not _older(resource_version(observed), version):
                 self._assumed.pop(key, None)  # the watch was quicker: it is the truth
                 changed = self._count(observed)
@@ -301,7 +319,8 @@ class Inventory:
             return set(), set()
         observed = self._observed(key)
         if observed is None:
-            return self._nodes_changed(self._ledger.remove_claim(key))
+            nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+            return self._nodes_changed(nodes)
         return self._count(observed)
 
     def _observed(self, key: Key) -> Obj | None:
@@ -315,11 +334,43 @@ class Inventory:
         self._claim_class[key] = class_name
 
     def _count(self, claim: Obj) -> tuple[set[str], set[str]]:
-        """Put ``claim``'s hold into the ledger (under the lock)."""
-        class_name = str((claim.get("spec") or {}).get("className") or "")
-        cls = self._classes.get(class_name)
-        resource = gpuclasses.resource_name(cls) if cls else None
-        return self._nodes_changed(self._ledger.set_claim(claim, resource))
+        """Put ``claim``'s hold into the ledger, with the stored hold it releases while
+        that is unconfirmed (under the lock)."""
+        nodes = self._ledger.set_claim(claim, self._resource(claim))
+        return self._nodes_changed(nodes | self._count_releasing(key_of(claim)))
+
+    def _resource(self, claim: Obj) -> str | None:
+        cls = self._classes.get(str((claim.get("spec") or {}).get("className") or ""))
+        return gpuclasses.resource_name(cls) if cls else None
+
+    def _count_releasing(self, key: Key) -> set[str]:
+        """Keep the stored version's hold counted while an unconfirmed assumption releases
+        or moves it (see the module docstring); drop it otherwise. Returns the nodes whose
+        figures changed."""
+        assumed = self._assumed.get(key)
+        observed = self._observed(key)
+        if (
+            assumed is None
+            or not assumed.in_flight
+            or observed is None
+            or not gpuclaims.is_bound(observed)
+            or (
+                gpuclaims.is_bound(assumed.claim)
+                and gpuclaims.node_name(assumed.claim) == gpuclaims.node_name(observed)
+            )
+        ):
+            return self._ledger.remove_claim(_releasing(key))
+        meta = observed.get("metadata") or {}
+        held = {**observed, "metadata": {**meta, "name": _releasing(key)[1]}}
+        return self._ledger.set_claim(held, self._resource(observed))
+
+    def unconfirmed(self, key: Key) -> bool:
+        """Whether the claim is counted in a state whose write is in flight or has an
+        unknown outcome: decide nothing on it (a write based on it would rest on the
+        stored version's resourceVersion, not on this state)."""
+        with self._lock:
+            assumed = self._assumed.get(key)
+            return assumed is not None and assumed.in_flight
 
     def apply_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
@@ -333,6 +384,7 @@ class Inventory:
                 for key, claim in self._claims_by_class.get(name, {}).items():
                     counted = self._assumed[key].claim if key in self._assumed else claim
                     nodes |= self._ledger.set_claim(counted, gpuclasses.resource_name(cls))
+                    nodes |= self._count_releasing(key)
             changed = self._nodes_changed(nodes)
             # The class set changed: every node's GPUNode may list it (or its resource).
             everything = set(self._nodes) if old is None else nodes
@@ -344,8 +396,9 @@ class Inventory:
             self._classes.pop(name, None)
             self._catalog.remove_class(name)
             nodes: set[str] = set()
-            for claim in self._claims_by_class.get(name, {}).values():
+            for key, claim in self._claims_by_class.get(name, {}).items():
                 nodes |= self._ledger.set_claim(claim, None)  # the class is gone: no hold
+                nodes |= self._count_releasing(key)
             changed = self._nodes_changed(nodes)
             everything = set(self._nodes)
         self._notify(everything, changed[1] | {name})
@@ -465,6 +518,10 @@ class Inventory:
             self.apply_pod(pod)
         for claim in claims:
             self.apply_claim(claim)
+
+
+def _releasing(key: Key) -> Key:
+    return (key[0], key[1] + _RELEASING)
 
 
 def _older(version: int | None, than: int | None) -> bool:

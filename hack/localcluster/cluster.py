@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,10 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+
+
+#: Starts of the operator before ``run_operator`` gives up on ports taken by others.
+OPERATOR_PORT_ATTEMPTS = 5
 
 
 def free_ports(n: int) -> list[int]:
@@ -226,16 +231,31 @@ class LocalCluster:
         token = deployment.token_kubeconfig(
             kubectl_binary(), self.kubeconfig, rendered, self.dir / "gpuoperator.kubeconfig"
         )
-        ports = deployment.Ports(*free_ports(3))
-        argv, env = deployment.operator_command(
-            rendered, kubeconfig=token, pod_name="gpu-operator-0", ports=ports, extra=extra
-        )
-        self.operator.start(argv, env=env, cwd=REPO)
-        log(f"  gpuoperator: started as {rendered.username} (log {self.operator.log})")
-        url = f"http://127.0.0.1:{ports.health}/readyz"
-        took = wait_until(
-            "gpuoperator /readyz", lambda: self._get(url) == "ok\n", 120, self.operator
-        )
+        for attempt in range(1, OPERATOR_PORT_ATTEMPTS + 1):
+            # The ports stay in its argv (tools read them there), so they are chosen here;
+            # another process may take one before the operator binds it: it exits then,
+            # and is started again on other ports.
+            ports = deployment.Ports(*free_ports(3))
+            argv, env = deployment.operator_command(
+                rendered, kubeconfig=token, pod_name="gpu-operator-0", ports=ports, extra=extra
+            )
+            logged = self.operator.log.stat().st_size if self.operator.log.exists() else 0
+            self.operator.start(argv, env=env, cwd=REPO)
+            log(f"  gpuoperator: started as {rendered.username} (log {self.operator.log})")
+            url = f"http://127.0.0.1:{ports.health}/readyz"
+            try:
+                took = wait_until(
+                    "gpuoperator /readyz", partial(self._ready, url), 120, self.operator
+                )
+                break
+            except ClusterError:
+                if attempt == OPERATOR_PORT_ATTEMPTS or self.operator.running():
+                    raise
+                with self.operator.log.open("rb") as f:
+                    f.seek(logged)
+                    if b"Address already in use" not in f.read():
+                        raise
+                log("  gpuoperator: one of its ports was taken meanwhile; starting it again")
         log(
             f"  gpuoperator: ready after {took:.1f}s (metrics on https://127.0.0.1:{ports.metrics}"
             "/metrics, authorised by bearer token)"
@@ -251,6 +271,9 @@ class LocalCluster:
             f"  gpuoperator: webhooks registered on https://127.0.0.1:{ports.webhook}, "
             f"caBundle injected after {took:.1f}s"
         )
+
+    def _ready(self, url: str) -> bool:
+        return self._get(url) == "ok\n"
 
     def _injected(self, config: deployment.Obj) -> bool:
         live = json.loads(

@@ -11,8 +11,9 @@ operator run from the checkout exactly as its Deployment would run it.
   them changes.
 * **Run** the Deployment's container (``manager``) as a local process: its command and
   args, its env with the downward API filled in as the kubelet would (the pod's name is the
-  replica's identity), its listen addresses moved to free ports on 127.0.0.1 (each pod has
-  its own IP; local processes share one), and a kubeconfig holding a token of the rendered
+  replica's identity), its listen addresses moved to 127.0.0.1 (each pod has its own IP;
+  local processes share one; port 0 lets each server bind a port the kernel picks and say
+  which in its log, ``serving_ports``), and a kubeconfig holding a token of the rendered
   ServiceAccount (TokenRequest), never the cluster admin's — so the shipped RBAC is what
   the operator runs with.
 """
@@ -197,6 +198,46 @@ class Ports:
     health: int
     metrics: int
     webhook: int
+
+
+#: Every server binds a port the kernel picks and names it in its "serving" log line
+#: (:func:`serving_ports`): no other process of the machine can take a port between its
+#: choice and the bind.
+ANY_PORTS = Ports(0, 0, 0)
+#: The name each address flag's server gives itself in its "serving" log line.
+SERVERS = {
+    "--health-address": "health",
+    "--metrics-address": "metrics",
+    "--webhook-address": "webhooks",
+}
+
+
+def servers(argv: Iterable[str]) -> set[str]:
+    """The servers ``argv`` starts: each address flag whose last value is not empty."""
+    addresses: dict[str, str] = {}
+    for arg in argv:
+        flag, sep, value = arg.partition("=")
+        if sep and flag in SERVERS:
+            addresses[flag] = value
+    return {SERVERS[flag] for flag, value in addresses.items() if value}
+
+
+def serving_ports(log: str) -> dict[str, int]:
+    """The port each server of an operator process bound, by server name, from the
+    ``serving`` lines of its JSON log."""
+    found: dict[str, int] = {}
+    for line in log.splitlines():
+        if '"serving"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("event") == "serving":
+            port = entry.get("port")
+            if isinstance(port, int) and isinstance(entry.get("server"), str):
+                found[entry["server"]] = port
+    return found
 
 
 def operator_command(

@@ -23,7 +23,6 @@ import base64
 import datetime
 import signal
 import time
-from functools import partial
 from pathlib import Path
 
 import pykube
@@ -38,10 +37,6 @@ from harness.proxy import PartitionableProxy
 from harness.waiting import wait_for
 from localcluster import deployment
 from localcluster.cluster import LocalCluster, deploy_to, kubectl_binary, register_webhooks
-
-
-def _ready_or_gone(op: OperatorProcess) -> bool:
-    return op.proc.poll() is not None or op.ready()
 
 
 def parse_micro_time(value: str) -> float:
@@ -82,7 +77,8 @@ class Replicas:
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> OperatorProcess:
-        """One more replica (not waiting for it to be ready)."""
+        """One more replica (waiting only for its servers to listen, not for it to be
+        ready)."""
         self._serial += 1
         identity = f"gpu-operator-{self._serial}"
         op = OperatorProcess(self.deployed, identity, self.logs)
@@ -94,30 +90,13 @@ class Replicas:
     def up(self, count: int = 2) -> None:
         """Start replicas until ``count`` run, wait for all to be ready and one to lead,
         and register the webhooks behind the failover address (once)."""
-        for _attempt in range(5):
-            while len(self.live) < count:
-                self.start()
-            if self._wait_ready():
-                break
+        while len(self.live) < count:
+            self.start()
+        for op in self.live.values():
+            op.wait_ready(timeout=120)
         self.wait_leader()
         if self.webhooks is None:
             self._serve_webhooks()
-
-    def _wait_ready(self) -> bool:
-        """Wait for every live replica; one that lost a race for its port (another process
-        on this machine took it between the choice and the bind) is dropped: False."""
-        for identity, op in list(self.live.items()):
-            wait_for(f"{identity} ready or gone", partial(_ready_or_gone, op), timeout=120)
-            if op.proc.poll() is not None:
-                log = op.log.read_text(errors="replace")
-                if "Address already in use" not in log:
-                    raise AssertionError(f"{identity} exited:\n{log[-3000:]}")
-                self.live.pop(identity)
-                if self.webhooks is not None:
-                    self.webhooks.remove(identity)
-                self.dead.append(op)
-                return False
-        return True
 
     def _serve_webhooks(self) -> None:
         self.refresh_certificates()

@@ -22,9 +22,9 @@ import pykube
 
 from gpuoperator import names
 from gpuoperator.runtime.kinds import Lease
-from harness.waiting import wait_for
+from harness.waiting import HopelessWaitError, wait_for
 from localcluster import deployment
-from localcluster.cluster import LocalCluster, free_ports
+from localcluster.cluster import LocalCluster
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,17 @@ class ForbiddenRequests:
         return found
 
 
+class ExitedError(HopelessWaitError):
+    """The replica exited while something waited for it."""
+
+
 class OperatorProcess:
-    """One replica, with its own health, metrics and webhook ports and its log in ``log``."""
+    """One replica, with its own health, metrics and webhook ports and its log in ``log``.
+
+    Each server binds a port the kernel picks (``deployment.ANY_PORTS``) and the ports are
+    read from the replica's "serving" log lines: no other process of a shared machine can
+    take one between a choice and the bind. Reading a port waits for that line (and fails at
+    once if the replica exited)."""
 
     def __init__(self, deployed: Deployed, identity: str, log_dir: Path, *extra: str) -> None:
         if deployed.in_cluster:
@@ -86,23 +95,60 @@ class OperatorProcess:
             )
         self.identity = identity
         self.deployed = deployed
-        self.health_port, self.metrics_port, self.webhook_port = free_ports(3)
         self.log = log_dir / f"{identity}.log"
         argv, env = deployment.operator_command(
             deployed.rendered,
             kubeconfig=deployed.kubeconfig,
             pod_name=identity,
-            ports=deployment.Ports(self.health_port, self.metrics_port, self.webhook_port),
+            ports=deployment.ANY_PORTS,
             extra=extra,
         )
         self.argv = argv
+        self._servers = deployment.servers(argv)
+        self._ports: dict[str, int] = {}
         self._out = self.log.open("wb")
         self.proc = subprocess.Popen(
             argv, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
 
+    # ---- ports ---------------------------------------------------------------------------
+    def ports(self, timeout: float = 60) -> dict[str, int]:
+        """The port each server bound, by server name (``health``, ``metrics``,
+        ``webhooks``; those the flags disable are absent), once every one is serving."""
+        found = wait_for(f"{self.identity}'s servers to listen", self._bound, timeout=timeout)
+        assert found is not None
+        return found
+
+    def _logged(self) -> dict[str, int] | None:
+        """The ports once every server logged its own (None before), without waiting."""
+        if self._servers - self._ports.keys():
+            self._ports = deployment.serving_ports(self.log_text())
+        return None if self._servers - self._ports.keys() else self._ports
+
+    def _bound(self) -> dict[str, int] | None:
+        ports = self._logged()
+        if ports is None:
+            self._raise_if_exited()
+        return ports
+
+    @property
+    def health_port(self) -> int:
+        return self.ports()["health"]
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports()["metrics"]
+
+    @property
+    def webhook_port(self) -> int:
+        return self.ports()["webhooks"]
+
+    # ---- readiness -----------------------------------------------------------------------
     def ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        ports = self._logged()
+        if ports is None:
+            return False
+        url = f"http://127.0.0.1:{ports['health']}/readyz"
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 return bool(resp.status == 200)
@@ -113,11 +159,14 @@ class OperatorProcess:
         wait_for(f"{self.identity} to be ready", self._ready_or_dead, timeout=timeout)
 
     def _ready_or_dead(self) -> bool:
+        self._raise_if_exited()
+        return self.ready()
+
+    def _raise_if_exited(self) -> None:
         if self.proc.poll() is not None:
-            raise AssertionError(
+            raise ExitedError(
                 f"{self.identity} exited with {self.proc.returncode}:\n" + self.log_text()[-3000:]
             )
-        return self.ready()
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc.poll() is None:
@@ -127,7 +176,8 @@ class OperatorProcess:
         return self.proc.wait(timeout)
 
     def log_text(self) -> str:
-        self._out.flush()
+        if not self._out.closed:
+            self._out.flush()
         return self.log.read_text(errors="replace")
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -14,6 +14,11 @@ class WaitTimeoutError(AssertionError):
     """The condition did not hold in time; the message carries the last observation."""
 
 
+class HopelessWaitError(AssertionError):
+    """Raised by a probe when waiting longer cannot help (the process it waits for exited):
+    :func:`wait_for` lets it through at once."""
+
+
 def wait_for(
     what: str,
     probe: Callable[[], T],
@@ -23,13 +28,16 @@ def wait_for(
 ) -> T:
     """Call ``probe`` until ``until(value)`` is true and return that value.
 
-    Exceptions from ``probe`` count as "not yet" and are reported if time runs out.
+    Exceptions from ``probe`` count as "not yet" and are reported if time runs out, but
+    :class:`HopelessWaitError`, which ends the wait at once.
     """
     deadline = time.monotonic() + timeout
     last: object = "<nothing observed>"
     while True:
         try:
             value = probe()
+        except HopelessWaitError:
+            raise
         except Exception as exc:
             last = f"{type(exc).__name__}: {exc}"
         else:

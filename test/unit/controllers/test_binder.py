@@ -11,6 +11,7 @@ server holds), summed here, never the inventory the binder itself counts with.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import threading
 from typing import Any, cast
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
+from controllers import placement as placementmod
 from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
@@ -378,3 +380,147 @@ def test_a_lost_claim_that_cannot_be_bound_again_waits_as_pending_with_the_reaso
         "Bound",
         "n2",
     )
+
+
+# -- a node refusal: the claim changes node only through a stored version releasing it --------
+
+
+def refuse(world: World, name: str, node_name: str) -> bool:
+    """Placement records that ``node_name`` refused the claim's pinned pod (its one claim
+    status write: refusedNodes, back to Pending) on the claim as the cache has it."""
+    placement = placementmod.Placement(
+        world.caches,
+        world.inventory,
+        cast("Client", world.api),
+        world.statuses,
+        cast("Recorder", world.events),
+        Settings.model_validate({}),
+        clock=world.clock,
+    )
+    cached = world.caches.claims.store.get((NS, name))
+    assert cached is not None
+    now = world.clock.now()
+    until = now + datetime.timedelta(minutes=10)
+    return placement._refuse(cached, node_name, until, now, (NS, "virt-launcher-vm1"), "no room")
+
+
+def unconfirmed_refusal(world: World, name: str, node_name: str) -> None:
+    """The refusal write does not land and its outcome is unknown (a 504; a fence between
+    retries or a cut connection look the same): the inventory keeps it assumed."""
+
+    def timed_out(_obj: Obj) -> None:
+        raise errors.ApiError(504, "Timeout", "the server was unable to return a response")
+
+    world.api.before[name] = timed_out
+    with pytest.raises(errors.ApiError):
+        refuse(world, name, node_name)
+    del world.api.before[name]
+    assert world.status(name)["nodeName"] == node_name  # nothing landed
+
+
+def stored_versions(world: World, name: str) -> list[tuple[str, str]]:
+    """``(phase, nodeName)`` of each status the server stored for ``name``, in order."""
+    versions: list[tuple[str, str]] = []
+    real = world.api.replace_status
+
+    def recording(kind: Any, obj: Obj) -> Obj:
+        stored = real(kind, obj)
+        if stored["metadata"]["name"] == name:
+            status = stored.get("status") or {}
+            versions.append((str(status.get("phase")), str(status.get("nodeName") or "")))
+        return stored
+
+    world.api.replace_status = recording  # type: ignore[method-assign]
+    return versions
+
+
+def peak_held(world: World, node_name: str) -> list[int]:
+    """The units the stored claims hold on ``node_name`` after each status write."""
+    held: list[int] = []
+    real = world.api.replace_status
+
+    def recording(kind: Any, obj: Obj) -> Obj:
+        stored = real(kind, obj)
+        held.append(world.held(node_name))
+        return stored
+
+    world.api.replace_status = recording  # type: ignore[method-assign]
+    return held
+
+
+def test_a_claim_whose_refusal_write_is_unconfirmed_is_not_bound_elsewhere_over_its_old_binding(
+    world: World,
+) -> None:
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n-0", 2))
+    world.put_node(node("n-1", 2))
+    world.put_claim(claim("hold", count=2, created=at(1), phase="Bound", node="n-0"))
+    versions = stored_versions(world, "hold")
+    unconfirmed_refusal(world, "hold", "n-0")
+
+    world.reconcile("a10")
+
+    assert versions == [], "a bind was written on top of the stored Bound@n-0"
+    assert world.status("hold")["nodeName"] == "n-0"
+    # The refusal is taken again (placement retries) and lands: then the claim moves on.
+    world.clock.advance(ASSUME_TTL + 1)
+    world.inventory.expire()
+    assert refuse(world, "hold", "n-0")
+    world.reconcile("a10")
+    assert versions == [("Pending", ""), ("Bound", "n-1")]
+    assert [r["nodeName"] for r in world.status("hold")["refusedNodes"]] == ["n-0"]
+
+
+def test_an_unconfirmed_refusal_frees_no_units_of_the_node_the_claim_is_still_bound_to(
+    world: World,
+) -> None:
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n-0", 2))
+    world.put_claim(claim("hold", count=2, created=at(1), phase="Bound", node="n-0"))
+    world.put_claim(claim("next", count=2, created=at(2)))
+    peak = peak_held(world, "n-0")
+    unconfirmed_refusal(world, "hold", "n-0")
+
+    world.reconcile("a10")
+
+    assert max(peak, default=0) <= 2, f"{max(peak)} units held on a 2-unit node"
+    assert world.status("next").get("phase") != "Bound"
+    # The refusal's write was never stored: once it is forgotten the hold is as stored.
+    world.clock.advance(ASSUME_TTL + 1)
+    world.reconcile("a10")
+    assert world.held("n-0") == 2
+    assert world.status("hold")["nodeName"] == "n-0"
+
+
+def test_a_pass_while_a_refusal_write_is_in_flight_does_not_bind_over_the_old_binding(
+    world: World,
+) -> None:
+    """Placement's refusal write is in flight (it holds no decision lock) when a binder pass
+    runs: the pass must not plan the claim from the assumed Pending state, whose bind would
+    carry the stored Bound@n-0 version's resourceVersion and could land first."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n-0", 2))
+    world.put_node(node("n-1", 2))
+    world.put_claim(claim("hold", count=2, created=at(1), phase="Bound", node="n-0"))
+    versions = stored_versions(world, "hold")
+    in_flight, go = threading.Event(), threading.Event()
+
+    def held_in_flight(_obj: Obj) -> None:
+        if not in_flight.is_set():  # the refusal, the first write: held until the pass ended
+            in_flight.set()
+            assert go.wait(WAIT)
+
+    world.api.before["hold"] = held_in_flight
+    refused: list[bool] = []
+    placement = threading.Thread(target=lambda: refused.append(refuse(world, "hold", "n-0")))
+    placement.start()
+    try:
+        assert in_flight.wait(WAIT)
+        world.reconcile("a10")
+    finally:
+        go.set()
+        placement.join(WAIT)
+    assert refused == [True]
+    assert versions == [("Pending", "")], "the claim changed node without being released"
+    world.reconcile("a10")
+    assert versions == [("Pending", ""), ("Bound", "n-1")]

@@ -144,3 +144,25 @@ def test_a_write_confirmed_after_the_claims_deletion_holds_nothing() -> None:
     inventory.confirm(claim(12, "Bound"))
     assert inventory.assumed_keys() == set()
     assert free(inventory) == 4
+
+
+def test_an_unconfirmed_unbind_frees_the_units_only_once_confirmed() -> None:
+    inventory, _ = world()
+    inventory.apply_claim(claim(11, "Bound"))
+    inventory.assume(claim(11, "Pending"))  # a node refusal: back to Pending
+    assert free(inventory) == 1, "the stored claim still holds its units"
+    assert inventory.unconfirmed(KEY)
+    inventory.confirm(claim(12, "Pending"))
+    assert free(inventory) == 4
+    assert not inventory.unconfirmed(KEY)
+
+
+def test_an_unconfirmed_move_holds_units_on_both_nodes_until_forgotten() -> None:
+    inventory, _ = world()
+    inventory.apply_node(objects.node("n2"))
+    inventory.apply_claim(claim(11, "Bound"))
+    inventory.assume(claim(11, "Bound", node_name="n2"))
+    assert (free(inventory, "n1"), free(inventory, "n2")) == (1, 1)
+    inventory.forget(KEY)
+    assert (free(inventory, "n1"), free(inventory, "n2")) == (1, 4)
+    assert not inventory.unconfirmed(KEY)

@@ -6,14 +6,18 @@ loopback ports and the downward API filled in."""
 from __future__ import annotations
 
 import copy
+import json
 import sys
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import structlog
 from unit.config.manifests import render
 
 from gpuoperator import cli
+from gpuoperator.runtime import serving
 from localcluster import deployment
 from localcluster.processes import ClusterError
 
@@ -104,3 +108,30 @@ def test_an_env_source_the_harness_cannot_fill_is_refused_naming_it(
     ]
     with pytest.raises(ClusterError, match=r"env LIMIT: .*resourceFieldRef.* is not simulated"):
         deployment.container_env(deployment.Rendered(tuple(objs)), "p")
+
+
+def test_a_replica_on_any_ports_says_in_its_log_which_port_each_server_bound() -> None:
+    argv, _ = deployment.operator_command(
+        deployment.Rendered(tuple(render("overlays/dev"))),
+        kubeconfig=Path("k"),
+        pod_name="p",
+        ports=deployment.ANY_PORTS,
+        extra=("--metrics-address=",),
+    )
+    assert "--health-address=127.0.0.1:0" in argv
+    assert deployment.servers(argv) == {"health", "webhooks"}  # metrics disabled last
+    server = serving.Server(
+        "health",
+        "127.0.0.1:0",
+        serving.app({"/readyz": lambda _r: serving.text(200, "ok")}),
+    )
+    with structlog.testing.capture_logs() as logs:
+        server.start()
+    try:
+        log = "\n".join(["not json", *(json.dumps(entry) for entry in logs)])
+        ports = deployment.serving_ports(log)
+        assert ports == {"health": server.port} and server.port != 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['health']}/readyz") as resp:
+            assert resp.status == 200
+    finally:
+        server.stop()
