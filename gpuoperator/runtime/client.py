@@ -60,8 +60,15 @@ Kind = type[pykube.objects.APIObject]
 
 log = structlog.get_logger(__name__)
 
-#: Server-side watch length; the client's read timeout adds a margin to it.
+#: Server-side watch length; a watch still open this long plus :data:`WATCH_MARGIN_SECONDS`
+#: is abandoned by the client (the server should have ended it).
 WATCH_TIMEOUT_SECONDS = 300
+WATCH_MARGIN_SECONDS = 30.0
+#: A watch that delivers nothing (no event, no bookmark) for this long is abandoned: the API
+#: server sends a bookmark to every watch that allows them at least once a minute, so a
+#: silent one sits on a connection that died without a reset (a cut on the way, a server
+#: that went away). requests' read timeout is per socket read, which is exactly this limit.
+WATCH_IDLE_SECONDS = 90.0
 _RETRY_READ_CODES = frozenset({500, 502, 503, 504})
 #: Seconds a fenced write's attempt must end before another replica may take over.
 FENCE_MARGIN = 1.0
@@ -493,9 +500,15 @@ class Client:
         bookmarks: bool = True,
         stop: threading.Event | None = None,
         opened: Callable[[requests.Response], None] | None = None,
+        idle_timeout: float = WATCH_IDLE_SECONDS,
     ) -> Iterator[tuple[str, Obj]]:
         """Stream ``(type, object)`` events from ``resource_version`` until the server ends
         the watch (after ``timeout_seconds``) or ``stop`` is set.
+
+        Two client-side deadlines keep a watch from outliving its connection: nothing read
+        for ``idle_timeout`` seconds (headers included) raises ``requests.ConnectionError``
+        (a read timeout), and a watch still streaming :data:`WATCH_MARGIN_SECONDS` after
+        ``timeout_seconds`` ends as if the server had ended it.
 
         Raises ``GoneError`` when the server says the resourceVersion is too old, whether as
         an HTTP 410 or as an in-stream ERROR event (which pykube would yield as an object).
@@ -516,11 +529,12 @@ class Client:
         delay = self._throttle.when(None)
         if delay > 0:
             self._clock.sleep(delay)
+        deadline = time.monotonic() + timeout_seconds + WATCH_MARGIN_SECONDS
         resp = http.session.get(
             http.url + self.path(kind, namespace),
             params=params,
             stream=True,
-            timeout=(10.0, timeout_seconds + 30.0),
+            timeout=(10.0, min(idle_timeout, timeout_seconds + WATCH_MARGIN_SECONDS)),
         )
         self._metrics.requests.labels(
             "WATCH", resource_of(self.path(kind, namespace)), str(resp.status_code)
@@ -534,6 +548,13 @@ class Client:
                 raise errors.from_status(resp.status_code, _status_body(resp))
             for line in resp.iter_lines():
                 if stop is not None and stop.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    log.info(
+                        "watch outlived its timeout; reopening",
+                        resource=resource_of(self.path(kind, namespace)),
+                        timeout_seconds=timeout_seconds,
+                    )
                     return
                 if not line:
                     continue
