@@ -5,9 +5,11 @@ compacted etcd."""
 
 from __future__ import annotations
 
+import operator
 import queue
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -196,10 +198,10 @@ def test_a_cache_cut_off_and_then_expired_by_a_restart_on_compacted_etcd_converg
         inf.start()
         assert inf.wait_synced(30)
         for _round in range(2):
-            accepted = proxy.accepted
+            reconnected = partial(operator.lt, proxy.accepted)
             proxy.partition()
             proxy.heal()
-            wait_for("the watch re-opened", lambda a=accepted: proxy.accepted > a, timeout=30)
+            wait_for("the watch re-opened", lambda: proxy.accepted, until=reconnected, timeout=30)
             etcd.compact()
             local_cluster.restart("kube-apiserver", log=lambda _m: None)
         configmap(api, namespace, "after")
