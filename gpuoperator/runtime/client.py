@@ -47,6 +47,7 @@ import pykube
 import requests
 import structlog
 import tenacity
+import urllib3
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -64,11 +65,12 @@ log = structlog.get_logger(__name__)
 #: is abandoned by the client (the server should have ended it).
 WATCH_TIMEOUT_SECONDS = 300
 WATCH_MARGIN_SECONDS = 30.0
-#: A watch that delivers nothing (no event, no bookmark) for this long is abandoned: the API
-#: server sends a bookmark to every watch that allows them at least once a minute, so a
-#: silent one sits on a connection that died without a reset (a cut on the way, a server
-#: that went away). requests' read timeout is per socket read, which is exactly this limit.
-WATCH_IDLE_SECONDS = 90.0
+#: A watch that delivers nothing (no event, no bookmark) for this long is ended and re-opened
+#: from the last resourceVersion: it may sit on a connection that died without a reset (a
+#: cut on the way, a server that went away). The API server sends an idle watch a bookmark
+#: about once a minute (the first one took two in our measurements), so a healthy watch is
+#: seldom re-opened. requests' read timeout is per socket read, which is exactly this limit.
+WATCH_IDLE_SECONDS = 150.0
 _RETRY_READ_CODES = frozenset({500, 502, 503, 504})
 #: Seconds a fenced write's attempt must end before another replica may take over.
 FENCE_MARGIN = 1.0
@@ -505,10 +507,11 @@ class Client:
         """Stream ``(type, object)`` events from ``resource_version`` until the server ends
         the watch (after ``timeout_seconds``) or ``stop`` is set.
 
-        Two client-side deadlines keep a watch from outliving its connection: nothing read
-        for ``idle_timeout`` seconds (headers included) raises ``requests.ConnectionError``
-        (a read timeout), and a watch still streaming :data:`WATCH_MARGIN_SECONDS` after
-        ``timeout_seconds`` ends as if the server had ended it.
+        Two client-side deadlines keep a watch from outliving its connection: after the
+        headers, nothing read for ``idle_timeout`` seconds ends the watch as if the server
+        had ended it (so does streaming :data:`WATCH_MARGIN_SECONDS` past
+        ``timeout_seconds``); no headers within ``idle_timeout`` is a
+        ``requests.ReadTimeout``.
 
         Raises ``GoneError`` when the server says the resourceVersion is too old, whether as
         an HTTP 410 or as an in-stream ERROR event (which pykube would yield as an object).
@@ -546,7 +549,23 @@ class Client:
                 if resp.status_code == 401 and (_SA_DIR / "token").exists():
                     self._reload_credentials(self._config)
                 raise errors.from_status(resp.status_code, _status_body(resp))
-            for line in resp.iter_lines():
+            lines = resp.iter_lines()
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    return
+                except requests.ConnectionError as exc:
+                    if not (
+                        exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
+                    ):
+                        raise
+                    log.debug(
+                        "watch idle; reopening",
+                        resource=resource_of(self.path(kind, namespace)),
+                        idle_seconds=idle_timeout,
+                    )
+                    return
                 if stop is not None and stop.is_set():
                     return
                 if time.monotonic() > deadline:

@@ -7,10 +7,11 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
   watch that ends normally is re-opened from the last resourceVersion seen; a watch that
   fails on the connection is re-opened after a backoff, from the same resourceVersion.
 * **No request waits forever.** A watch that delivers nothing, not even the bookmark the
-  API server sends every minute, for ``watch_idle`` seconds is abandoned and re-opened
-  (its connection died without a reset: a cut on the way, a server that went away), and
-  one that streams past its server-side timeout is ended by the client; list requests
-  time out on every read (``Client``'s timeout).
+  API server sends an idle watch about once a minute, for ``watch_idle`` seconds is ended
+  and re-opened at once from the same resourceVersion (its connection may have died without
+  a reset: a cut on the way, a server that went away), and one that streams past its
+  server-side timeout is ended by the client; list requests time out on every read
+  (``Client``'s timeout).
 * **410 Gone means relist.** Whether the server says it as an HTTP status or as an ERROR
   event inside the stream, the informer lists again, and every object that vanished across
   the relist is delivered as a delete: nothing is lost while the watch was down.
