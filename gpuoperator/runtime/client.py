@@ -47,6 +47,7 @@ import pykube
 import requests
 import structlog
 import tenacity
+import urllib3
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -60,8 +61,16 @@ Kind = type[pykube.objects.APIObject]
 
 log = structlog.get_logger(__name__)
 
-#: Server-side watch length; the client's read timeout adds a margin to it.
+#: Server-side watch length; a watch still open this long plus :data:`WATCH_MARGIN_SECONDS`
+#: is abandoned by the client (the server should have ended it).
 WATCH_TIMEOUT_SECONDS = 300
+WATCH_MARGIN_SECONDS = 30.0
+#: A watch that delivers nothing (no event, no bookmark) for this long is ended and re-opened
+#: from the last resourceVersion: it may sit on a connection that died without a reset (a
+#: cut on the way, a server that went away). The API server sends an idle watch a bookmark
+#: about once a minute (the first one took two in our measurements), so a healthy watch is
+#: seldom re-opened. requests' read timeout is per socket read, which is exactly this limit.
+WATCH_IDLE_SECONDS = 150.0
 _RETRY_READ_CODES = frozenset({500, 502, 503, 504})
 #: Seconds a fenced write's attempt must end before another replica may take over.
 FENCE_MARGIN = 1.0
@@ -493,9 +502,16 @@ class Client:
         bookmarks: bool = True,
         stop: threading.Event | None = None,
         opened: Callable[[requests.Response], None] | None = None,
+        idle_timeout: float = WATCH_IDLE_SECONDS,
     ) -> Iterator[tuple[str, Obj]]:
         """Stream ``(type, object)`` events from ``resource_version`` until the server ends
         the watch (after ``timeout_seconds``) or ``stop`` is set.
+
+        Two client-side deadlines keep a watch from outliving its connection: after the
+        headers, nothing read for ``idle_timeout`` seconds ends the watch as if the server
+        had ended it (so does streaming :data:`WATCH_MARGIN_SECONDS` past
+        ``timeout_seconds``); no headers within ``idle_timeout`` is a
+        ``requests.ReadTimeout``.
 
         Raises ``GoneError`` when the server says the resourceVersion is too old, whether as
         an HTTP 410 or as an in-stream ERROR event (which pykube would yield as an object).
@@ -516,11 +532,12 @@ class Client:
         delay = self._throttle.when(None)
         if delay > 0:
             self._clock.sleep(delay)
+        deadline = time.monotonic() + timeout_seconds + WATCH_MARGIN_SECONDS
         resp = http.session.get(
             http.url + self.path(kind, namespace),
             params=params,
             stream=True,
-            timeout=(10.0, timeout_seconds + 30.0),
+            timeout=(10.0, min(idle_timeout, timeout_seconds + WATCH_MARGIN_SECONDS)),
         )
         self._metrics.requests.labels(
             "WATCH", resource_of(self.path(kind, namespace)), str(resp.status_code)
@@ -532,8 +549,31 @@ class Client:
                 if resp.status_code == 401 and (_SA_DIR / "token").exists():
                     self._reload_credentials(self._config)
                 raise errors.from_status(resp.status_code, _status_body(resp))
-            for line in resp.iter_lines():
+            lines = resp.iter_lines()
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    return
+                except requests.ConnectionError as exc:
+                    if not (
+                        exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
+                    ):
+                        raise
+                    log.debug(
+                        "watch idle; reopening",
+                        resource=resource_of(self.path(kind, namespace)),
+                        idle_seconds=idle_timeout,
+                    )
+                    return
                 if stop is not None and stop.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    log.info(
+                        "watch outlived its timeout; reopening",
+                        resource=resource_of(self.path(kind, namespace)),
+                        timeout_seconds=timeout_seconds,
+                    )
                     return
                 if not line:
                     continue

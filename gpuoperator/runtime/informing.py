@@ -6,10 +6,28 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
   watch from it (with bookmarks and a server-side timeout) keeps the cache current. A
   watch that ends normally is re-opened from the last resourceVersion seen; a watch that
   fails on the connection is re-opened after a backoff, from the same resourceVersion.
+* **No request waits forever.** A watch that delivers nothing, not even the bookmark the
+  API server sends an idle watch about once a minute, for ``watch_idle`` seconds is ended
+  and re-opened at once from the same resourceVersion (its connection may have died without
+  a reset: a cut on the way, a server that went away), and one that streams past its
+  server-side timeout is ended by the client; list requests time out on every read
+  (``Client``'s timeout).
 * **410 Gone means relist.** Whether the server says it as an HTTP status or as an ERROR
-  event inside the stream, the informer lists again (backoff 0.8 s doubling to 30 s, with
-  jitter), and every object that vanished across the relist is delivered as a delete:
-  nothing is lost while the watch was down.
+  event inside the stream, the informer lists again, and every object that vanished across
+  the relist is delivered as a delete: nothing is lost while the watch was down.
+* **Backoff** between failed lists and watches: 0.8 s doubling to 30 s, with jitter, as
+  client-go's reflector. It starts again from 0.8 s whenever the server answers healthily
+  (a list that completed, a watch it opened), so failures spread over a long fault do not
+  add up to half-minute waits once the server is back. 401, 403 and 429 (an API server
+  that just started answers them until its authorizer and storage caches are filled) wait
+  at most ``refused_backoff_cap``.
+* **Staleness and readiness.** From the first failure (a 410, a failed list or watch)
+  until a list completes or a watch is open again, the cache is *stale*: it may miss
+  changes. :meth:`Informer.current` is false once it has been stale for ``stale_after``
+  seconds, or when the informer's thread ended without ``stop``; the manager's readiness
+  (and with it the webhooks, which then refuse with 503 on this replica while a ready one
+  answers) follows it. ``stale_after`` outlasts a normal relist or re-watch, so readiness
+  does not flap while the server is healthy; a dead thread is logged as critical.
 * **Bookmarks** only advance the resourceVersion; they never touch the cache.
 * **Transform.** Each object passes through an optional ``transform`` before it is stored
   or handed to handlers, so a cache keeps only the fields its readers use (every pod of a
@@ -38,7 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuoperator.model import objects
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import WATCH_TIMEOUT_SECONDS, Kind, Obj
+from gpuoperator.runtime.client import WATCH_IDLE_SECONDS, WATCH_TIMEOUT_SECONDS, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.metrics import per_registry
 
@@ -282,8 +300,14 @@ class InformerOptions:
     resync: float | None = None
     watch_timeout: int = WATCH_TIMEOUT_SECONDS
     page_size: int = 500
+    #: Seconds without an event or bookmark after which a watch is abandoned and re-opened.
+    watch_idle: float = WATCH_IDLE_SECONDS
     #: Backoff between failed lists/watches: (initial, cap) seconds, jittered.
     backoff: tuple[float, float] = (0.8, 30.0)
+    #: The longest wait after a 401, 403 or 429 (a starting API server's answers).
+    refused_backoff_cap: float = 5.0
+    #: Seconds a cache may be stale (see the module docstring) before ``current()`` is false.
+    stale_after: float = 10.0
     #: The kind may not be served (its CRD not installed, e.g. KubeVirt's): then the cache
     #: counts as synced and empty, and the list is retried until the kind appears.
     optional: bool = False
@@ -327,7 +351,12 @@ class ListWatcher(Protocol):
         bookmarks: bool = ...,
         stop: threading.Event | None = ...,
         opened: Callable[[requests.Response], None] | None = ...,
+        idle_timeout: float = ...,
     ) -> Iterator[tuple[str, Obj]]: ...
+
+
+#: Answers of a server that is up but not serving us yet: retried soon, not backed off long.
+_REFUSED = (errors.UnauthorizedError, errors.ForbiddenError, errors.TooManyRequestsError)
 
 
 class Informer:
@@ -356,6 +385,9 @@ class Informer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._response: requests.Response | None = None
+        self._backoff = Backoff(*self.options.backoff)
+        #: Monotonic time of the first failure since the cache was last known current.
+        self._stale_since: float | None = None
         self._metrics = _metrics(registry)
         self._log = log.bind(informer=self.name)
 
@@ -374,6 +406,22 @@ class Informer:
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
+
+    def stale_for(self) -> float:
+        """Seconds since the cache may have started missing changes (0 when it is current:
+        its last list completed and its watch is open)."""
+        since = self._stale_since
+        return 0.0 if since is None else max(0.0, self._clock.monotonic() - since)
+
+    def crashed(self) -> bool:
+        """The informer's thread ended without ``stop``: the cache no longer follows."""
+        thread = self._thread
+        return thread is not None and not thread.is_alive() and not self._stop.is_set()
+
+    def current(self) -> bool:
+        """Whether readers may trust the cache: not stale for ``stale_after`` seconds or
+        more, and still followed by a live thread (see the module docstring)."""
+        return not self.crashed() and self.stale_for() < self.options.stale_after
 
     # ---- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -403,23 +451,38 @@ class Informer:
         self._response = response
         if self._stop.is_set():
             abort(response)
+        elif response.ok:
+            # The server answers: back off from the start next time, and the cache follows
+            # again from its resourceVersion (nothing is missed across a re-watch).
+            self._backoff.reset()
+            self._current()
 
     def run(self) -> None:
-        """List and watch until ``stop``; survives every error by backing off."""
-        backoff = Backoff(*self.options.backoff)
+        """List and watch until ``stop``; survives every error by backing off. Should the
+        thread die anyway, that is logged as critical and ``current()`` turns false."""
+        try:
+            self._run()
+        except BaseException:
+            self._log.critical("informer thread died; the cache no longer follows", exc_info=True)
+            raise
+
+    def _run(self) -> None:
+        backoff = self._backoff
         relist, reason = True, "initial"
         while not self._stop.is_set():
             try:
                 if relist:
                     self._list(reason)
                     relist = False
+                    backoff.reset()
                 self._watch()
-                backoff.reset()
             except errors.NotFoundError as exc:
                 if relist and self.options.optional:
                     self._absent(str(exc))
+                    self._current()  # empty is what the server serves
                     self._stop.wait(self.options.backoff[1])
                 else:
+                    self._stale()
                     delay = backoff.next()
                     self._log.warning(
                         "list/watch failed; retrying",
@@ -430,27 +493,50 @@ class Informer:
                     )
                     self._stop.wait(delay)
             except errors.GoneError as exc:
+                self._stale()
                 relist, reason = True, "gone"
-                self._log.info("watch expired; relisting", reason="Gone", error=str(exc))
-                self._stop.wait(backoff.next())
+                delay = backoff.next()
+                self._log.info(
+                    "watch expired; relisting",
+                    reason="Gone",
+                    error=str(exc),
+                    retry_in=round(delay, 2),
+                )
+                self._stop.wait(delay)
             except (errors.ApiError, requests.RequestException, ValueError) as exc:
                 if self._stop.is_set():
                     return  # the watch was aborted by stop(): not a failure
+                self._stale()
                 delay = backoff.next()
+                if isinstance(exc, _REFUSED):
+                    delay = min(delay, self.options.refused_backoff_cap)
                 self._log.warning(
                     "list/watch failed; retrying",
                     reason=type(exc).__name__,
                     error=str(exc),
                     retry_in=round(delay, 2),
                     relist=relist,
+                    stale_for=round(self.stale_for(), 1),
                 )
                 self._stop.wait(delay)
             except Exception as exc:  # a handler bug must not kill the cache
+                self._stale()
                 delay = backoff.next()
                 self._log.exception(
                     "informer error; retrying", reason=type(exc).__name__, retry_in=round(delay, 2)
                 )
                 self._stop.wait(delay)
+
+    def _stale(self) -> None:
+        """The cache may miss changes from now (unless it already might)."""
+        if self._stale_since is None:
+            self._stale_since = self._clock.monotonic()
+
+    def _current(self) -> float:
+        """The cache follows the server again; returns for how long it had been stale."""
+        was = self.stale_for()
+        self._stale_since = None
+        return was
 
     def _absent(self, why: str) -> None:
         """An optional kind is not served: empty the cache (deleting what it held) and
@@ -489,10 +575,19 @@ class Informer:
                 self._notify("ADDED" if old is None else "MODIFIED", obj, old)
         self.resource_version = rv
         self._metrics.objects.labels(self.name).set(len(self.store))
+        stale = self._current()
         if not self._synced.is_set():
             self._synced.set()
             self._metrics.synced.labels(self.name).set(1)
             self._log.info("cache synced", objects=len(self.store), resource_version=rv)
+        else:
+            self._log.info(
+                "cache relisted",
+                reason=reason,
+                objects=len(self.store),
+                resource_version=rv,
+                stale_for=round(stale, 1),
+            )
 
     # ---- watch --------------------------------------------------------------------
     def _watch(self) -> None:
@@ -509,6 +604,7 @@ class Informer:
             field_selector=o.field_selector,
             stop=self._stop,
             opened=self._opened,  # so that stop() can abort a watch waiting for an event
+            idle_timeout=o.watch_idle,
         )
         for etype, obj in events:
             rv = (obj.get("metadata") or {}).get("resourceVersion")

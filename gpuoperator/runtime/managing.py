@@ -2,7 +2,8 @@
 
 Lifecycle of ``Manager.run``:
 
-1. serve ``/healthz`` (alive) and ``/readyz`` (ready only once every cache has synced), the
+1. serve ``/healthz`` (alive: every informer's thread runs) and ``/readyz`` (ready only while
+   every cache has synced and is current, ``Informer.current``), the
    metrics endpoint (HTTPS, each scrape authorised through TokenReview and
    SubjectAccessReview) and any extra servers (webhooks run on every replica);
 2. start every informer and wait for the first lists (progress is logged);
@@ -187,8 +188,14 @@ class Manager:
         return not waiting, waiting
 
     def ready(self) -> tuple[bool, list[str]]:
-        """Ready: every cache synced and every readiness gate open; else what is missing."""
+        """Ready: every cache synced and current (not stale for long, its thread alive:
+        ``Informer.current``) and every readiness gate open; else what is missing."""
         _, waiting = self.caches_synced()
+        waiting += [
+            f"{n} (stale {i.stale_for():.0f}s)" if not i.crashed() else f"{n} (informer died)"
+            for n, i in self._informers.items()
+            if i.has_synced() and not i.current()
+        ]
         waiting += [name for name, check in self._gates if not check()]
         return not waiting, waiting
 
@@ -332,6 +339,9 @@ class Manager:
     # ---- endpoints ----------------------------------------------------------------
     def _health_app(self) -> serving.App:
         def healthz(_request: serving.Request) -> serving.Response:
+            dead = [n for n, i in self._informers.items() if i.crashed()]
+            if dead:  # a cache nothing follows any more: restart the replica
+                return serving.text(503, "informer died: " + ", ".join(dead))
             return serving.text(200, "ok")
 
         def readyz(_request: serving.Request) -> serving.Response:

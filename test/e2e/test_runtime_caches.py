@@ -1,17 +1,22 @@
 """Informers against the real API server: adds, updates, deletes, and a watch that expires
-(410 Gone) while a delete happens — the delete must still reach the handlers."""
+(410 Gone) while a delete happens — the delete must still reach the handlers — and a cache
+that converges after its connections are cut and then the API server restarts on a
+compacted etcd."""
 
 from __future__ import annotations
 
+import operator
 import queue
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pykube
 import pytest
 import yaml
+from chaos import store
 
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, by_label
@@ -158,6 +163,56 @@ def test_a_watch_expired_by_an_apiserver_restart_loses_no_delete(
         )
         assert _lists(inf) > lists_before, "the informer relisted after 410 Gone"
     finally:
+        proxy.close()
+
+
+def test_a_cache_cut_off_and_then_expired_by_a_restart_on_compacted_etcd_converges(
+    api: pykube.HTTPClient,
+    namespace: str,
+    kubeconfig: Path,
+    local_cluster: LocalCluster | None,
+    tmp_path: Path,
+) -> None:
+    """The chaos suite's R3 sequence on one informer with the operator's own backoff: every
+    connection cut (the watch is re-opened), etcd compacted, kube-apiserver restarted (the
+    re-opened watch is answered 410, relists meet a starting server). An object made after
+    the faults reaches the cache within seconds, and the cache is current again."""
+    if local_cluster is None:
+        pytest.skip("needs the local control plane: the test restarts kube-apiserver")
+    configmap(api, namespace, "before")
+    server = api.config.cluster["server"]
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    proxy = PartitionableProxy((host, int(port)))
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    proxied = tmp_path / "kubeconfig"
+    proxied.write_text(yaml.safe_dump(doc))
+    etcd = store.Etcd(f"http://127.0.0.1:{local_cluster.ports().etcd}")
+    inf = Informer(
+        Client(lambda: load_config(str(proxied))),
+        pykube.ConfigMap,
+        InformerOptions(namespace=namespace),
+        name="cut-then-restart",
+    )
+    try:
+        inf.start()
+        assert inf.wait_synced(30)
+        for _round in range(2):
+            reconnected = partial(operator.lt, proxy.accepted)
+            proxy.partition()
+            proxy.heal()
+            wait_for("the watch re-opened", lambda: proxy.accepted, until=reconnected, timeout=30)
+            etcd.compact()
+            local_cluster.restart("kube-apiserver", log=lambda _m: None)
+        configmap(api, namespace, "after")
+        wait_for(
+            "the object made after the faults in the cache",
+            lambda: inf.store.get((namespace, "after")),
+            timeout=20,
+        )
+        wait_for("the cache current again", inf.current, timeout=20)
+    finally:
+        inf.stop()
         proxy.close()
 
 

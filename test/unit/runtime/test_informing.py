@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pykube
 import pytest
+import requests
+from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import (
     Backoff,
     Handlers,
@@ -26,6 +29,7 @@ from gpuoperator.runtime.informing import (
     by_namespace,
 )
 from harness import objects
+from harness.waiting import wait_for
 
 Obj = dict[str, Any]
 
@@ -34,18 +38,39 @@ def pod(name: str, rv: str, node: str = "", ns: str = "default", **labels: str) 
     return objects.pod(name, namespace=ns, rv=rv, labels=labels, node_name=node, containers=[])
 
 
+class Cut:
+    """A scripted watch that the server opens, streams ``events`` on, and then loses on
+    the connection."""
+
+    def __init__(self, *events: tuple[str, Obj]) -> None:
+        self.events = list(events)
+
+
+class Opened:
+    """What ``opened`` receives for a watch the server accepted."""
+
+    ok = True
+    raw = None
+
+    def close(self) -> None:
+        pass
+
+
 class ScriptedSource:
     """Stands in for ``Client.list``/``Client.watch``: each call takes the next scripted
-    answer; a watch with nothing scripted blocks until the informer stops."""
+    answer; a watch with nothing scripted blocks until the informer stops. An exception
+    is a watch the server refused; a list of events, or a :class:`Cut`, one it opened."""
 
     def __init__(self) -> None:
         self.lists: queue.Queue[tuple[list[Obj], str] | Exception] = queue.Queue()
-        self.watches: queue.Queue[list[tuple[str, Obj]] | Exception] = queue.Queue()
+        self.watches: queue.Queue[list[tuple[str, Obj]] | Cut | Exception] = queue.Queue()
         self.watch_rvs: list[str] = []
+        self.list_calls = 0
 
     def list(
         self, kind: Any, namespace: Any = None, *, transform: Any = None, **_kw: Any
     ) -> tuple[list[Obj], str]:
+        self.list_calls += 1
         answer = self.lists.get(timeout=10)
         if isinstance(answer, Exception):
             raise answer
@@ -59,6 +84,7 @@ class ScriptedSource:
         *,
         resource_version: str,
         stop: threading.Event | None = None,
+        opened: Any = None,
         **_kw: Any,
     ) -> Iterator[tuple[str, Obj]]:
         assert stop is not None
@@ -70,6 +96,11 @@ class ScriptedSource:
                 continue
             if isinstance(answer, Exception):
                 raise answer
+            if opened is not None:
+                opened(Opened())
+            if isinstance(answer, Cut):
+                yield from answer.events
+                raise requests.ConnectionError("Connection reset by peer")
             yield from answer
             return
 
@@ -206,8 +237,6 @@ def test_gone_relists_and_delivers_deletes_for_objects_that_vanished(
 def test_connection_errors_rewatch_from_the_same_version(
     source: ScriptedSource, informer: Informer
 ) -> None:
-    import requests
-
     rec = Recorder()
     informer.add_handlers(rec.handlers())
     source.lists.put(([], "10"))
@@ -346,6 +375,226 @@ def test_stop_aborts_a_watch_that_is_waiting_for_its_next_event() -> None:
         assert opened.wait(10)
         assert informer.stop(timeout=10), "the watch was not aborted"
     finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def _retry_delays(logs: list[MutableMapping[str, Any]]) -> list[float]:
+    return [float(e["retry_in"]) for e in logs if "retry_in" in e]
+
+
+def test_the_backoff_starts_again_whenever_the_server_opens_a_watch(
+    source: ScriptedSource,
+) -> None:
+    """Watches the server opens and a cut then ends: each is a healthy answer, so the next
+    wait is the first step again, not a doubling of every failure since the start."""
+    inf = Informer(source, pykube.Pod, InformerOptions(backoff=(0.01, 100.0)))
+    rec = Recorder()
+    inf.add_handlers(rec.handlers())
+    source.lists.put(([], "10"))
+    cuts = 7
+    for i in range(cuts):
+        source.watches.put(Cut(("ADDED", pod(f"p{i}", str(11 + i)))))
+    with capture_logs() as logs:
+        inf.start()
+        try:
+            assert rec.next(cuts) == [("add", f"p{i}") for i in range(cuts)]
+            wait_for("the last cut's retry", lambda: len(_retry_delays(logs)) >= cuts)
+        finally:
+            inf.stop()
+    delays = _retry_delays(logs)
+    assert max(delays) <= 0.02, delays  # initial, with at most 100% jitter
+
+
+def test_a_relist_that_completes_starts_the_backoff_again(source: ScriptedSource) -> None:
+    """Failed lists (the server restarting) grow the backoff; once a list completes, the
+    next failure waits the first step again."""
+    inf = Informer(source, pykube.Pod, InformerOptions(backoff=(0.01, 100.0)))
+    source.lists.put(([], "10"))
+    source.watches.put(errors.GoneError(410, "Expired", "too old resource version"))
+    for _ in range(5):
+        source.lists.put(requests.ConnectionError("Connection refused"))
+    source.lists.put(([pod("a", "20")], "20"))
+    source.watches.put(requests.ConnectionError("Connection reset by peer"))
+    with capture_logs() as logs:
+        inf.start()
+        try:
+            wait_for("the failure after the relist", lambda: len(_retry_delays(logs)) >= 7)
+        finally:
+            inf.stop()
+    delays = _retry_delays(logs)
+    assert delays[5] >= 0.32, delays  # five failures in a row did double it
+    assert delays[6] <= 0.02, delays
+
+
+def test_a_starting_server_refusing_requests_is_retried_within_the_refused_cap(
+    source: ScriptedSource,
+) -> None:
+    """401/403/429 while an API server fills its authorizer and storage caches: retried
+    soon, however many came in a row, so a class made meanwhile is seen within seconds."""
+    inf = Informer(
+        source, pykube.Pod, InformerOptions(backoff=(0.01, 100.0), refused_backoff_cap=0.05)
+    )
+    refusals = [
+        errors.ForbiddenError(403, "Forbidden", "RBAC: clusterrole not found"),
+        errors.UnauthorizedError(401, "Unauthorized", "Unauthorized"),
+        errors.TooManyRequestsError(429, "TooManyRequests", "storage is (re)initializing"),
+    ] * 3
+    for refusal in refusals:
+        source.lists.put(refusal)
+    source.lists.put(([pod("a", "5")], "5"))
+    with capture_logs() as logs:
+        inf.start()
+        try:
+            assert inf.wait_synced(10)
+        finally:
+            inf.stop()
+    delays = _retry_delays(logs)
+    assert len(delays) == len(refusals)
+    assert max(delays) <= 0.05, delays
+
+
+def test_a_cache_relisting_for_longer_than_stale_after_is_not_current_until_the_list_completes(
+    source: ScriptedSource,
+) -> None:
+    clock = FakeClock()
+    inf = Informer(
+        source, pykube.Pod, InformerOptions(backoff=(0.0, 0.0), stale_after=10.0), clock=clock
+    )
+    source.lists.put(([pod("a", "5")], "5"))
+    inf.start()
+    try:
+        assert inf.wait_synced(10)
+        assert inf.current() and inf.stale_for() == 0.0
+        source.watches.put(errors.GoneError(410, "Expired", "too old resource version"))
+        wait_for("the relist to start", lambda: source.list_calls == 2)
+        clock.advance(9.0)
+        assert inf.current(), "a relist shorter than stale_after keeps the cache current"
+        clock.advance(2.0)
+        assert not inf.current()
+        source.lists.put(([pod("a", "6")], "6"))
+        wait_for("the relist to complete", inf.current)
+        assert inf.stale_for() == 0.0
+    finally:
+        inf.stop()
+
+
+def test_a_watch_that_the_server_reopens_keeps_the_cache_current(source: ScriptedSource) -> None:
+    clock = FakeClock()
+    inf = Informer(
+        source, pykube.Pod, InformerOptions(backoff=(0.0, 0.0), stale_after=10.0), clock=clock
+    )
+    source.lists.put(([], "5"))
+    inf.start()
+    try:
+        assert inf.wait_synced(10)
+        source.watches.put(requests.ConnectionError("Connection reset by peer"))
+        wait_for("the re-watch", lambda: len(source.watch_rvs) >= 2)
+        clock.advance(60.0)
+        assert not inf.current(), "no watch open for a minute: stale"
+        source.watches.put([("ADDED", pod("a", "6"))])
+        wait_for("the re-opened watch", inf.current)
+    finally:
+        inf.stop()
+
+
+class _Died(BaseException):
+    pass
+
+
+def test_an_informer_whose_thread_died_is_not_current(
+    source: ScriptedSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    inf = Informer(source, pykube.Pod, InformerOptions(backoff=(0.0, 0.0)))
+
+    def die(_obj: Obj) -> None:
+        raise _Died
+
+    inf.add_handlers(Handlers(on_add=die))
+    source.lists.put(([], "5"))
+    inf.start()
+    try:
+        assert inf.wait_synced(10)
+        assert inf.current()
+        with capture_logs() as logs:
+            source.watches.put([("ADDED", pod("a", "6"))])
+            wait_for("the thread to die", inf.crashed)
+        assert not inf.current()
+        assert [e["log_level"] for e in logs] == ["critical"]
+        assert len(died) == 1 and isinstance(died[0], _Died)
+    finally:
+        inf.stop()
+
+
+def _silent_watches(watch_paths: list[str], release: threading.Event) -> type:
+    """A handler whose lists answer empty at resourceVersion 7 and whose watches are opened
+    (headers sent) and then silent, as on a connection that died without a reset; it
+    records each watch's path in ``watch_paths``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            watch_paths.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            release.wait(30)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def test_a_watch_silent_for_longer_than_watch_idle_is_reopened_from_the_same_version() -> None:
+    """A real client on a loopback server whose watches open and then stay silent (no
+    event, no bookmark): the informer ends each after ``watch_idle`` and watches again from
+    the same resourceVersion, instead of waiting out the server-side timeout; an idle watch
+    is not a failure (no warning, no backoff, the cache stays current)."""
+
+    watch_paths: list[str] = []
+    release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _silent_watches(watch_paths, release))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
+        ],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    informer = Informer(
+        Client(lambda: pykube.KubeConfig(doc)),
+        pykube.Pod,
+        InformerOptions(watch_idle=0.3, backoff=(0.01, 0.05)),
+    )
+    try:
+        with capture_logs() as logs:
+            informer.start()
+            wait_for("a third watch", lambda: len(watch_paths) >= 3, timeout=10)
+        assert all("resourceVersion=7" in p for p in watch_paths), watch_paths
+        failures = [e for e in logs if e["log_level"] in ("warning", "error", "critical")]
+        assert not failures, failures
+        assert any(e["event"] == "watch idle; reopening" for e in logs), logs
+        assert informer.current()
+    finally:
+        informer.stop(timeout=10)
         release.set()
         server.shutdown()
         server.server_close()

@@ -108,3 +108,34 @@ def test_leader_election_needs_a_lease_name() -> None:
             ManagerOptions(namespace="ns", identity="me", health_address=None),
             registry=CollectorRegistry(),
         )
+
+
+class StaleAfterSync:
+    """An informer as ``ready()`` sees it: synced, and stale for ``stale`` seconds."""
+
+    def __init__(self, stale: float, crashed: bool = False) -> None:
+        self.stale, self._crashed = stale, crashed
+
+    def has_synced(self) -> bool:
+        return True
+
+    def stale_for(self) -> float:
+        return self.stale
+
+    def crashed(self) -> bool:
+        return self._crashed
+
+    def current(self) -> bool:
+        return not self._crashed and self.stale < 10.0
+
+
+def test_a_replica_is_not_ready_while_a_synced_cache_is_stale_or_its_informer_died() -> None:
+    m = manager()
+    m._informers["claims"] = StaleAfterSync(0.0)  # type: ignore[assignment]
+    assert m.ready() == (True, [])
+    m._informers["claims"] = StaleAfterSync(3.0)  # type: ignore[assignment]
+    assert m.ready() == (True, []), "a relist shorter than stale_after keeps it ready"
+    m._informers["claims"] = StaleAfterSync(12.0)  # type: ignore[assignment]
+    assert m.ready() == (False, ["claims (stale 12s)"])
+    m._informers["claims"] = StaleAfterSync(0.0, crashed=True)  # type: ignore[assignment]
+    assert m.ready() == (False, ["claims (informer died)"])
