@@ -71,7 +71,7 @@ from localcluster.cluster import (
     free_ports,
     versions,
 )
-from localcluster.processes import Process, wait_until
+from localcluster.processes import ClusterError, Process, wait_until
 
 A10 = "nvidia.com/GA102GL_A10"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -254,6 +254,14 @@ class Watch:
         span = times[-1] - times[0] if len(times) > 1 else 0.0
         return (len(times) - 1) / span if span > 0 else float("nan")
 
+    def spans(self) -> str:
+        """Seconds from the first match to the 50th, 90th and last."""
+        times = sorted(self.at.values())
+        if not times:
+            return "none"
+        at = [times[min(len(times) - 1, int(q * len(times)))] - times[0] for q in (0.5, 0.9)]
+        return f"50% {at[0]:.1f}s, 90% {at[1]:.1f}s, all {times[-1] - times[0]:.1f}s"
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -290,6 +298,20 @@ def writes_by_resource(text: str) -> dict[str, float]:
 
 def _writes(writes: dict[str, float]) -> float:
     return sum(n for r, n in writes.items() if not r.endswith(" 409"))
+
+
+def quiesce(port: int, timeout: float = 300.0) -> float:
+    """Wait until the operator sent no write for two seconds (its Events and usage records
+    trail the bindings): the next phase is measured on a quiet machine, and the writes
+    counted are all of them. Returns the seconds waited."""
+    start = time.monotonic()
+    last, still = -1.0, 0
+    while time.monotonic() - start < timeout and still < 2:
+        now = _writes(writes_by_resource(scrape(port)))
+        still = still + 1 if now == last else 0
+        last = now
+        time.sleep(1.0)  # sampling the operator's write counter
+    return time.monotonic() - start
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -488,11 +510,12 @@ def p1_operator(
         cpu_seconds(cluster.operator.pid()) - cpu_before[0],
         apiserver_cpu(cluster) - cpu_before[1],
     )
-    time.sleep(3.0)  # status figures written after the last bind count too
-    after = writes_by_resource(scrape(metrics_port))
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its profile on an interrupt
         spy.wait(60)
+    waited = quiesce(metrics_port)
+    log(f"P1: the operator's trailing writes ended {waited:.0f}s after the last binding")
+    after = writes_by_resource(scrape(metrics_port))
     watch.stop()
     writes = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in after}
     CPU["operator"] = cpu_used
@@ -509,13 +532,13 @@ def p1_steady(cluster: LocalCluster, client: Client, orders: int) -> tuple[Watch
     ns = "bench-live"
     ensure_namespace(client, ns)
     metrics_port = int(_flag(cluster.operator.argv(), "metrics-address").rsplit(":", 1)[1])
-    time.sleep(3.0)  # the previous phase's figures written
+    quiesce(metrics_port)
     watch = Watch(client, GPUClaim, ns, lambda c: (c.get("status") or {}).get("phase") == "Bound")
     before = writes_by_resource(scrape(metrics_port))
     parallel(orders, 8, lambda: lambda i: client.create(GPUClaim, claim_body(f"live-{i:05d}", ns)))
     if not watch.wait(orders, 600):
         log(f"steady: only {len(watch.at)} of {orders} bound within 600 s")
-    time.sleep(3.0)  # status figures written after the last bind count too
+    quiesce(metrics_port)
     after = writes_by_resource(scrape(metrics_port))
     watch.stop()
     writes = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in after}
@@ -687,6 +710,7 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
             f"{op_start:.1f}s after the Lease was released, first peer bind {peer_start:.1f}s "
             "after its scheduler started (rates run first to last)"
         )
+        notes.append(f"P1 from the first binding: operator {watch.spans()}; peer {peer.spans()}")
         notes.append(f"P1 (waiting orders) writes per bound claim: {_per_claim(writes, bound)}")
         if "operator" in CPU and "peer" in CPU:
             (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
@@ -923,12 +947,33 @@ def generator(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_operator(cluster: LocalCluster, name: str) -> tuple[Process, int, float]:
+def start_operator(
+    cluster: LocalCluster, name: str, py_spy: Path | None = None
+) -> tuple[Process, int, float]:
+    """Start a replica; with ``py_spy``, under py-spy (then the RSS read is py-spy's)."""
     health, webhooks = free_ports(2)
     proc = Process(name, cluster.dir)
     t0 = time.monotonic()
+    spy = (
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--gil",
+            "--threads",
+            "--rate",
+            "200",
+            "--format",
+            "raw",
+            "--output",
+            str(py_spy),
+            "--",
+        ]
+        if py_spy is not None
+        else []
+    )
     pid = proc.start(
         [
+            *spy,
             sys.executable,
             "-m",
             "gpuoperator.cli",
@@ -986,13 +1031,17 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
         log(f"P4: the first run created the GPUNodes and Workloads in {took:.0f}s")
         time.sleep(5.0)  # their last status writes
         proc.stop()
-        proc, pid, sync = start_operator(cluster, "bench-operator")
+        proc, pid, sync = start_operator(cluster, "bench-operator", args.py_spy_p4)
         synced_rss = rss_mib(pid)
         peak = synced_rss
         settle_until = time.monotonic() + args.settle
         while time.monotonic() < settle_until:
             peak = max(peak, rss_mib(pid))
             time.sleep(0.5)  # sampling memory over a fixed window
+        if args.py_spy_p4 is not None:
+            os.kill(pid, signal.SIGINT)  # py-spy writes its profile on an interrupt
+            with contextlib.suppress(ClusterError):
+                wait_until("py-spy to write its profile", lambda: not proc.running(), 60)
         proc.stop()
         rows.append(
             Row(
@@ -1071,6 +1120,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default="bench-perf")
     p.add_argument("--big-cluster", default="bench-perf-big")
     p.add_argument("--py-spy", type=Path, help="P1: record a py-spy profile of the operator here")
+    p.add_argument(
+        "--py-spy-p4", type=Path, help="P4: run the measured replica under py-spy (profile here)"
+    )
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     p.add_argument("--generate", help=argparse.SUPPRESS)
     p.add_argument("--kubeconfig", help=argparse.SUPPRESS)
