@@ -1039,9 +1039,13 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
             peak = max(peak, rss_mib(pid))
             time.sleep(0.5)  # sampling memory over a fixed window
         if args.py_spy_p4 is not None:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
             os.kill(pid, signal.SIGINT)  # py-spy writes its profile on an interrupt
             with contextlib.suppress(ClusterError):
                 wait_until("py-spy to write its profile", lambda: not proc.running(), 60)
+            for child in children:  # the replica py-spy ran, which outlives it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(child), signal.SIGTERM)
         proc.stop()
         rows.append(
             Row(
