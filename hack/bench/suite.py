@@ -1103,7 +1103,7 @@ def table(rows: list[Row]) -> str:
     lines = [" | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True))]
     lines.append("-|-".join("-" * w for w in widths))
     lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def main(argv: list[str] | None = None) -> int:
