@@ -79,7 +79,7 @@ POOL = "bench.gpuoperator.local/pool"
 PEER_SCHEDULER = "bench-peer"
 HOLDER = "bench-suite-holds-the-lease"
 #: As many threads as the binder writes a plan's bindings with (controllers/binder.py).
-BINDER_WRITERS = 8
+BINDER_WRITERS = 16
 
 
 def log(message: str) -> None:
