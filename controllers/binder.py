@@ -101,7 +101,7 @@ class Binder:
         self.clock = clock
         self._metrics = _metrics(registry)
         self._bypass: dict[str, dict[binding.Key, int]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bind")
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
         with self.inventory.allocation_lock:

@@ -8,8 +8,10 @@ the result of the classes that changed. The finalizer
 
 The figures change with every binding of the class: they are written at most once per
 ``statusInterval`` per class (``runtime.pacing``; the first change at once, later ones when
-the interval has passed), and a status this controller wrote counts as the current one
-until the cache delivers it or a newer version.
+the interval has passed), except a change that raises ``maxFreePerNode`` or turns the class
+Available, which is written at once (the order webhook refuses counts above the published
+figure); a status this controller wrote counts as the current one until the cache delivers
+it or a newer version.
 """
 
 from __future__ import annotations
@@ -135,10 +137,17 @@ class ClassStatus:
             ),
         }
         if desired != status:
-            wait = self._pacer.delay(name)
+            was = conditions.is_true(status.get("conditions"), AVAILABLE)
+            # The order webhook refuses a count above the published maxFreePerNode: a figure
+            # that grows (or a class turning Available) is published at once, or orders that
+            # fit would be refused meanwhile. Shrinking figures may wait: the binder checks
+            # the live ones.
+            grows = figures.max_free_per_node > int(status.get("maxFreePerNode") or 0) or (
+                was != figures.available
+            )
+            wait = 0.0 if grows else self._pacer.delay(name)
             if wait > 0:
                 return Result(requeue_after=wait)  # written at most once per interval
-            was = conditions.is_true(status.get("conditions"), AVAILABLE)
             try:
                 self._written[name] = self.writer.replace_status(
                     GPUClass, {**cls, "status": desired}

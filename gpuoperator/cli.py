@@ -375,7 +375,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     usage_records.register(manager, shared, workers=4)
     # Every new claim's first write is its protection finalizer, and the binder waits for
     # it: as many workers as the binder has writers, so it is not the bottleneck of a burst.
-    claim_protection.register(manager, shared, recorder, workers=8)
+    claim_protection.register(manager, shared, recorder, workers=16)
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)

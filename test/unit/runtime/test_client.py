@@ -360,3 +360,22 @@ def test_a_view_with_its_own_limit_does_not_wait_behind_the_client_bucket(
     assert clock.monotonic() == start
     shared.get(GPUClaim, "hold", "t")  # the shared bucket is empty: waits 1/qps
     assert clock.monotonic() - start == pytest.approx(1.0)
+
+
+def test_the_proxy_environment_is_read_once_per_connection_not_per_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    doc = {
+        "clusters": [{"name": "c", "cluster": {"server": "https://api.example:6443"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    session = Client(lambda: pykube.KubeConfig(doc))._http().session
+    assert session.trust_env is False
+    assert session.proxies["https"] == "http://proxy.example:3128"
+    monkeypatch.setenv("NO_PROXY", "api.example")
+    assert "https" not in Client(lambda: pykube.KubeConfig(doc))._http().session.proxies
