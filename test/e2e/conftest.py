@@ -33,6 +33,7 @@ import pytest
 from harness import kube
 from harness.fleet import Fleet
 from harness.operator import Deployed, ForbiddenRequests
+from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
 from localcluster.cluster import (
@@ -179,6 +180,18 @@ def hooks(
     name = request.module.__name__.rpartition(".")[2].removeprefix("test_")
     with webhook_operator(api, deployed, tmp_path_factory.mktemp(name)) as w:
         yield w
+
+
+@pytest.fixture
+def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
+    """A tenant namespace of the module's webhook operator, with the KubeVirt stand-in,
+    once the namespace's default ServiceAccount exists."""
+    ns = hooks.tenant(api)
+    wait_for(
+        "the default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
+    )
+    return ns
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -36,20 +36,9 @@ def hooks(
 
 
 @pytest.fixture
-def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
-
-
-@pytest.fixture
-def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
-    ns = hooks.tenant(api)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
-    )
-    return ns
+def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
+    """The shared fleet, with this module's webhooks served."""
+    return fleet
 
 
 def usage(api: pykube.HTTPClient, ns: str, name: str) -> Obj:

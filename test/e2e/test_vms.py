@@ -12,6 +12,7 @@ import pytest
 
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
+from harness.claims import bound_node, create_claim
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, refused
 from harness.waiting import wait_for
@@ -24,40 +25,6 @@ CONVERGE = 30.0
 def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
     """The shared fleet, with this module's webhooks served."""
     return fleet
-
-
-@pytest.fixture
-def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
-    ns = hooks.tenant(api)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
-    )
-    return ns
-
-
-def claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
-    c = GPUClaim(
-        api,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPU_CLAIM,
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"className": cls, "count": count},
-        },
-    )
-    c.create()
-    return c
-
-
-def bound_node(api: pykube.HTTPClient, ns: str, name: str) -> str:
-    status = wait_for(
-        f"claim {name} Bound",
-        lambda: GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {},
-        until=lambda s: s.get("phase") == "Bound",
-        timeout=CONVERGE,
-    )
-    return str(status["nodeName"])
 
 
 def vmi(
@@ -112,7 +79,7 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     fleet.node(4)
     fleet.node(4)
     settled(api, cls, fleet, 8)
-    claim(api, tenant, "hold", cls, 2)
+    create_claim(api, tenant, "hold", cls, 2)
     node = bound_node(api, tenant, "hold")
     v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     gpus = v.obj["spec"]["domain"]["devices"]["gpus"]
@@ -194,7 +161,7 @@ def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
     cls = fleet.gpu_class()
     node = fleet.node(4)
     settled(api, cls, fleet, 4)
-    claim(api, tenant, "hold", cls, 2)
+    create_claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == node
     v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
@@ -263,7 +230,7 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     fleet.node(4)
     fleet.node(4)
     settled(api, cls, fleet, 8)
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     node = bound_node(api, tenant, "hold")
     first = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
@@ -462,7 +429,7 @@ def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
     v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
@@ -503,7 +470,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
     cls = fleet.gpu_class(maxCount=2)
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
     with refused(403) as r:
         vmi(api, tenant, "unknown", [{"claim": "nope"}])
@@ -599,11 +566,11 @@ def test_two_held_claims_on_different_nodes_are_gathered_on_one(
         until=lambda n: n == 2,
         timeout=CONVERGE,
     )
-    claim(api, tenant, "a", cls, 1)
+    create_claim(api, tenant, "a", cls, 1)
     assert bound_node(api, tenant, "a") == first_node  # binpack tie: the first by name
-    claim(api, tenant, "filler", cls, 3)
+    create_claim(api, tenant, "filler", cls, 3)
     assert bound_node(api, tenant, "filler") == first_node  # the tightest fit
-    claim(api, tenant, "b", cls, 2)
+    create_claim(api, tenant, "b", cls, 2)
     assert bound_node(api, tenant, "b") == second_node
     GPUClaim.objects(api, namespace=tenant).get(name="filler").delete()
     wait_for(
@@ -630,7 +597,7 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
     small = fleet.node(4, memory="8Gi")
     big = fleet.node(4, memory="64Gi")
     settled(api, cls, fleet, 8)
-    claim(api, tenant, "hold", cls, 2)
+    create_claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == small  # binpack tie: the first by name
     vmi(
         api,
@@ -703,7 +670,7 @@ def test_a_vm_is_pinned_by_node_name_where_the_hostname_label_differs(
         pykube.Node.objects(api).get(name=node),
         lambda o: o["metadata"]["labels"].__setitem__("kubernetes.io/hostname", f"host-{node}"),
     )
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     assert bound_node(api, tenant, "hold") == node
     own = {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}
     vmi(
