@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pykube
@@ -18,29 +17,12 @@ from harness import claims
 from harness.claims import claim_status, create_claim
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, replace
-from harness.operator import Deployed, OperatorProcess
+from harness.operator import Deployed, OperatorProcess, Start
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 CONVERGE = 20.0
-Start = Callable[..., OperatorProcess]
-
-
-@pytest.fixture
-def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[OperatorProcess] = []
-
-    def start(*extra: str) -> OperatorProcess:
-        op = OperatorProcess(deployed, f"binder-{len(started)}", tmp_path, *extra)
-        started.append(op)
-        op.wait_ready()
-        return op
-
-    yield start
-    for op in started:
-        op.stop()
-    deployed.release_lease(api)
 
 
 def bound_node(api: pykube.HTTPClient, ns: str, name: str) -> str:

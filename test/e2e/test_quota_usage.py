@@ -4,7 +4,6 @@ controller keeps computing its own keys (``pods``) in the same status."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pykube
@@ -13,30 +12,13 @@ import pytest
 from gpuoperator import names
 from harness.claims import create_claim
 from harness.fleet import Fleet
-from harness.operator import Deployed, OperatorProcess
+from harness.operator import Start
 from harness.waiting import wait_for
 from localcluster.cluster import kubectl
 
 pytestmark = pytest.mark.operator_process  # it starts its own replica
 
 CONVERGE = 30.0
-Start = Callable[..., OperatorProcess]
-
-
-@pytest.fixture
-def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[OperatorProcess] = []
-
-    def start(*extra: str) -> OperatorProcess:
-        op = OperatorProcess(deployed, f"quota-{len(started)}", tmp_path, *extra)
-        started.append(op)
-        op.wait_ready()
-        return op
-
-    yield start
-    for op in started:
-        op.stop()
-    deployed.release_lease(api)
 
 
 def described(kubeconfig: Path, ns: str, name: str) -> dict[str, tuple[str, str]]:
