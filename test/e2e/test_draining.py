@@ -4,19 +4,16 @@ that fits nowhere; the suite's over-allocation check closes every test."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pykube
 import pytest
 
-from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
-from harness.claims import bound_node, claim_status, create_claim
+from harness.claims import bound_node, claim_status, create_claim, create_vmi
 from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.waiting import wait_for
@@ -37,21 +34,7 @@ def order(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> s
 
 
 def start_vm(api: pykube.HTTPClient, ns: str, name: str, claim: str) -> None:
-    refs: list[dict[str, Any]] = [{"claim": claim}]
-    VirtualMachineInstance(
-        api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "labels": {names.CLAIMS_LABEL: "true"},
-                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            },
-            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
-        },
-    ).create()
+    create_vmi(api, ns, name, [{"claim": claim}])
     wait_for(
         f"VM {name} running",
         lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,

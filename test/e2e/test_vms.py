@@ -5,14 +5,13 @@ webhook gates the launcher pod and the placement controller pins it to the claim
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pykube
 import pytest
 
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
-from harness.claims import bound_node, create_claim
+from harness.claims import bound_node, create_claim, create_vmi
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, refused
 from harness.waiting import wait_for
@@ -25,30 +24,6 @@ CONVERGE = 30.0
 def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
     """The shared fleet, with this module's webhooks served."""
     return fleet
-
-
-def vmi(
-    api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], **spec: Any
-) -> VirtualMachineInstance:
-    v = VirtualMachineInstance(
-        api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "labels": {names.CLAIMS_LABEL: "true"},
-                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            },
-            "spec": {
-                "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
-                **spec,
-            },
-        },
-    )
-    v.create()
-    return v
 
 
 def vmi_status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
@@ -81,7 +56,7 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     settled(api, cls, fleet, 8)
     create_claim(api, tenant, "hold", cls, 2)
     node = bound_node(api, tenant, "hold")
-    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     gpus = v.obj["spec"]["domain"]["devices"]["gpus"]
     assert [g["deviceName"] for g in gpus] == [fleet.resource] * 2
     attached = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
@@ -163,7 +138,7 @@ def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
     settled(api, cls, fleet, 4)
     create_claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == node
-    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -232,7 +207,7 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     settled(api, cls, fleet, 8)
     create_claim(api, tenant, "hold", cls, 1)
     node = bound_node(api, tenant, "hold")
-    first = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    first = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -254,7 +229,7 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     )
     held = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
     assert (held["phase"], held["nodeName"]) == ("Bound", node), "a stopped VM's hold stays"
-    vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     status = wait_for(
         "Scheduled again",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -270,7 +245,7 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
+    v = create_vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
     status = wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-t"),
@@ -341,7 +316,7 @@ def settled(api: pykube.HTTPClient, cls: str, fleet: Fleet, free: int) -> None:
 def refusal(api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj]) -> str:
     """The VMI webhook's refusal of a VMI (it must be refused)."""
     with refused(403) as r:
-        vmi(api, ns, name, refs)
+        create_vmi(api, ns, name, refs)
     return r[0].message
 
 
@@ -351,7 +326,7 @@ def test_a_running_vms_template_claim_stays_until_the_vmi_is_gone(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
+    v = create_vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-t"),
@@ -396,7 +371,7 @@ def test_a_vm_deleted_in_the_foreground_takes_its_template_claim_with_it(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    v = vmi(api, tenant, "vm-f", [{"claimTemplate": {"className": cls, "count": 2}}])
+    v = create_vmi(api, tenant, "vm-f", [{"claimTemplate": {"className": cls, "count": 2}}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-f"),
@@ -431,7 +406,7 @@ def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
     settled(api, cls, fleet, 4)
     create_claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
-    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
         "the attachment confirmed",
         lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
@@ -473,13 +448,13 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
     create_claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
     with refused(403) as r:
-        vmi(api, tenant, "unknown", [{"claim": "nope"}])
+        create_vmi(api, tenant, "unknown", [{"claim": "nope"}])
     assert "nope" in r[0].message
     with refused(403) as r:
-        vmi(api, tenant, "too-many", [{"claimTemplate": {"className": cls, "count": 3}}])
+        create_vmi(api, tenant, "too-many", [{"claimTemplate": {"className": cls, "count": 3}}])
     assert "3" in r[0].message and "2" in r[0].message
     with refused(403) as r:
-        vmi(
+        create_vmi(
             api,
             tenant,
             "both",
@@ -488,7 +463,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         )
     assert "gpus" in r[0].message
     with refused(403) as r:
-        vmi(
+        create_vmi(
             api,
             tenant,
             "host-gpu",
@@ -497,7 +472,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         )
     assert "spec.domain.devices.hostDevices" in r[0].message
     assert fleet.resource in r[0].message
-    first = vmi(api, tenant, "first", [{"claim": "hold"}])
+    first = create_vmi(api, tenant, "first", [{"claim": "hold"}])
     # Once the attachment is confirmed the operator's caches hold the first VMI, so the
     # second is refused as a claim of a live VM (not with the 409 "retry" of a create that
     # may still be in flight).
@@ -508,7 +483,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         timeout=CONVERGE,
     )
     with refused(403) as r:
-        vmi(api, tenant, "second", [{"claim": "hold"}])
+        create_vmi(api, tenant, "second", [{"claim": "hold"}])
     assert "first" in r[0].message
 
 
@@ -579,7 +554,7 @@ def test_two_held_claims_on_different_nodes_are_gathered_on_one(
         until=lambda c: c is None,
         timeout=CONVERGE,
     )
-    vmi(api, tenant, "vm-ab", [{"claim": "a"}, {"claim": "b"}])
+    create_vmi(api, tenant, "vm-ab", [{"claim": "a"}, {"claim": "b"}])
     status = wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-ab"),
@@ -599,7 +574,7 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
     settled(api, cls, fleet, 8)
     create_claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == small  # binpack tie: the first by name
-    vmi(
+    create_vmi(
         api,
         tenant,
         "vm-big",
@@ -634,7 +609,7 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
         """One create; False while the webhook's cache still shows the old VMI (it answers
         409 with "retry")."""
         try:
-            vmi(
+            create_vmi(
                 api,
                 tenant,
                 "vm-big",
@@ -673,7 +648,7 @@ def test_a_vm_is_pinned_by_node_name_where_the_hostname_label_differs(
     create_claim(api, tenant, "hold", cls, 1)
     assert bound_node(api, tenant, "hold") == node
     own = {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}
-    vmi(
+    create_vmi(
         api,
         tenant,
         "vm-renamed",
@@ -705,5 +680,5 @@ def test_a_vgpu_template_needs_the_entitlement(
     cls = fleet.gpu_class(mode="vgpu", profile="G1-8Q")
     fleet.node(2)
     with refused(403) as r:
-        vmi(api, tenant, "vgpu", [{"claimTemplate": {"className": cls, "count": 1}}])
+        create_vmi(api, tenant, "vgpu", [{"claimTemplate": {"className": cls, "count": 1}}])
     assert "vgpu-entitled" in r[0].message

@@ -1,12 +1,15 @@
 """GPUClaims on a real API server, for end-to-end tests: order one, read its status, wait
-for it to be Bound."""
+for it to be Bound; make a VMI on claims."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pykube
 
 from gpuoperator import names
-from gpuoperator.kinds import GPUClaim
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.kube import Obj
 from harness.waiting import wait_for
 
@@ -44,3 +47,29 @@ def bound_node(
         timeout=timeout,
     )
     return str(s["nodeName"])
+
+
+def create_vmi(
+    api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], **spec: Any
+) -> VirtualMachineInstance:
+    """A VMI with the claim references ``refs`` (label and annotation), 1Gi of memory and no
+    devices; ``spec`` adds to its spec."""
+    v = VirtualMachineInstance(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {names.CLAIMS_LABEL: "true"},
+                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+            },
+            "spec": {
+                "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
+                **spec,
+            },
+        },
+    )
+    v.create()
+    return v
