@@ -32,7 +32,8 @@ import pytest
 
 from harness import kube
 from harness.fleet import Fleet
-from harness.operator import Deployed, ForbiddenRequests
+from harness.operator import Deployed, ForbiddenRequests, OperatorProcess, Start
+from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
 from localcluster.cluster import (
@@ -179,6 +180,39 @@ def hooks(
     name = request.module.__name__.rpartition(".")[2].removeprefix("test_")
     with webhook_operator(api, deployed, tmp_path_factory.mktemp(name)) as w:
         yield w
+
+
+@pytest.fixture
+def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
+    """A tenant namespace of the module's webhook operator, with the KubeVirt stand-in,
+    once the namespace's default ServiceAccount exists."""
+    ns = hooks.tenant(api)
+    wait_for(
+        "the default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
+    )
+    return ns
+
+
+@pytest.fixture
+def start_operator(
+    deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Start]:
+    """Start a replica of the operator with extra flags and wait for it to be ready (named
+    after the module and counted); each is stopped after the test and the lease released."""
+    prefix = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", "-")
+    started: list[OperatorProcess] = []
+
+    def start(*extra: str) -> OperatorProcess:
+        op = OperatorProcess(deployed, f"{prefix}-{len(started)}", tmp_path, *extra)
+        started.append(op)
+        op.wait_ready()
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
+    deployed.release_lease(api)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

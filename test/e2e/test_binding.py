@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pykube
@@ -14,60 +13,20 @@ import pytest
 
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
+from harness import claims
+from harness.claims import claim_status, create_claim
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, replace
-from harness.operator import Deployed, OperatorProcess
+from harness.operator import Deployed, OperatorProcess, Start
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
 CONVERGE = 20.0
-Start = Callable[..., OperatorProcess]
-
-
-@pytest.fixture
-def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[OperatorProcess] = []
-
-    def start(*extra: str) -> OperatorProcess:
-        op = OperatorProcess(deployed, f"binder-{len(started)}", tmp_path, *extra)
-        started.append(op)
-        op.wait_ready()
-        return op
-
-    yield start
-    for op in started:
-        op.stop()
-    deployed.release_lease(api)
-
-
-def claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
-    c = GPUClaim(
-        api,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPU_CLAIM,
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"className": cls, "count": count},
-        },
-    )
-    c.create()
-    return c
-
-
-def status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
-    found: Obj = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
-    return found
 
 
 def bound_node(api: pykube.HTTPClient, ns: str, name: str) -> str:
-    s = wait_for(
-        f"{ns}/{name} Bound",
-        lambda: status(api, ns, name),
-        until=lambda s: s.get("phase") == "Bound",
-        timeout=CONVERGE,
-    )
-    return str(s["nodeName"])
+    return claims.bound_node(api, ns, name, timeout=CONVERGE)
 
 
 def bound_condition(s: Obj) -> Obj:
@@ -87,7 +46,7 @@ def test_placement_policy_picks_the_least_or_the_most_free_node(
     start_operator(f"--placement-policy={policy}")
     cls = fleet.gpu_class()
     nodes = {"small": fleet.node(4), "large": fleet.node(8)}
-    claim(api, namespace, "one", cls, 2)
+    create_claim(api, namespace, "one", cls, 2)
     assert bound_node(api, namespace, "one") == nodes[expected]
 
 
@@ -121,7 +80,7 @@ def test_twenty_racing_orders_against_room_for_ten_bind_exactly_ten(
         local = pykube.HTTPClient(api.config)
         barrier.wait()
         try:
-            claim(local, namespace, f"order-{i:02d}", cls, 1)
+            create_claim(local, namespace, f"order-{i:02d}", cls, 1)
         except BaseException as exc:
             errors.append(exc)
 
@@ -161,12 +120,12 @@ def test_releasing_a_claim_lets_a_waiting_one_bind(
     start_operator()
     cls = fleet.gpu_class()
     node = fleet.node(4)
-    first = claim(api, namespace, "first", cls, 3)
+    first = create_claim(api, namespace, "first", cls, 3)
     assert bound_node(api, namespace, "first") == node
-    claim(api, namespace, "second", cls, 2)
+    create_claim(api, namespace, "second", cls, 2)
     waiting = wait_for(
         "second to wait for capacity",
-        lambda: status(api, namespace, "second"),
+        lambda: claim_status(api, namespace, "second"),
         until=lambda s: bound_condition(s).get("reason") == "NoCapacity",
         timeout=CONVERGE,
     )
@@ -182,14 +141,14 @@ def test_a_deleted_node_makes_its_claims_lost_then_bound_elsewhere(
     start_operator()
     cls = fleet.gpu_class()
     doomed = fleet.node(4)
-    claim(api, namespace, "hold", cls, 2)
+    create_claim(api, namespace, "hold", cls, 2)
     assert bound_node(api, namespace, "hold") == doomed
     spare = fleet.node(8)
     gone = fleet.nodes.pop(0)
     gone.delete()
     wait_for(
         "the claim to be bound on the spare node",
-        lambda: status(api, namespace, "hold"),
+        lambda: claim_status(api, namespace, "hold"),
         until=lambda s: s.get("phase") == "Bound" and s.get("nodeName") == spare,
         timeout=CONVERGE,
     )
@@ -214,7 +173,7 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
     start_operator()
     cls = fleet.gpu_class()
     doomed = fleet.node(4)
-    claim(api, namespace, "hold", cls, 2)
+    create_claim(api, namespace, "hold", cls, 2)
     assert bound_node(api, namespace, "hold") == doomed
     node = fleet.nodes.pop(0)
     # The node lifecycle controller and kwok write the node too: retry on their 409s.
@@ -228,7 +187,7 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
     node.delete()
     waiting = wait_for(
         "the claim to wait as Pending",
-        lambda: status(api, namespace, "hold"),
+        lambda: claim_status(api, namespace, "hold"),
         until=lambda s: s.get("phase") == "Pending",
         timeout=CONVERGE,
     )
@@ -281,7 +240,9 @@ def test_a_leader_stopped_mid_load_hands_over_without_over_allocating(
 
         def create(i: int) -> None:
             try:
-                claim(pykube.HTTPClient(api.config), namespace, f"order-{i:02d}", cls, 1 + i % 2)
+                create_claim(
+                    pykube.HTTPClient(api.config), namespace, f"order-{i:02d}", cls, 1 + i % 2
+                )
             except BaseException as exc:
                 errors.append(exc)
 
@@ -332,7 +293,7 @@ def test_a_usage_record_appears_on_bind_and_goes_with_the_claim(
     start_operator()
     cls = fleet.gpu_class()
     fleet.node(4)
-    hold = claim(api, namespace, "hold", cls, 3)
+    hold = create_claim(api, namespace, "hold", cls, 3)
     bound_node(api, namespace, "hold")
     record = wait_for(
         "the usage record",
@@ -367,7 +328,7 @@ def test_a_claim_attached_to_a_live_vm_is_kept_until_the_vm_is_gone(
     start_operator()
     cls = fleet.gpu_class()
     fleet.node(4)
-    hold = claim(api, namespace, "hold", cls, 1)
+    hold = create_claim(api, namespace, "hold", cls, 1)
     bound_node(api, namespace, "hold")
     vmi = VirtualMachineInstance(
         api,

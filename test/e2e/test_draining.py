@@ -4,97 +4,37 @@ that fits nowhere; the suite's over-allocation check closes every test."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pykube
 import pytest
 
-from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from harness.claims import bound_node, claim_status, create_claim, create_vmi
 from harness.fleet import Fleet, published
 from harness.kube import Obj
-from harness.operator import Deployed
 from harness.waiting import wait_for
-from harness.webhooks import WebhookOperator, webhook_operator
+from harness.webhooks import WebhookOperator
 
 CONVERGE = 30.0
 
 
-@pytest.fixture(scope="module")
-def hooks(
-    api: pykube.HTTPClient, deployed: Deployed, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WebhookOperator]:
-    with webhook_operator(api, deployed, tmp_path_factory.mktemp("draining")) as w:
-        yield w
-
-
 @pytest.fixture
-def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
-
-
-@pytest.fixture
-def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
-    ns = hooks.tenant(api)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
-    )
-    return ns
+def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
+    """The shared fleet, with this module's webhooks served."""
+    return fleet
 
 
 def order(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> str:
-    GPUClaim(
-        api,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPU_CLAIM,
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"className": cls, "count": count},
-        },
-    ).create()
+    create_claim(api, ns, name, cls, count)
     return bound_node(api, ns, name)
 
 
-def status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
-    found: Obj = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
-    return found
-
-
-def bound_node(api: pykube.HTTPClient, ns: str, name: str, node: str | None = None) -> str:
-    s = wait_for(
-        f"{ns}/{name} Bound" + (f" to {node}" if node else ""),
-        lambda: status(api, ns, name),
-        until=lambda s: s.get("phase") == "Bound" and node in (None, s.get("nodeName")),
-        timeout=CONVERGE,
-    )
-    return str(s["nodeName"])
-
-
 def start_vm(api: pykube.HTTPClient, ns: str, name: str, claim: str) -> None:
-    refs: list[dict[str, Any]] = [{"claim": claim}]
-    VirtualMachineInstance(
-        api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "labels": {names.CLAIMS_LABEL: "true"},
-                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            },
-            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
-        },
-    ).create()
+    create_vmi(api, ns, name, [{"claim": claim}])
     wait_for(
         f"VM {name} running",
         lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,
@@ -152,7 +92,7 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
             timeout=CONVERGE,
         )
         assert moved == [f"moved from {first} to {other}: node cordoned"]
-    assert status(api, tenant, "run")["nodeName"] == first
+    assert claim_status(api, tenant, "run")["nodeName"] == first
 
     blocked = wait_for(
         "the DrainBlocked event on the node",
@@ -169,7 +109,7 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
 
 
 def cordoned_condition(api: pykube.HTTPClient, ns: str, name: str) -> Obj | None:
-    found = status(api, ns, name).get("conditions", [])
+    found = claim_status(api, ns, name).get("conditions", [])
     return next((c for c in found if c["type"] == "NodeCordoned"), None)
 
 
@@ -193,11 +133,11 @@ def test_a_hold_that_fits_nowhere_stays_and_says_why_then_moves_when_room_frees(
     assert (
         f"node {first} is cordoned and no other eligible node has 3 free units" in stuck["message"]
     )
-    assert status(api, tenant, "big")["nodeName"] == first
+    assert claim_status(api, tenant, "big")["nodeName"] == first
     assert "fits on no other eligible node now" in node_status(kubeconfig, first)
     assert events(api, tenant, "big", "CannotMove")
 
     GPUClaim.objects(api, namespace=tenant).get(name="filler").delete()
     bound_node(api, tenant, "big", other)
-    conditions = status(api, tenant, "big").get("conditions", [])
+    conditions = claim_status(api, tenant, "big").get("conditions", [])
     assert all(c["type"] != "NodeCordoned" for c in conditions)

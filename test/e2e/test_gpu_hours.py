@@ -3,7 +3,6 @@ the VM is off, in use while its launcher pod runs) and the replica exports the t
 
 from __future__ import annotations
 
-import json
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuoperator import names
-from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim
+from harness.claims import create_vmi
 from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.operator import Deployed
@@ -36,20 +36,9 @@ def hooks(
 
 
 @pytest.fixture
-def fleet(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
-
-
-@pytest.fixture
-def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
-    ns = hooks.tenant(api)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
-    )
-    return ns
+def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
+    """The shared fleet, with this module's webhooks served."""
+    return fleet
 
 
 def usage(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
@@ -96,21 +85,7 @@ def test_a_claim_counts_idle_then_in_use_while_its_vm_runs(
     assert idle["since"] == idle["boundTime"]
 
     refs: list[dict[str, Any]] = [{"claim": "hold"}]
-    vm = VirtualMachineInstance(
-        api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": "vm-1",
-                "namespace": tenant,
-                "labels": {names.CLAIMS_LABEL: "true"},
-                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            },
-            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
-        },
-    )
-    vm.create()
+    vm = create_vmi(api, tenant, "vm-1", refs)
     in_use = wait_for(
         "the hold counted in use once the VM's pod runs",
         lambda: usage(api, tenant, "hold"),

@@ -4,60 +4,21 @@ controller keeps computing its own keys (``pods``) in the same status."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.kinds import GPUClaim
+from harness.claims import create_claim
 from harness.fleet import Fleet
-from harness.operator import Deployed, OperatorProcess
+from harness.operator import Start
 from harness.waiting import wait_for
 from localcluster.cluster import kubectl
 
 pytestmark = pytest.mark.operator_process  # it starts its own replica
 
 CONVERGE = 30.0
-Start = Callable[..., OperatorProcess]
-
-
-@pytest.fixture
-def start_operator(deployed: Deployed, api: pykube.HTTPClient, tmp_path: Path) -> Iterator[Start]:
-    started: list[OperatorProcess] = []
-
-    def start(*extra: str) -> OperatorProcess:
-        op = OperatorProcess(deployed, f"quota-{len(started)}", tmp_path, *extra)
-        started.append(op)
-        op.wait_ready()
-        return op
-
-    yield start
-    for op in started:
-        op.stop()
-    deployed.release_lease(api)
-
-
-@pytest.fixture
-def fleet(api: pykube.HTTPClient) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
-
-
-def order(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
-    c = GPUClaim(
-        api,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPU_CLAIM,
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"className": cls, "count": count},
-        },
-    )
-    c.create()
-    return c
 
 
 def described(kubeconfig: Path, ns: str, name: str) -> dict[str, tuple[str, str]]:
@@ -94,9 +55,9 @@ def test_describe_quota_shows_the_gpus_held_beside_each_budget(
         },
     ).create()
     start_operator()
-    order(api, namespace, "two", a, 2)
-    order(api, namespace, "one", a, 1)
-    one_b = order(api, namespace, "one-b", b, 1)
+    create_claim(api, namespace, "two", a, 2)
+    create_claim(api, namespace, "one", a, 1)
+    one_b = create_claim(api, namespace, "one-b", b, 1)
 
     # a: 2 + 1; total: 2 + 1 + 1; the class without a budget key shows nowhere; pods is the
     # quota controller's own, computed alongside.

@@ -123,13 +123,6 @@ def test_a_scrape_allowed_by_rbac_gets_the_metrics(
         role.delete()
 
 
-@pytest.fixture
-def fleet(api: pykube.HTTPClient) -> Iterator[Fleet]:
-    f = Fleet(api)
-    yield f
-    f.cleanup()
-
-
 def claim_status(api: pykube.HTTPClient, ns: str, name: str) -> dict[str, object]:
     found = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
     return dict(found)

@@ -5,13 +5,13 @@ webhook gates the launcher pod and the placement controller pins it to the claim
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pykube
 import pytest
 
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, GPUNode, VirtualMachineInstance
+from harness.claims import bound_node, create_claim, create_vmi
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, refused
 from harness.waiting import wait_for
@@ -24,64 +24,6 @@ CONVERGE = 30.0
 def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
     """The shared fleet, with this module's webhooks served."""
     return fleet
-
-
-@pytest.fixture
-def tenant(api: pykube.HTTPClient, hooks: WebhookOperator, kubevirt: object) -> str:
-    ns = hooks.tenant(api)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: pykube.ServiceAccount.objects(api, namespace=ns).get_or_none(name="default"),
-    )
-    return ns
-
-
-def claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
-    c = GPUClaim(
-        api,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPU_CLAIM,
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"className": cls, "count": count},
-        },
-    )
-    c.create()
-    return c
-
-
-def bound_node(api: pykube.HTTPClient, ns: str, name: str) -> str:
-    status = wait_for(
-        f"claim {name} Bound",
-        lambda: GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {},
-        until=lambda s: s.get("phase") == "Bound",
-        timeout=CONVERGE,
-    )
-    return str(status["nodeName"])
-
-
-def vmi(
-    api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], **spec: Any
-) -> VirtualMachineInstance:
-    v = VirtualMachineInstance(
-        api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "labels": {names.CLAIMS_LABEL: "true"},
-                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            },
-            "spec": {
-                "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
-                **spec,
-            },
-        },
-    )
-    v.create()
-    return v
 
 
 def vmi_status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
@@ -112,9 +54,9 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     fleet.node(4)
     fleet.node(4)
     settled(api, cls, fleet, 8)
-    claim(api, tenant, "hold", cls, 2)
+    create_claim(api, tenant, "hold", cls, 2)
     node = bound_node(api, tenant, "hold")
-    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     gpus = v.obj["spec"]["domain"]["devices"]["gpus"]
     assert [g["deviceName"] for g in gpus] == [fleet.resource] * 2
     attached = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
@@ -194,9 +136,9 @@ def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
     cls = fleet.gpu_class()
     node = fleet.node(4)
     settled(api, cls, fleet, 4)
-    claim(api, tenant, "hold", cls, 2)
+    create_claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == node
-    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -263,9 +205,9 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     fleet.node(4)
     fleet.node(4)
     settled(api, cls, fleet, 8)
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     node = bound_node(api, tenant, "hold")
-    first = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    first = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -287,7 +229,7 @@ def test_a_stopped_vm_keeps_its_claim_and_starts_again_on_the_same_node(
     )
     held = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
     assert (held["phase"], held["nodeName"]) == ("Bound", node), "a stopped VM's hold stays"
-    vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     status = wait_for(
         "Scheduled again",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -303,7 +245,7 @@ def test_a_vm_with_a_claim_template_gets_a_marked_claim_that_goes_with_it(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
+    v = create_vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
     status = wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-t"),
@@ -374,7 +316,7 @@ def settled(api: pykube.HTTPClient, cls: str, fleet: Fleet, free: int) -> None:
 def refusal(api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj]) -> str:
     """The VMI webhook's refusal of a VMI (it must be refused)."""
     with refused(403) as r:
-        vmi(api, ns, name, refs)
+        create_vmi(api, ns, name, refs)
     return r[0].message
 
 
@@ -384,7 +326,7 @@ def test_a_running_vms_template_claim_stays_until_the_vmi_is_gone(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    v = vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
+    v = create_vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": cls, "count": 3}}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-t"),
@@ -429,7 +371,7 @@ def test_a_vm_deleted_in_the_foreground_takes_its_template_claim_with_it(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    v = vmi(api, tenant, "vm-f", [{"claimTemplate": {"className": cls, "count": 2}}])
+    v = create_vmi(api, tenant, "vm-f", [{"claimTemplate": {"className": cls, "count": 2}}])
     wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-f"),
@@ -462,9 +404,9 @@ def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
-    v = vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     wait_for(
         "the attachment confirmed",
         lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
@@ -503,16 +445,16 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
     cls = fleet.gpu_class(maxCount=2)
     fleet.node(4)
     settled(api, cls, fleet, 4)
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     bound_node(api, tenant, "hold")
     with refused(403) as r:
-        vmi(api, tenant, "unknown", [{"claim": "nope"}])
+        create_vmi(api, tenant, "unknown", [{"claim": "nope"}])
     assert "nope" in r[0].message
     with refused(403) as r:
-        vmi(api, tenant, "too-many", [{"claimTemplate": {"className": cls, "count": 3}}])
+        create_vmi(api, tenant, "too-many", [{"claimTemplate": {"className": cls, "count": 3}}])
     assert "3" in r[0].message and "2" in r[0].message
     with refused(403) as r:
-        vmi(
+        create_vmi(
             api,
             tenant,
             "both",
@@ -521,7 +463,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         )
     assert "gpus" in r[0].message
     with refused(403) as r:
-        vmi(
+        create_vmi(
             api,
             tenant,
             "host-gpu",
@@ -530,7 +472,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         )
     assert "spec.domain.devices.hostDevices" in r[0].message
     assert fleet.resource in r[0].message
-    first = vmi(api, tenant, "first", [{"claim": "hold"}])
+    first = create_vmi(api, tenant, "first", [{"claim": "hold"}])
     # Once the attachment is confirmed the operator's caches hold the first VMI, so the
     # second is refused as a claim of a live VM (not with the 409 "retry" of a create that
     # may still be in flight).
@@ -541,7 +483,7 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
         timeout=CONVERGE,
     )
     with refused(403) as r:
-        vmi(api, tenant, "second", [{"claim": "hold"}])
+        create_vmi(api, tenant, "second", [{"claim": "hold"}])
     assert "first" in r[0].message
 
 
@@ -599,11 +541,11 @@ def test_two_held_claims_on_different_nodes_are_gathered_on_one(
         until=lambda n: n == 2,
         timeout=CONVERGE,
     )
-    claim(api, tenant, "a", cls, 1)
+    create_claim(api, tenant, "a", cls, 1)
     assert bound_node(api, tenant, "a") == first_node  # binpack tie: the first by name
-    claim(api, tenant, "filler", cls, 3)
+    create_claim(api, tenant, "filler", cls, 3)
     assert bound_node(api, tenant, "filler") == first_node  # the tightest fit
-    claim(api, tenant, "b", cls, 2)
+    create_claim(api, tenant, "b", cls, 2)
     assert bound_node(api, tenant, "b") == second_node
     GPUClaim.objects(api, namespace=tenant).get(name="filler").delete()
     wait_for(
@@ -612,7 +554,7 @@ def test_two_held_claims_on_different_nodes_are_gathered_on_one(
         until=lambda c: c is None,
         timeout=CONVERGE,
     )
-    vmi(api, tenant, "vm-ab", [{"claim": "a"}, {"claim": "b"}])
+    create_vmi(api, tenant, "vm-ab", [{"claim": "a"}, {"claim": "b"}])
     status = wait_for(
         "Scheduled",
         lambda: vmi_status(api, tenant, "vm-ab"),
@@ -630,9 +572,9 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
     small = fleet.node(4, memory="8Gi")
     big = fleet.node(4, memory="64Gi")
     settled(api, cls, fleet, 8)
-    claim(api, tenant, "hold", cls, 2)
+    create_claim(api, tenant, "hold", cls, 2)
     assert bound_node(api, tenant, "hold") == small  # binpack tie: the first by name
-    vmi(
+    create_vmi(
         api,
         tenant,
         "vm-big",
@@ -667,7 +609,7 @@ def test_a_node_that_refuses_the_pinned_pod_is_remembered_and_the_set_moves(
         """One create; False while the webhook's cache still shows the old VMI (it answers
         409 with "retry")."""
         try:
-            vmi(
+            create_vmi(
                 api,
                 tenant,
                 "vm-big",
@@ -703,10 +645,10 @@ def test_a_vm_is_pinned_by_node_name_where_the_hostname_label_differs(
         pykube.Node.objects(api).get(name=node),
         lambda o: o["metadata"]["labels"].__setitem__("kubernetes.io/hostname", f"host-{node}"),
     )
-    claim(api, tenant, "hold", cls, 1)
+    create_claim(api, tenant, "hold", cls, 1)
     assert bound_node(api, tenant, "hold") == node
     own = {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}
-    vmi(
+    create_vmi(
         api,
         tenant,
         "vm-renamed",
@@ -738,5 +680,5 @@ def test_a_vgpu_template_needs_the_entitlement(
     cls = fleet.gpu_class(mode="vgpu", profile="G1-8Q")
     fleet.node(2)
     with refused(403) as r:
-        vmi(api, tenant, "vgpu", [{"claimTemplate": {"className": cls, "count": 1}}])
+        create_vmi(api, tenant, "vgpu", [{"claimTemplate": {"className": cls, "count": 1}}])
     assert "vgpu-entitled" in r[0].message

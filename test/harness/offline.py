@@ -11,6 +11,8 @@
   taken name AlreadyExists; for the kinds with a status subresource ``replace`` keeps the
   stored status and ``replace_status`` the stored rest; merge and JSON patches go through
   :func:`apply_patch`.
+* :class:`ClaimStore`: just the GPUClaims, for status writers: ``replace_status`` checks the
+  resourceVersion (409) and answers 404 for a claim that is gone; ``writes`` counts its calls.
 * :class:`FakeRecorder`: the Events a controller records.
 * :func:`apply_patch`: the one RFC 7386 merge-patch and RFC 6902 JSON-patch applier.
 """
@@ -363,6 +365,34 @@ class FakeApi:
             if uid and current["metadata"]["uid"] != uid:
                 raise errors.ConflictError(409, "Conflict", "uid precondition failed")
             del self.objects[(kind.kind, namespace or "", name)]
+
+
+class ClaimStore:
+    """Stored GPUClaims by name; ``replace_status`` checks the resourceVersion."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, Obj] = {}
+        self.writes = 0
+        self._rv = 10
+
+    def store(self, obj: Obj) -> Obj:
+        self._rv += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self._rv)
+        self.claims[stored["metadata"]["name"]] = stored
+        return copy.deepcopy(stored)
+
+    def replace_status(self, _kind: Kind, obj: Obj) -> Obj:
+        self.writes += 1
+        current = self.claims.get(obj["metadata"]["name"])
+        if current is None:
+            raise errors.NotFoundError(404, "NotFound", "gone")
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise errors.ConflictError(409, "Conflict", "the object has been modified")
+        return self.store({**current, "status": copy.deepcopy(obj["status"])})
+
+    def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
+        return copy.deepcopy(self.claims[name])
 
 
 # -- events -----------------------------------------------------------------------------------

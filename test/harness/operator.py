@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,3 +191,8 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         self._out.close()
+
+
+#: Starts a replica with extra flags and waits for it to be ready (the e2e
+#: ``start_operator`` fixture).
+Start = Callable[..., OperatorProcess]

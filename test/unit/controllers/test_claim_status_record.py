@@ -4,7 +4,6 @@ same claim stays counted, and the decision in flight meets the conflict instead.
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any, cast
 
@@ -13,44 +12,16 @@ from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
 from controllers.claim_status import ClaimStatus, Outcome
-from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
+from harness.offline import ClaimStore, offline_caches
 
 Obj = dict[str, Any]
 RESOURCE = "nvidia.com/GA102GL_A10"
-
-
-class _NoServerManager:
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
-
-
-class Api:
-    def __init__(self) -> None:
-        self.claims: dict[str, Obj] = {}
-        self._rv = 10
-
-    def store(self, obj: Obj) -> Obj:
-        self._rv += 1
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["resourceVersion"] = str(self._rv)
-        self.claims[stored["metadata"]["name"]] = stored
-        return copy.deepcopy(stored)
-
-    def replace_status(self, _kind: Kind, obj: Obj) -> Obj:
-        current = self.claims[obj["metadata"]["name"]]
-        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise errors.ConflictError(409, "Conflict", "the object has been modified")
-        return self.store({**current, "status": copy.deepcopy(obj["status"])})
 
 
 def claim(**status: Any) -> Obj:
@@ -63,8 +34,8 @@ def claim(**status: Any) -> Obj:
     }
 
 
-def world() -> tuple[Api, Inventory, ClaimStatus]:
-    api, inventory = Api(), Inventory(clock=FakeClock())
+def world() -> tuple[ClaimStore, Inventory, ClaimStatus]:
+    api, inventory = ClaimStore(), Inventory(clock=FakeClock())
     inventory.apply_class(
         {
             "metadata": {"name": "a10"},
@@ -126,7 +97,7 @@ def test_a_record_never_changes_phase_or_node() -> None:
 
 def test_gpu_hours_never_wait_for_the_decisions_lock() -> None:
     api, inventory, statuses = world()
-    caches = cachesmod.register(cast("Manager", _NoServerManager()))
+    caches = offline_caches()
     stored = api.store(claim(phase="Bound", nodeName="n1", boundTime="2026-01-01T00:00:00Z"))
     caches.claims.store.put(stored)
     controller = gpuhoursmod.GpuHours(caches, statuses, clock=FakeClock())

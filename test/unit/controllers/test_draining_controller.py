@@ -15,54 +15,20 @@ from prometheus_client import CollectorRegistry
 
 from controllers import draining as drainingmod
 from controllers.claim_status import ClaimStatus
-from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
+from harness.offline import ClaimStore, offline_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
 RESOURCE = "nvidia.com/GA102GL_A10"
 
 
-class _NoServerManager:
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
-
-
-class Api:
-    def __init__(self) -> None:
-        self.claims: dict[str, Obj] = {}
-        self.writes = 0
-        self._rv = 10
-
-    def store(self, obj: Obj) -> Obj:
-        self._rv += 1
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["resourceVersion"] = str(self._rv)
-        self.claims[stored["metadata"]["name"]] = stored
-        return copy.deepcopy(stored)
-
-    def replace_status(self, _kind: Kind, obj: Obj) -> Obj:
-        self.writes += 1
-        current = self.claims.get(obj["metadata"]["name"])
-        if current is None:
-            raise errors.NotFoundError(404, "NotFound", "gone")
-        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise errors.ConflictError(409, "Conflict", "the object has been modified")
-        return self.store({**current, "status": copy.deepcopy(obj["status"])})
-
-    def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
-        return copy.deepcopy(self.claims[name])
-
+class Api(ClaimStore):
     def held(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for c in self.claims.values():
@@ -112,7 +78,7 @@ def claim(name: str, count: int, second: int, node_name: str, **status: Any) -> 
 class World:
     def __init__(self, **settings: Any) -> None:
         self.clock = FakeClock()
-        self.caches = cachesmod.register(cast("Manager", _NoServerManager()))
+        self.caches = offline_caches()
         self.inventory = Inventory(clock=self.clock)
         self.api = Api()
         self.events = Events()

@@ -16,53 +16,17 @@ from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
 from controllers.claim_status import ClaimStatus
-from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
+from harness.offline import ClaimStore, offline_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
 HOUR = 3600.0
 START = datetime.datetime(2026, 3, 1, 8, 0, tzinfo=datetime.UTC)
-
-
-class _NoServerManager:
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
-
-
-class Api:
-    """Stored claims; ``replace_status`` checks the resourceVersion."""
-
-    def __init__(self) -> None:
-        self.claims: dict[str, Obj] = {}
-        self._rv = 10
-
-    def store(self, obj: Obj) -> Obj:
-        self._rv += 1
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["resourceVersion"] = str(self._rv)
-        self.claims[stored["metadata"]["name"]] = stored
-        return copy.deepcopy(stored)
-
-    def replace_status(self, _kind: Kind, obj: Obj) -> Obj:
-        current = self.claims.get(obj["metadata"]["name"])
-        if current is None:
-            raise errors.NotFoundError(404, "NotFound", "gone")
-        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise errors.ConflictError(409, "Conflict", "the object has been modified")
-        return self.store({**current, "status": copy.deepcopy(obj["status"])})
-
-    def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
-        return copy.deepcopy(self.claims[name])
 
 
 class NoEvents:
@@ -73,9 +37,9 @@ class NoEvents:
 class Replica:
     """One operator process: its own caches, inventory, controller and collector."""
 
-    def __init__(self, api: Api, clock: FakeClock) -> None:
+    def __init__(self, api: ClaimStore, clock: FakeClock) -> None:
         self.api = api
-        self.caches = cachesmod.register(cast("Manager", _NoServerManager()))
+        self.caches = offline_caches()
         self.inventory = Inventory(clock=clock)
         statuses = ClaimStatus(
             cast("Client", api),
@@ -144,14 +108,14 @@ def running_vmi(name: str, uid: str) -> Obj:
     }
 
 
-def attach(api: Api, claim: str, vmi: str, uid: str) -> None:
+def attach(api: ClaimStore, claim: str, vmi: str, uid: str) -> None:
     stored = api.claims[claim]
     api.store({**stored, "status": {**stored["status"], "attachment": {"vmi": vmi, "uid": uid}}})
 
 
 def test_two_hours_held_with_the_vm_running_half_an_hour_across_a_leader_change() -> None:
     clock = FakeClock(START)
-    api = Api()
+    api = ClaimStore()
     api.store(bound_claim("hold", 1))
     leader = Replica(api, clock)
     standby = Replica(api, clock)
@@ -191,7 +155,7 @@ def test_two_hours_held_with_the_vm_running_half_an_hour_across_a_leader_change(
 
 def test_units_multiply_the_hours() -> None:
     clock = FakeClock(START)
-    api = Api()
+    api = ClaimStore()
     api.store(bound_claim("four", 4))
     leader = Replica(api, clock)
     leader.sync()
@@ -202,7 +166,7 @@ def test_units_multiply_the_hours() -> None:
 
 def test_a_series_never_goes_back_while_the_cache_is_behind_a_write() -> None:
     clock = FakeClock(START)
-    api = Api()
+    api = ClaimStore()
     api.store(bound_claim("hold", 1))
     leader, behind = Replica(api, clock), Replica(api, clock)
     leader.sync()
@@ -225,7 +189,7 @@ def test_a_series_never_goes_back_while_the_cache_is_behind_a_write() -> None:
 
 def test_a_deleted_claim_ends_its_series_and_a_lost_hold_stops_counting() -> None:
     clock = FakeClock(START)
-    api = Api()
+    api = ClaimStore()
     api.store(bound_claim("hold", 1))
     api.store(bound_claim("other", 1))
     leader = Replica(api, clock)

@@ -10,22 +10,13 @@ import pykube
 from prometheus_client import CollectorRegistry
 
 from controllers import quota_usage as quotamod
-from gpuoperator import caches as cachesmod
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Kind
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
+from harness.offline import offline_caches
 
 Obj = dict[str, Any]
 A10 = "a10.gpuclass.cozystack.io/devices"
 TOTAL = "gpuclass.cozystack.io/devices"
-
-
-class _NoServerManager:
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
 
 
 class Writer:
@@ -50,7 +41,7 @@ class Writer:
 
 
 def world(writer: Writer, used: dict[str, str] | None = None) -> quotamod.QuotaUsage:
-    caches = cachesmod.register(cast("Manager", _NoServerManager()))
+    caches = offline_caches()
     rq: Obj = {
         "metadata": {"name": "gpus", "namespace": "t"},
         "spec": {"hard": {A10: "4", TOTAL: "8", "pods": "10"}},

@@ -12,26 +12,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import class_status, node_inventory
-from gpuoperator import caches as cachesmod
 from gpuoperator import names, settings
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
+from harness.offline import offline_caches
 
 Obj = dict[str, Any]
 RESOURCE = "nvidia.com/GA102GL_A10"
 INTERVAL = 5.0
-
-
-class _NoServerManager:
-    def informer(
-        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
-    ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
 
 
 class Writer:
@@ -90,7 +81,7 @@ def claim(name: str) -> Obj:
 class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
-        self.caches = cachesmod.register(cast("Manager", _NoServerManager()))
+        self.caches = offline_caches()
         self.inventory = Inventory(clock=self.clock)
         self.writer = Writer()
         self.caches.classes.store.put(gpu_class())

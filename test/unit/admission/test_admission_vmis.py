@@ -15,11 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from admission import vmis
-from gpuoperator import settings
+from gpuoperator import names, settings
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import admitting, errors, serving
 from gpuoperator.runtime.client import Client, Kind
+from harness import objects
+from harness.objects import gpuclass
 from harness.offline import apply_json_patch, store_caches
 
 Obj = dict[str, Any]
@@ -81,13 +83,6 @@ def _inventory_has_permitted(inventory: Inventory) -> vmis.PermittedHostDevices:
 # -- objects ----------------------------------------------------------------------------------
 
 
-def gpuclass(name: str, mode: str = "passthrough", resource: str = A10_RES, **spec: Any) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {"mode": mode, "source": {"devicePlugin": {"resourceName": resource}}, **spec},
-    }
-
-
 def claim(
     name: str,
     class_name: str = "a10",
@@ -98,15 +93,16 @@ def claim(
     deleting: bool = False,
     attachment: Obj | None = None,
 ) -> Obj:
-    meta: Obj = {"name": name, "namespace": NS, "resourceVersion": rv}
-    if template:
-        meta["labels"] = {"gpu.cozystack.io/template-claim": "true"}
-    if deleting:
-        meta["deletionTimestamp"] = "2024-05-01T11:00:00Z"
-    obj: Obj = {"metadata": meta, "spec": {"className": class_name, "count": count}}
-    if attachment is not None:
-        obj["status"] = {"phase": "Bound", "attachment": attachment}
-    return obj
+    return objects.claim(
+        name,
+        class_name=class_name,
+        count=count,
+        rv=rv,
+        labels={names.TEMPLATE_CLAIM_LABEL: names.TRUE} if template else None,
+        deleting=deleting,
+        phase="Bound" if attachment is not None else None,
+        attached=attachment,
+    )
 
 
 def vmi(
@@ -144,20 +140,13 @@ def vmi(
 def request(
     obj: Obj, *, operation: str = "CREATE", dry_run: bool = False
 ) -> admitting.AdmissionRequest:
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
-            "operation": operation,
-            "namespace": NS,
-            "object": obj,
-            "userInfo": {"username": "alice"},
-            "dryRun": dry_run,
-        },
-    }
-    return admitting.parse(json.dumps(review).encode())
+    return objects.admission_request(
+        obj,
+        kind="VirtualMachineInstance",
+        group="kubevirt.io",
+        operation=operation,
+        dry_run=dry_run,
+    )
 
 
 class World:
@@ -177,7 +166,7 @@ class World:
         for cls in (
             gpuclass("a10"),
             gpuclass("a10-max4", maxCount=4),
-            gpuclass("l40s", "vgpu", L40S_RES),
+            gpuclass("l40s", mode="vgpu", resource=L40S_RES),
         ):
             self.caches.classes.store.put(cls)
         for obj in claims or []:

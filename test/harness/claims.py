@@ -1,0 +1,75 @@
+"""GPUClaims on a real API server, for end-to-end tests: order one, read its status, wait
+for it to be Bound; make a VMI on claims."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pykube
+
+from gpuoperator import names
+from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from harness.kube import Obj
+from harness.waiting import wait_for
+
+
+def create_claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
+    """Order ``count`` units of class ``cls`` as claim ``ns/name``."""
+    c = GPUClaim(
+        api,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPU_CLAIM,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"className": cls, "count": count},
+        },
+    )
+    c.create()
+    return c
+
+
+def claim_status(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
+    """The claim's status as stored now (``{}`` before its first write)."""
+    found: Obj = GPUClaim.objects(api, namespace=ns).get(name=name).obj.get("status") or {}
+    return found
+
+
+def bound_node(
+    api: pykube.HTTPClient, ns: str, name: str, node: str | None = None, *, timeout: float = 30.0
+) -> str:
+    """The node the claim is Bound to, waiting up to ``timeout`` seconds for it to be Bound
+    (to ``node`` when given)."""
+    s = wait_for(
+        f"{ns}/{name} Bound" + (f" to {node}" if node else ""),
+        lambda: claim_status(api, ns, name),
+        until=lambda s: s.get("phase") == "Bound" and node in (None, s.get("nodeName")),
+        timeout=timeout,
+    )
+    return str(s["nodeName"])
+
+
+def create_vmi(
+    api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], **spec: Any
+) -> VirtualMachineInstance:
+    """A VMI with the claim references ``refs`` (label and annotation), 1Gi of memory and no
+    devices; ``spec`` adds to its spec."""
+    v = VirtualMachineInstance(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {names.CLAIMS_LABEL: "true"},
+                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+            },
+            "spec": {
+                "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
+                **spec,
+            },
+        },
+    )
+    v.create()
+    return v
