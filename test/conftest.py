@@ -24,3 +24,26 @@ def pytest_configure(config: pytest.Config) -> None:
         logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=False,
     )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop child processes a test left running (a replica or a component whose owner did
+    not stop it), naming each, so none outlives the session and the interpreter's exit
+    prints no ResourceWarning traceback for it."""
+    import gc
+    import subprocess
+
+    leftovers = [
+        o for o in gc.get_objects() if isinstance(o, subprocess.Popen) and o.poll() is None
+    ]
+    for proc in leftovers:
+        proc.kill()
+        proc.wait(10)
+    if leftovers:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            names = ", ".join(
+                " ".join(map(str, proc.args[:4])) if isinstance(proc.args, list) else str(proc.args)
+                for proc in leftovers
+            )
+            reporter.write_line(f"stopped {len(leftovers)} process(es) left running: {names}")
