@@ -681,58 +681,72 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
                 f"p99 <= {p99 * 1e3:.1f} ms (target p99 <= 5 ms)"
             )
 
-        log(f"P2: {args.raw_writes} raw claim status writes")
-        raw_rate = p2_raw_writes(cluster.kubeconfig, client, args.raw_writes)
+        if args.only_set & {"P1", "P2"}:
+            log(f"P2: {args.raw_writes} raw claim status writes")
+            raw_rate = p2_raw_writes(cluster.kubeconfig, client, args.raw_writes)
 
-        watch, writes, op_start = p1_operator(cluster, client, args.orders, args.py_spy)
-        bound = len(watch.at)
-        op_rate = watch.rate()
-        peer, peer_start = p1_peer(cluster, client, args.orders)
-        peer_rate = peer.rate()
-        qps, burst = operator_defaults()
-        rows.append(
-            Row(
-                f"P1 binds/s ({args.nodes}x8, {args.orders} waiting)",
-                op_rate,
-                peer_rate,
-                "/s",
-                ">= 1.0",
-                False,
-                1.0,
+            watch, writes, op_start = p1_operator(cluster, client, args.orders, args.py_spy)
+            bound = len(watch.at)
+            op_rate = watch.rate()
+            peer, peer_start = p1_peer(cluster, client, args.orders)
+            peer_rate = peer.rate()
+            qps, burst = operator_defaults()
+            rows.append(
+                Row(
+                    f"P1 binds/s ({args.nodes}x8, {args.orders} waiting)",
+                    op_rate,
+                    peer_rate,
+                    "/s",
+                    ">= 1.0",
+                    False,
+                    1.0,
+                )
             )
-        )
-        rows.append(
-            Row("P2 binds/s vs raw status writes/s", op_rate, raw_rate, "/s", ">= 0.7", False, 0.7)
-        )
-        notes.append(
-            f"P1: {bound}/{args.orders} claims bound, {len(peer.at)}/{args.orders} peer pods "
-            f"scheduled; QPS/burst {qps:g}/{burst} for both; first bind "
-            f"{op_start:.1f}s after the Lease was released, first peer bind {peer_start:.1f}s "
-            "after its scheduler started (rates run first to last)"
-        )
-        notes.append(f"P1 from the first binding: operator {watch.spans()}; peer {peer.spans()}")
-        notes.append(f"P1 (waiting orders) writes per bound claim: {_per_claim(writes, bound)}")
-        if "operator" in CPU and "peer" in CPU:
-            (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
+            rows.append(
+                Row(
+                    "P2 binds/s vs raw status writes/s",
+                    op_rate,
+                    raw_rate,
+                    "/s",
+                    ">= 0.7",
+                    False,
+                    0.7,
+                )
+            )
             notes.append(
-                f"P1 CPU while binding: operator {op_cpu:.1f}s + API server/etcd {op_api:.1f}s "
-                f"for {bound} claims; peer scheduler {peer_cpu:.1f}s (with its start) + API "
-                f"server/etcd {peer_api:.1f}s for {len(peer.at)} pods"
+                f"P1: {bound}/{args.orders} claims bound, {len(peer.at)}/{args.orders} peer pods "
+                f"scheduled; QPS/burst {qps:g}/{burst} for both; first bind "
+                f"{op_start:.1f}s after the Lease was released, first peer bind {peer_start:.1f}s "
+                "after its scheduler started (rates run first to last)"
             )
-        live = max(1, args.orders // 5)
-        log(f"steady path: {live} orders created live while the operator leads")
-        steady, steady_writes = p1_steady(cluster, client, live)
-        per_claim = _writes(steady_writes) / len(steady.at) if steady.at else float("nan")
-        rows.append(
-            Row("API writes per bound claim (steady)", per_claim, 2.0, "", "<= 2", True, 1.0)
-        )
-        notes.append(
-            f"steady path: {len(steady.at)}/{live} orders created live by 8 clients bound at "
-            f"{steady.rate():.0f}/s; writes per bound claim: "
-            f"{_per_claim(steady_writes, len(steady.at))}"
-        )
-        if args.py_spy is not None:
-            notes.append(f"P1: py-spy profile of the operator written to {args.py_spy}")
+            notes.append(
+                f"P1 from the first binding: operator {watch.spans()}; peer {peer.spans()}"
+            )
+            notes.append(f"P1 (waiting orders) writes per bound claim: {_per_claim(writes, bound)}")
+            if "operator" in CPU and "peer" in CPU:
+                (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
+                notes.append(
+                    f"P1 CPU while binding: operator {op_cpu:.1f}s + API server/etcd {op_api:.1f}s "
+                    f"for {bound} claims; peer scheduler {peer_cpu:.1f}s (with its start) + API "
+                    f"server/etcd {peer_api:.1f}s for {len(peer.at)} pods"
+                )
+            live = max(1, args.orders // 5)
+            log(f"steady path: {live} orders created live while the operator leads")
+            steady, steady_writes = p1_steady(cluster, client, live)
+            per_claim = _writes(steady_writes) / len(steady.at) if steady.at else float("nan")
+            rows.append(
+                Row("API writes per bound claim (steady)", per_claim, 2.0, "", "<= 2", True, 1.0)
+            )
+            notes.append(
+                f"steady path: {len(steady.at)}/{live} orders created live by 8 clients bound at "
+                f"{steady.rate():.0f}/s; writes per bound claim: "
+                f"{_per_claim(steady_writes, len(steady.at))}"
+            )
+            if args.py_spy is not None:
+                notes.append(f"P1: py-spy profile of the operator written to {args.py_spy}")
+
+        else:
+            release_lease(client)  # P6 needs the operator leading; P1 released it
 
         if args.vms:
             log(f"P6: {args.vms} VMs through the gate, {args.vms} with raw gpus entries")
