@@ -56,12 +56,12 @@ import class_status as p5bench
 import vm_start as p6bench
 from claims import histogram_quantiles
 
-from admission import registration
 from gpuoperator import cli, names
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.kinds import GPUClaim, GPUNode, Lease, Workload
 from harness.kubevirt import KubeVirtSimulator
+from localcluster import deployment
 from localcluster import profile as profilemod
 from localcluster.cluster import (
     OPERATOR_NAMESPACE,
@@ -69,6 +69,7 @@ from localcluster.cluster import (
     LocalCluster,
     cache_root,
     free_ports,
+    kubectl_binary,
     versions,
 )
 from localcluster.processes import ClusterError, Process, wait_until
@@ -393,14 +394,12 @@ def p3_latency(cluster: LocalCluster, client: Client, orders: int) -> dict[str, 
             return True
         return False
 
+    validating = deployment.render(kubectl_binary()).one("ValidatingWebhookConfiguration")
+    name = validating["metadata"]["name"]
     create_all("warm", 20)  # connections and caches warm before either half is timed
     with_webhook = create_all("hook")
-    saved = json.loads(
-        cluster.kubectl(
-            "get", "validatingwebhookconfiguration", registration.VALIDATING_NAME, "-o", "json"
-        )
-    )
-    cluster.kubectl("delete", "validatingwebhookconfiguration", registration.VALIDATING_NAME)
+    saved = json.loads(cluster.kubectl("get", "validatingwebhookconfiguration", name, "-o", "json"))
+    cluster.kubectl("delete", "validatingwebhookconfiguration", name)
     wait_until("the order webhook to be off", lambda: not refused(), 30)
     without = create_all("plain")
     meta = saved["metadata"]
