@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -57,14 +58,14 @@ import vm_start as p6bench
 from claims import histogram_quantiles
 
 from gpuoperator import cli, names
+from gpuoperator.kinds import GPUClaim, GPUNode, Workload
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.kinds import GPUClaim, GPUNode, Lease, Workload
+from gpuoperator.runtime.kinds import Lease
 from harness.kubevirt import KubeVirtSimulator
 from localcluster import deployment
 from localcluster import profile as profilemod
 from localcluster.cluster import (
-    OPERATOR_NAMESPACE,
     REPO,
     LocalCluster,
     cache_root,
@@ -347,19 +348,25 @@ def p1_profile(nodes: int, path: Path) -> Path:
     return path
 
 
+@functools.cache
+def operator_namespace() -> str:
+    """The namespace the dev overlay deploys the operator to (its Lease lives there)."""
+    return deployment.render(kubectl_binary()).namespace
+
+
 def hold_lease(client: Client) -> None:
     """Hold the operator's Lease, so a started operator serves webhooks and fills its
     caches but binds nothing until :func:`release_lease`."""
-    ensure_namespace(client, OPERATOR_NAMESPACE)
+    ensure_namespace(client, operator_namespace())
     with contextlib.suppress(errors.NotFoundError):
-        client.delete(Lease, names.LEADER_LEASE, OPERATOR_NAMESPACE)
+        client.delete(Lease, names.LEADER_LEASE, operator_namespace())
     now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
     client.create(
         Lease,
         {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": names.LEADER_LEASE, "namespace": OPERATOR_NAMESPACE},
+            "metadata": {"name": names.LEADER_LEASE, "namespace": operator_namespace()},
             "spec": {
                 "holderIdentity": HOLDER,
                 "leaseDurationSeconds": 3600,
@@ -371,7 +378,7 @@ def hold_lease(client: Client) -> None:
 
 
 def release_lease(client: Client) -> None:
-    client.delete(Lease, names.LEADER_LEASE, OPERATOR_NAMESPACE)
+    client.delete(Lease, names.LEADER_LEASE, operator_namespace())
 
 
 def p3_latency(cluster: LocalCluster, client: Client, orders: int) -> dict[str, float]:
@@ -992,7 +999,7 @@ def start_operator(
             "gpuoperator.cli",
             "run",
             f"--kubeconfig={cluster.kubeconfig}",
-            f"--namespace={OPERATOR_NAMESPACE}",
+            f"--namespace={operator_namespace()}",
             f"--health-address=127.0.0.1:{health}",
             "--metrics-address=",
             f"--webhook-address=127.0.0.1:{webhooks}",
@@ -1025,7 +1032,7 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
 
         wait_nodes_ready(client, args.big_nodes)
         log(f"P4: {args.big_nodes} nodes Ready ({took:.0f}s to start the cluster)")
-        for ns in ("bench-pods", "bench-claims", OPERATOR_NAMESPACE):
+        for ns in ("bench-pods", "bench-claims", operator_namespace()):
             ensure_namespace(client, ns)
         gen = generate(
             cluster.kubeconfig, args.big_nodes, args.big_pods, args.big_claims, args.procs
