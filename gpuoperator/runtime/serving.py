@@ -36,7 +36,14 @@ A connection's life, with the :class:`Limits` that bound it:
    bodies, sent or held half-sent, cannot stall small ones (the API server's), cannot
    deadlock each other, and memory stays bounded whatever peers send;
 5. the handler runs on the server's thread pool (``workers``) with the whole request, so
-   it never waits on a peer; an answer not ready within ``handler_timeout`` is a 503;
+   it never waits on a peer; an answer not ready within ``handler_timeout`` is a 503.
+   Paths the server is told are ``inline`` (handlers that only read memory and answer in
+   well under a millisecond, such as webhooks deciding on caches) are answered on the event
+   loop itself when their body is at most ``small_body`` bytes: the hop to a pool thread
+   and back costs two GIL hand-offs, each of which waits up to the interpreter's switch
+   interval while another thread of the process computes, which is more than such a
+   handler takes. An inline handler holds up the loop while it runs, so one that may wait
+   (on the network, a lock held long) must not be inline;
 6. the answer is written within ``write_timeout`` (a peer that does not read is dropped);
    after ``max_requests`` requests the connection is closed (``Connection: close``).
 
@@ -70,7 +77,7 @@ import ssl
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,10 +329,13 @@ class Server:
         tls: servercerts.CertificateSource | tuple[Path, Path] | None = None,
         limits: Limits | None = None,
         registry: CollectorRegistry = REGISTRY,
+        inline: Collection[str] = (),
     ) -> None:
         self.name = name
         self._address = parse_address(address)
         self._handler = handler
+        #: Paths answered on the event loop (small bodies only; see the module docstring).
+        self._inline = frozenset(inline)
         self.certificates: servercerts.CertificateSource | None = (
             servercerts.FileCertificates(*tls) if isinstance(tls, tuple) else tls
         )
@@ -781,6 +791,17 @@ class Server:
             peer=source,
             query=query,
         )
+        if path in self._inline and len(body) <= self.limits.small_body:
+            try:
+                return self._handler(request)
+            except Exception as exc:  # a handler not wrapped by app(): still an answer
+                self._log.error(
+                    "request handler failed",
+                    path=path,
+                    reason=type(exc).__name__,
+                    traceback=bounded_traceback(exc),
+                )
+                return text(500, "internal error")
         assert self._executor is not None
         future = loop.run_in_executor(self._executor, self._handler, request)
         try:

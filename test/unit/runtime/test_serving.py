@@ -166,3 +166,37 @@ def test_a_handler_that_does_not_answer_in_time_is_a_503_and_one_that_raises_a_5
     finally:
         release.set()
         server.stop()
+
+
+def test_inline_paths_are_answered_on_the_event_loop_unless_their_body_is_large() -> None:
+    def where(_request: serving.Request) -> serving.Response:
+        return serving.text(200, threading.current_thread().name)
+
+    def broken(_request: serving.Request) -> serving.Response:
+        raise RuntimeError("boom")
+
+    routes = {"/inline": where, "/pooled": where, "/broken": broken}
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        lambda request: routes[request.path](request),  # no app(): the server's own net
+        limits=serving.Limits(small_body=16, max_body=1024),
+        inline=("/inline", "/broken"),
+    )
+    server.start()
+    try:
+
+        def thread_of(path: str, body: bytes = b"") -> str:
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            answer = exchange(server.port, head.encode() + body)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            return answer.rsplit(b"\r\n\r\n", 1)[1].decode().strip()
+
+        assert thread_of("/inline") == "http-test-loop"
+        assert thread_of("/inline", b"x" * 16) == "http-test-loop"
+        assert thread_of("/inline", b"x" * 17).startswith("http-test_")  # the handler pool
+        assert thread_of("/pooled").startswith("http-test_")
+        raised = exchange(server.port, b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert raised.startswith(b"HTTP/1.1 500")
+    finally:
+        server.stop()
