@@ -14,10 +14,12 @@ references (``templates.claim_names``: held claims by name, template claims by
 deleted, is not attached to another live VM, is a template claim of this very VMI (not of an
 earlier VMI of that name still being collected), and is Bound. Then:
 
-* all Bound to ONE node that still exists: the full pod is read (cached pods are slim and
-  carry no affinity) and ONE merge patch with its resourceVersion
+* all Bound to ONE node that still exists: ONE merge patch with the pod's resourceVersion
   (``launcher_pods.pin_and_ungate``) adds the required node affinity and removes the gate — the
   API server accepts the affinity only while the pod is gated. Event ``Pinned`` on the pod.
+  The patch is built from the cached pod (a gated pod is cached with its affinity,
+  ``slimming.slim_pod``), so the pod is pinned without reading it first; only when that
+  version is stale (409) is the pod read and the patch sent once more on what was read.
 * Bound to several nodes: the set is gathered on one of them, as ``model.gathering``
   decides on the inventory's figures. Candidate targets are the set's nodes, the one holding
   most of its units first; the claims on other nodes are moved there when the target is
@@ -57,6 +59,10 @@ Choices where DESIGN.md is silent:
 * ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
   and pinning it is the only correct way to remove the operator's gate.
 * Waits are reported once per message (log line and Event), not on every look.
+* **A pod this replica pinned is not judged again while the cache still shows it gated.**
+  A scheduling gate cannot be added back after a pod's creation, so a cached pod of the
+  same uid that still carries the gate is only the cache lagging behind the pin: the watch
+  brings the pinned version; reading or patching the pod again would be wasted requests.
 """
 
 from __future__ import annotations
@@ -216,6 +222,8 @@ class Placement:
         self._waits: dict[Key, str] = {}
         #: pod key -> (pod uid, monotonic time this replica first saw it refused)
         self._refused_since: dict[Key, tuple[str, float]] = {}
+        #: pod key -> uid of the pod this replica pinned, until the cache shows it ungated
+        self._pinned: dict[Key, str] = {}
 
     def reconcile(self, key: Key) -> Result | None:
         pod = self.caches.pods.store.get(key)
@@ -241,6 +249,11 @@ class Placement:
             if isinstance(ref, references.TemplateRef)
         }
         if needs_pin(pod):
+            with self._lock:
+                pinned = self._pinned.get(key) == _meta(pod).get("uid")
+            if pinned:
+                log.debug("pinned already; the cache has not caught up", reason="Pinned")
+                return None
             return self._place(pod, vmi_name, vmi_uid, names_, made)
         return self._refused(pod, vmi_name, vmi_uid, names_)
 
@@ -321,16 +334,23 @@ class Placement:
 
     def _pin(self, pod: Obj, node: str, claim_names: list[str]) -> Result | None:
         key = key_of(pod)
+        full = pod  # the cached gated pod carries everything the patch is built from
         try:
-            full = self.writer.get(pykube.Pod, key[1], key[0])
-        except errors.NotFoundError:
-            return None
-        if not launcher_pods.is_gated(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
-            log.info("pod changed meanwhile; judging again", reason="Stale")
-            return Result(requeue_after=RETRY)
-        patch = launcher_pods.pin_and_ungate(full, node)
-        try:
-            self.writer.patch(pykube.Pod, key[1], patch, key[0])
+            try:
+                self.writer.patch(
+                    pykube.Pod, key[1], launcher_pods.pin_and_ungate(pod, node), key[0]
+                )
+            except errors.ConflictError:
+                # The cache is behind the pod: judge the version the API server has.
+                full = self.writer.get(pykube.Pod, key[1], key[0])
+                if not launcher_pods.is_gated(full) or _meta(full).get("uid") != _meta(pod).get(
+                    "uid"
+                ):
+                    log.info("pod changed meanwhile; judging again", reason="Stale")
+                    return Result(requeue_after=RETRY)
+                self.writer.patch(
+                    pykube.Pod, key[1], launcher_pods.pin_and_ungate(full, node), key[0]
+                )
         except errors.ConflictError:
             log.info("pod changed meanwhile; judging again", reason="Conflict")
             return Result(requeue_after=RETRY)
@@ -341,6 +361,8 @@ class Placement:
             self._event_pod(full, "Warning", PIN_FAILED, f"could not pin to node {node}: {exc}")
             return None
         self._forget(key)
+        with self._lock:
+            self._pinned[key] = str(_meta(pod).get("uid") or "")
         log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
         self._event_pod(
             full,
@@ -580,6 +602,13 @@ class Placement:
         with self._lock:
             self._waits.pop(key, None)
             self._refused_since.pop(key, None)
+            self._pinned.pop(key, None)
+
+    def seen_unwatched(self, key: Key) -> None:
+        """The cache shows the pod at ``key`` as nothing this controller acts on (pinned and
+        caught up, scheduled, gone): whatever was remembered about it is dropped."""
+        if key in self._pinned or key in self._waits or key in self._refused_since:
+            self._forget(key)
 
 
 # ---- wiring ----------------------------------------------------------------------------------
@@ -620,7 +649,10 @@ def register(
     )
 
     def own_pod(pod: Obj) -> list[Key]:
-        return [key_of(pod)] if watched(pod) else []
+        if watched(pod):
+            return [key_of(pod)]
+        placement.seen_unwatched(key_of(pod))
+        return []
 
     def from_claim(claim: Obj) -> list[Key]:
         ns = str(_meta(claim).get("namespace") or "")

@@ -180,10 +180,11 @@ def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
     empty); without terms, one term with the pin is set. The rest of ``spec.affinity`` is
     carried over unchanged.
 
-    Pass the full pod as read from the API server (slim cached pods lack ``affinity``) and
-    send the result as ``application/merge-patch+json``, or merge its ``spec`` into the full
-    pod for an update: a strategic merge patch would merge ``schedulingGates`` by name and
-    keep the gate. ``resourceVersion`` makes a stale update fail with a conflict.
+    Pass the pod as read from the API server, or as cached while it is gated (the cache
+    keeps a gated pod's ``affinity``, ``slimming.slim_pod``), and send the result as
+    ``application/merge-patch+json``, or merge its ``spec`` into the full pod for an update:
+    a strategic merge patch would merge ``schedulingGates`` by name and keep the gate.
+    ``resourceVersion`` makes a stale update fail with a conflict.
     """
     if not node_name:
         raise ValueError("a pod is pinned to a named node")

@@ -121,6 +121,11 @@ def slim_pod(pod: Obj) -> Obj:
     for k in ("nodeName", "schedulingGates", "tolerations"):
         if spec.get(k):
             out_spec[k] = spec[k]
+    if spec.get("schedulingGates") and spec.get("affinity"):
+        # A gated pod keeps its affinity: the placement controller builds its one pin
+        # update from the cached pod (``launcher_pods.pin_and_ungate``). Gated pods are few
+        # and short-lived; once ungated the affinity is dropped again.
+        out_spec["affinity"] = spec["affinity"]
     overhead = _extended(spec.get("overhead"))
     if overhead:
         out_spec["overhead"] = overhead

@@ -28,6 +28,7 @@ from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import launcher_pods, slimming, templates
+from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
@@ -609,7 +610,8 @@ def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
     assert required["nodeSelectorTerms"] == [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
     ]
-    assert "podAntiAffinity" in body["spec"]["affinity"]  # read from the full pod, kept
+    assert "podAntiAffinity" in body["spec"]["affinity"]  # cached with the gated pod, kept
+    assert [c[0] for c in world.api.calls] == ["patch"]  # built from the cache, nothing read
     pinned = world.api.objects[("Pod", NS, POD[1])]
     assert launcher_pods.pinned_node(pinned) == "n1"
     assert not launcher_pods.is_gated(pinned)
@@ -734,13 +736,50 @@ def test_split_set_is_not_moved_to_a_node_a_claim_refused(world: World) -> None:
     assert (verb, name, moved["status"]["nodeName"]) == ("replace_status", "vm1-gpu-1", "n1")
 
 
+def test_pin_on_a_stale_cache_reads_the_pod_and_pins_it_at_once(world: World) -> None:
+    bound_set(world)
+    world.put_pod(launcher_pod())
+    newer = world.api.stored(pykube.Pod, POD[1], NS)
+    assert newer is not None
+    newer["metadata"]["labels"]["example.com/changed"] = "yes"
+    world.api.add(pykube.Pod, newer)  # the API server is one version ahead of the cache
+
+    assert world.placement().reconcile(POD) is None
+
+    assert [c[0] for c in world.api.calls] == ["patch", "get", "patch"]
+    pinned = world.api.objects[("Pod", NS, POD[1])]
+    assert launcher_pods.pinned_node(pinned) == "n1"
+    assert not launcher_pods.is_gated(pinned)
+    assert pinned["metadata"]["labels"]["example.com/changed"] == "yes"
+
+
 def test_pin_that_loses_a_race_looks_again(world: World) -> None:
     bound_set(world)
     world.put_pod(launcher_pod())
-    world.api.conflict_next.add("patch")
+    world.api.refuse[("patch", NS)] = errors.ConflictError(409, "Conflict", "modified")
 
     assert requeue(world.placement().reconcile(POD)) == placement.RETRY
+    assert [c[0] for c in world.api.calls] == ["patch", "get", "patch"]
     assert world.recorder.events == []
+
+
+def test_a_pinned_pod_is_not_judged_again_while_the_cache_lags(world: World) -> None:
+    bound_set(world)
+    world.put_pod(launcher_pod())
+    controller = world.placement()
+    assert controller.reconcile(POD) is None
+    calls = len(world.api.calls)
+
+    # A claim's update brings the pod back while the cache still shows it gated.
+    assert controller.reconcile(POD) is None
+    assert len(world.api.calls) == calls
+
+    # Once the cache has the pinned pod, nothing is remembered of it; a new pod of the
+    # same name (another uid) is judged afresh.
+    controller.seen_unwatched(POD)
+    world.put_pod(launcher_pod() | {"metadata": {**launcher_pod()["metadata"], "uid": "u2"}})
+    assert controller.reconcile(POD) is None
+    assert len(world.api.calls) == calls + 1
 
 
 def refused_world(world: World) -> None:

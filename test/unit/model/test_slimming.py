@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from gpuoperator import names
 from gpuoperator.model import slimming
@@ -101,6 +101,18 @@ def test_a_slim_pod_keeps_what_gpu_accounting_and_placement_read() -> None:
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "m"}
         ],
     }
+
+
+def test_a_gated_pod_keeps_its_affinity_and_an_ungated_one_drops_it() -> None:
+    pod = full_pod()
+    spec = cast("dict[str, Any]", pod["spec"])
+    affinity: dict[str, Any] = {
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}
+    }
+    spec["affinity"] = affinity
+    assert slimming.slim_pod(pod)["spec"]["affinity"] == affinity
+    del spec["schedulingGates"]
+    assert "affinity" not in slimming.slim_pod(pod)["spec"]
 
 
 def test_a_slim_node_keeps_gpu_resources_taints_cordon_and_readiness() -> None:
