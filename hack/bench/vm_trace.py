@@ -141,6 +141,43 @@ def report(label: str, stamps: Stamps, keys: list[tuple[str, str]]) -> None:
         print(f"  total               {quantile(total, 0.5):8.1f} / {quantile(total, 0.99):8.1f}")
 
 
+#: Seconds the stand-in spent per call, by what it did ("pass", "create pod", "status").
+SPENT: dict[str, list[float]] = {"pass": [], "create pod": [], "status": []}
+
+
+def instrument(simulator: KubeVirtSimulator) -> None:
+    """Time the stand-in's passes, pod creates and status writes."""
+    create, one_pass, reconcile = (
+        KubeVirtSimulator._create_pod,
+        simulator._pass,
+        simulator._reconcile,
+    )
+
+    def timed(what: str, call: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                SPENT[what].append(time.monotonic() - start)
+
+        return wrapper
+
+    simulator._create_pod = timed("create pod", create)  # type: ignore[method-assign]
+    simulator._pass = timed("pass", one_pass)  # type: ignore[method-assign]
+    simulator._reconcile = timed("status", reconcile)  # type: ignore[method-assign]
+
+
+def spent() -> None:
+    for what, values in SPENT.items():
+        if values:
+            print(
+                f"  stand-in {what}: {len(values)} calls, p50 {quantile(values, 0.5) * 1e3:.1f} "
+                f"ms, p99 {quantile(values, 0.99) * 1e3:.1f} ms, sum {sum(values):.2f} s"
+            )
+        values.clear()
+
+
 def metrics(port: int, prefix: str) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -148,6 +185,19 @@ def metrics(port: int, prefix: str) -> list[str]:
         line
         for line in text.splitlines()
         if line.startswith(prefix) and "placement" in line and "_bucket" not in line
+    ]
+
+
+def webhooks(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(
+            ("gpuoperator_webhook_duration_seconds_", "gpuoperator_rest_client_requests_total")
+        )
+        and "_created" not in line
     ]
 
 
@@ -178,6 +228,7 @@ def main() -> int:
     for target in (watch_pods, watch_vmis):
         threading.Thread(target=target, args=(api, stamps, stop), daemon=True).start()
     simulator = KubeVirtSimulator(api)
+    instrument(simulator)
     simulator.start()
     try:
         namespace(api, "vms-claims")
@@ -224,6 +275,8 @@ def main() -> int:
             args.threads,
         )
         wait_scheduled(stamps, gated)
+        print("through the gate:")
+        spent()
         create_all(
             api,
             [
@@ -242,9 +295,15 @@ def main() -> int:
             args.threads,
         )
         wait_scheduled(stamps, raw)
+        print("raw gpus entries:")
+        spent()
         report("through the gate", stamps, gated)
         report("raw gpus entries", stamps, raw)
-        for line in metrics(port, "gpuoperator_workqueue") + metrics(port, "gpuoperator_reconcile"):
+        for line in [
+            *metrics(port, "gpuoperator_workqueue"),
+            *metrics(port, "gpuoperator_reconcile"),
+            *webhooks(port),
+        ]:
             print(" ", line)
         print(f"operator log: {cluster.operator.log}")
     finally:
