@@ -12,8 +12,9 @@ in the same pass: bound elsewhere, or back to ``Pending`` with the reason it wai
 ``Bound`` condition (DESIGN.md §5). The inventory wakes the classes of a deleted node's
 claims even when the node served nothing any more (NotReady or cordoned before it went).
 
-A claim is bound only once it carries the claim-protection finalizer: that write is the
-claim's first, and binding after it spares a conflict on every new claim.
+A claim is bound only once it carries the claim-protection finalizer. It is normally set at
+admission (``config/policy``), so the binding is the claim's first write; where it is not,
+the protection controller's write comes first, and binding after it spares a conflict.
 
 Never over-allocating rests on four things:
 

@@ -2,7 +2,11 @@
 is gone (DESIGN.md §2 GPUClaim finalizer, §10).
 
 Every claim carries the finalizer ``gpu.cozystack.io/claim-protection`` (as a PVC carries
-``kubernetes.io/pvc-protection``). When a claim is being deleted, the finalizer is removed
+``kubernetes.io/pvc-protection``). It is set at admission where it can be (the
+MutatingAdmissionPolicy of ``config/policy``, in the API server; template claims are created
+with it), sparing a write per claim; this controller adds it to any claim that came without
+(the policy is not installed, or the cluster predates it), and the binder binds only claims
+that carry it. When a claim is being deleted, the finalizer is removed
 once the VMI it serves (``model.claims.user``: a template claim's owner, a held claim's
 attachment) is no longer a live user (``model.claims.is_live_user``): it no longer exists,
 or has another UID than the one recorded. A VMI being deleted is still a user — its launcher

@@ -26,10 +26,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop child processes a test left running (a replica or a component whose owner did
-    not stop it), naming each, so none outlives the session and the interpreter's exit
-    prints no ResourceWarning traceback for it."""
+def _stop_leftovers() -> list[str]:
+    """Stop every child process still running that this interpreter started, and name
+    each (its first arguments)."""
     import gc
     import subprocess
 
@@ -39,11 +38,36 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for proc in leftovers:
         proc.kill()
         proc.wait(10)
-    if leftovers:
+    return [
+        " ".join(map(str, proc.args[:4])) if isinstance(proc.args, list) else str(proc.args)
+        for proc in leftovers
+    ]
+
+
+def _stop_leftovers_at_exit() -> None:
+    """The same once more as the interpreter exits, for a child a background thread started
+    after the session ended: named on stderr instead of a ResourceWarning traceback."""
+    import sys
+
+    stopped = _stop_leftovers()
+    if stopped:
+        print(
+            f"stopped {len(stopped)} process(es) started after the session: {', '.join(stopped)}",
+            file=sys.stderr,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop child processes a test left running (a replica or a component whose owner did
+    not stop it), naming each, so none outlives the session and the interpreter's exit
+    prints no ResourceWarning traceback for it."""
+    import atexit
+
+    stopped = _stop_leftovers()
+    atexit.register(_stop_leftovers_at_exit)
+    if stopped:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            names = ", ".join(
-                " ".join(map(str, proc.args[:4])) if isinstance(proc.args, list) else str(proc.args)
-                for proc in leftovers
+            reporter.write_line(
+                f"stopped {len(stopped)} process(es) left running: {', '.join(stopped)}"
             )
-            reporter.write_line(f"stopped {len(leftovers)} process(es) left running: {names}")

@@ -94,7 +94,8 @@ def template_claim(vmi: Mapping[str, Any], index: int, ref: references.TemplateR
     ``gpu.cozystack.io/template-claim: "true"`` (so the order webhook lets it wait for
     capacity), controlled by the VMI (``blockOwnerDeletion``: the creator needs ``update`` on
     ``virtualmachineinstances/finalizers`` where OwnerReferencesPermissionEnforcement is on),
-    and ordering ``ref``'s class and count.
+    and ordering ``ref``'s class and count. It is created protected (the claim-protection
+    finalizer in the create), so its first write after that is its binding.
     """
     meta = objects.meta(vmi)
     return {
@@ -105,6 +106,7 @@ def template_claim(vmi: Mapping[str, Any], index: int, ref: references.TemplateR
             "namespace": str(meta.get("namespace") or ""),
             "labels": {names.TEMPLATE_CLAIM_LABEL: names.TRUE},
             "ownerReferences": [_vmi_owner(vmi)],
+            "finalizers": [names.CLAIM_PROTECTION_FINALIZER],
         },
         "spec": {"className": ref.class_name, "count": ref.count},
     }

@@ -374,3 +374,25 @@ def test_a_claim_attached_to_a_live_vm_is_kept_until_the_vm_is_gone(
         until=lambda c: c is None,
         timeout=CONVERGE,
     )
+
+
+def test_an_order_is_protected_at_admission_and_its_first_write_by_the_operator_is_the_binding(
+    api: pykube.HTTPClient, fleet: Fleet, namespace: str, start_operator: Start
+) -> None:
+    """The shipped MutatingAdmissionPolicy sets the claim-protection finalizer inside the
+    create, so the operator never updates the claim itself on the way to Bound: its only
+    write is the status (DESIGN §2: the finalizer "may be set at admission, to spare a
+    write")."""
+    start_operator()
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    created = create_claim(api, namespace, "protected", cls, 1)
+    assert names.CLAIM_PROTECTION_FINALIZER in created.obj["metadata"].get("finalizers", [])
+    bound_node(api, namespace, "protected")
+    stored = GPUClaim.objects(api, namespace=namespace).get(name="protected").obj["metadata"]
+    # An update of the claim itself (the finalizer added by a controller) would own
+    # metadata.finalizers in managedFields; a mutation at admission owns nothing.
+    owners = [e for e in stored.get("managedFields", []) if "f:metadata" in e.get("fieldsV1", {})]
+    assert not owners, owners
+    assert {e.get("subresource", "") for e in stored.get("managedFields", [])} == {"", "status"}
+    assert stored["finalizers"] == [names.CLAIM_PROTECTION_FINALIZER]

@@ -32,6 +32,8 @@ CLUSTER_SCOPED = {
     "MutatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
 }
 
 #: What `kubectl apply -k config/default` installs: (kind, namespace, name).
@@ -69,6 +71,8 @@ DEFAULT_OBJECTS = {
     ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-template-claim-mark"),
     ("ValidatingAdmissionPolicy", "", "gpu-operator-secret-writes"),
     ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-secret-writes"),
+    ("MutatingAdmissionPolicy", "", "gpu-operator-claim-protection"),
+    ("MutatingAdmissionPolicyBinding", "", "gpu-operator-claim-protection"),
     ("ValidatingWebhookConfiguration", "", names.VALIDATING_WEBHOOK_CONFIGURATION),
     ("MutatingWebhookConfiguration", "", names.MUTATING_WEBHOOK_CONFIGURATION),
 }
@@ -182,3 +186,25 @@ def test_the_secret_writes_policy_compares_the_operator_username() -> None:
         "policyName": "gpu-operator-secret-writes",
         "validationActions": ["Deny"],
     }
+
+
+def test_the_hoster_guide_overlay_for_clusters_before_1_36_drops_only_the_mutating_policy(
+    tmp_path: Path,
+) -> None:
+    """The guide's patch for clusters without MutatingAdmissionPolicy v1 renders config/default
+    without the policy and its binding, and nothing else changes."""
+    guide = (CONFIG.parent / "docs" / "hoster-guide.md").read_text()
+    block = guide.split("drop the policy and its binding in your overlay", 1)[1]
+    patches = block.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shutil.copytree(CONFIG, tmp_path / "config")
+    overlay = tmp_path / "config" / "overlays" / "older"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text("resources:\n- ../../default\n" + patches)
+    dropped = {("MutatingAdmissionPolicy", "", "gpu-operator-claim-protection")} | {
+        ("MutatingAdmissionPolicyBinding", "", "gpu-operator-claim-protection")
+    }
+    rendered = {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+        for o in kustomize(overlay)
+    }
+    assert rendered == DEFAULT_OBJECTS - dropped

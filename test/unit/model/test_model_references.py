@@ -412,7 +412,7 @@ def test_template_claim_name_is_injective_on_a_sample(pairs: set[tuple[str, int]
     assert len(produced) == len(pairs)
 
 
-def test_template_claim_is_marked_and_owned_by_its_vmi() -> None:
+def test_template_claim_is_marked_owned_by_its_vmi_and_created_protected() -> None:
     owner = vmi(uid="uid-1")
     assert templates.template_claim(owner, 2, TemplateRef("a10", 3)) == {
         "apiVersion": "cozystack.io/v1alpha1",
@@ -431,6 +431,7 @@ def test_template_claim_is_marked_and_owned_by_its_vmi() -> None:
                     "blockOwnerDeletion": True,
                 }
             ],
+            "finalizers": ["gpu.cozystack.io/claim-protection"],
         },
         "spec": {"className": "a10", "count": 3},
     }
