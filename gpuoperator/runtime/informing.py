@@ -285,6 +285,31 @@ class _Metrics:
         self.synced = Gauge(
             "gpuoperator_informer_synced", "1 once the first list is in", ["informer"], **kw
         )
+        # What a cache knows, for "is this replica's cache following?" (read at scrape time).
+        self.stale = Gauge(
+            "gpuoperator_informer_stale_seconds",
+            "Seconds the cache may have been missing changes (0: list done, watch open)",
+            ["informer"],
+            **kw,
+        )
+        self.heard = Gauge(
+            "gpuoperator_informer_last_heard_seconds",
+            "Seconds since the server last spoke on the watch (event, bookmark, list, opened)",
+            ["informer"],
+            **kw,
+        )
+        self.watching = Gauge(
+            "gpuoperator_informer_watch_open",
+            "1 while a watch's response is open (0: listing, opening or backing off)",
+            ["informer"],
+            **kw,
+        )
+        self.resource_version = Gauge(
+            "gpuoperator_informer_resource_version",
+            "The resourceVersion the cache follows from (its last list, event or bookmark)",
+            ["informer"],
+            **kw,
+        )
 
 
 _metrics = per_registry(_Metrics)
@@ -388,8 +413,19 @@ class Informer:
         self._backoff = Backoff(*self.options.backoff)
         #: Monotonic time of the first failure since the cache was last known current.
         self._stale_since: float | None = None
+        #: What the informer's thread is doing (see ``describe``), and when the server last
+        #: spoke to it (a list completed, a watch opened, an event or a bookmark).
+        self._phase = "starting"
+        self._heard: float | None = None
         self._metrics = _metrics(registry)
         self._log = log.bind(informer=self.name)
+        m = self._metrics
+        m.stale.labels(self.name).set_function(self.stale_for)
+        m.heard.labels(self.name).set_function(lambda: self.describe()["last_heard_seconds"])
+        m.watching.labels(self.name).set_function(lambda: float(self._phase == "watching"))
+        m.resource_version.labels(self.name).set_function(
+            lambda: float(self.resource_version) if self.resource_version.isdigit() else 0.0
+        )
 
     # ---- consumers ----------------------------------------------------------------
     def add_handlers(self, handlers: Handlers) -> None:
@@ -412,6 +448,25 @@ class Informer:
         its last list completed and its watch is open)."""
         since = self._stale_since
         return 0.0 if since is None else max(0.0, self._clock.monotonic() - since)
+
+    def describe(self) -> dict[str, Any]:
+        """What the cache knows, for diagnosis (the metrics carry the same figures): the
+        thread's phase (``listing``, ``opening`` a watch, ``watching``, ``backoff``,
+        ``stopped``), the resourceVersion it follows from, how long it may have been missing
+        changes, and how long ago the server last spoke to it."""
+        heard = self._heard
+        return {
+            "informer": self.name,
+            "phase": "crashed" if self.crashed() else self._phase,
+            "synced": self.has_synced(),
+            "current": self.current(),
+            "resource_version": self.resource_version,
+            "objects": len(self.store),
+            "stale_seconds": round(self.stale_for(), 1),
+            "last_heard_seconds": (
+                -1.0 if heard is None else round(max(0.0, self._clock.monotonic() - heard), 1)
+            ),
+        }
 
     def crashed(self) -> bool:
         """The informer's thread ended without ``stop``: the cache no longer follows."""
@@ -455,13 +510,23 @@ class Informer:
             # The server answers: back off from the start next time, and the cache follows
             # again from its resourceVersion (nothing is missed across a re-watch).
             self._backoff.reset()
-            self._current()
+            self._heard_now()
+            self._phase = "watching"
+            was = self._current()
+            if was > 0:
+                self._log.info(
+                    "cache current again",
+                    reason="WatchOpened",
+                    resource_version=self.resource_version,
+                    stale_for=round(was, 1),
+                )
 
     def run(self) -> None:
         """List and watch until ``stop``; survives every error by backing off. Should the
         thread die anyway, that is logged as critical and ``current()`` turns false."""
         try:
             self._run()
+            self._phase = "stopped"
         except BaseException:
             self._log.critical("informer thread died; the cache no longer follows", exc_info=True)
             raise
@@ -472,9 +537,11 @@ class Informer:
         while not self._stop.is_set():
             try:
                 if relist:
+                    self._phase = "listing"
                     self._list(reason)
                     relist = False
                     backoff.reset()
+                self._phase = "opening"
                 self._watch()
             except errors.NotFoundError as exc:
                 if relist and self.options.optional:
@@ -491,6 +558,7 @@ class Informer:
                         retry_in=round(delay, 2),
                         relist=relist,
                     )
+                    self._phase = "backoff"
                     self._stop.wait(delay)
             except errors.GoneError as exc:
                 self._stale()
@@ -502,6 +570,7 @@ class Informer:
                     error=str(exc),
                     retry_in=round(delay, 2),
                 )
+                self._phase = "backoff"
                 self._stop.wait(delay)
             except (errors.ApiError, requests.RequestException, ValueError) as exc:
                 if self._stop.is_set():
@@ -518,6 +587,7 @@ class Informer:
                     relist=relist,
                     stale_for=round(self.stale_for(), 1),
                 )
+                self._phase = "backoff"
                 self._stop.wait(delay)
             except Exception as exc:  # a handler bug must not kill the cache
                 self._stale()
@@ -525,7 +595,11 @@ class Informer:
                 self._log.exception(
                     "informer error; retrying", reason=type(exc).__name__, retry_in=round(delay, 2)
                 )
+                self._phase = "backoff"
                 self._stop.wait(delay)
+
+    def _heard_now(self) -> None:
+        self._heard = self._clock.monotonic()
 
     def _stale(self) -> None:
         """The cache may miss changes from now (unless it already might)."""
@@ -574,6 +648,7 @@ class Informer:
                 old = self.store.put(obj)
                 self._notify("ADDED" if old is None else "MODIFIED", obj, old)
         self.resource_version = rv
+        self._heard_now()
         self._metrics.objects.labels(self.name).set(len(self.store))
         stale = self._current()
         if not self._synced.is_set():
@@ -607,6 +682,7 @@ class Informer:
             idle_timeout=o.watch_idle,
         )
         for etype, obj in events:
+            self._heard_now()
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if etype == "BOOKMARK":
                 if rv:
