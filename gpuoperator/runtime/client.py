@@ -566,7 +566,7 @@ class Client:
                         exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
                     ):
                         raise
-                    log.debug(
+                    log.info(
                         "watch idle; reopening",
                         resource=resource_of(self.path(kind, namespace)),
                         idle_seconds=idle_timeout,

@@ -23,11 +23,18 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
   at most ``refused_backoff_cap``.
 * **Staleness and readiness.** From the first failure (a 410, a failed list or watch)
   until a list completes or a watch is open again, the cache is *stale*: it may miss
-  changes. :meth:`Informer.current` is false once it has been stale for ``stale_after``
-  seconds, or when the informer's thread ended without ``stop``; the manager's readiness
-  (and with it the webhooks, which then refuse with 503 on this replica while a ready one
-  answers) follows it. ``stale_after`` outlasts a normal relist or re-watch, so readiness
-  does not flap while the server is healthy; a dead thread is logged as critical.
+  changes. A re-opened watch has caught up only once the server delivered something on it
+  (an event or a bookmark: the server sends what was missed first) or it stayed open
+  :data:`CAUGHT_UP_SECONDS`: the API server answers a resumed watch with its headers
+  first and only then, in the stream, with 410 when the version is too old, and a cut can
+  end a watch right after it opened. A watch that fails before it caught up leaves the
+  staleness counting from the first failure, so re-opened watches that each fail at once
+  never make a cache that is behind look current. :meth:`Informer.current` is false once
+  it has been stale for ``stale_after`` seconds, or when the informer's thread ended
+  without ``stop``; the manager's readiness (and with it the webhooks, which then refuse
+  with 503 on this replica while a ready one answers) follows it. ``stale_after`` outlasts
+  a normal relist or re-watch, so readiness does not flap while the server is healthy; a
+  dead thread is logged as critical.
 * **Bookmarks** only advance the resourceVersion; they never touch the cache.
 * **Transform.** Each object passes through an optional ``transform`` before it is stored
   or handed to handlers, so a cache keeps only the fields its readers use (every pod of a
@@ -380,6 +387,10 @@ class ListWatcher(Protocol):
     ) -> Iterator[tuple[str, Obj]]: ...
 
 
+#: Seconds a re-opened watch stays open without failing after which it has caught up even
+#: if it delivered nothing (the server sends what was missed, or its 410, at once).
+CAUGHT_UP_SECONDS = 5.0
+
 #: Answers of a server that is up but not serving us yet: retried soon, not backed off long.
 _REFUSED = (errors.UnauthorizedError, errors.ForbiddenError, errors.TooManyRequestsError)
 
@@ -417,6 +428,10 @@ class Informer:
         #: spoke to it (a list completed, a watch opened, an event or a bookmark).
         self._phase = "starting"
         self._heard: float | None = None
+        #: While a re-opened watch has not caught up: when it opened, and since when the
+        #: cache had been stale before it (see the module docstring).
+        self._opened_at: float | None = None
+        self._behind_since: float | None = None
         self._metrics = _metrics(registry)
         self._log = log.bind(informer=self.name)
         m = self._metrics
@@ -512,10 +527,13 @@ class Informer:
             self._backoff.reset()
             self._heard_now()
             self._phase = "watching"
+            behind_since = self._stale_since
             was = self._current()
+            # Current unless this watch fails before it caught up (``_stale``).
+            self._behind_since, self._opened_at = behind_since, self._clock.monotonic()
             if was > 0:
                 self._log.info(
-                    "cache current again",
+                    "watch open again",
                     reason="WatchOpened",
                     resource_version=self.resource_version,
                     stale_for=round(was, 1),
@@ -602,14 +620,24 @@ class Informer:
         self._heard = self._clock.monotonic()
 
     def _stale(self) -> None:
-        """The cache may miss changes from now (unless it already might)."""
+        """The cache may miss changes from now (unless it already might) — or since it
+        first might, when the watch that failed had not caught up."""
+        now = self._clock.monotonic()
+        behind, opened = self._behind_since, self._opened_at
+        self._behind_since = self._opened_at = None
         if self._stale_since is None:
-            self._stale_since = self._clock.monotonic()
+            caught_up = opened is None or now - opened >= CAUGHT_UP_SECONDS
+            self._stale_since = now if behind is None or caught_up else behind
+
+    def _caught_up(self) -> None:
+        """The watch delivered something: everything missed came before it."""
+        self._behind_since = self._opened_at = None
 
     def _current(self) -> float:
         """The cache follows the server again; returns for how long it had been stale."""
         was = self.stale_for()
         self._stale_since = None
+        self._caught_up()
         return was
 
     def _absent(self, why: str) -> None:
@@ -683,6 +711,7 @@ class Informer:
         )
         for etype, obj in events:
             self._heard_now()
+            self._caught_up()
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if etype == "BOOKMARK":
                 if rv:
