@@ -9,8 +9,10 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
 * **No request waits forever.** A watch that delivers nothing, not even the bookmark the
   API server sends an idle watch about once a minute, for ``watch_idle`` seconds is ended
   and re-opened at once from the same resourceVersion (its connection may have died without
-  a reset: a cut on the way, a server that went away), and one that streams past its
-  server-side timeout is ended by the client; list requests time out on every read
+  a reset: a cut on the way, a server that went away), one whose response headers have not
+  come after ``watch_headers`` seconds is a failure (the API server sends them as soon as
+  it registered the watch), and one that streams past its server-side timeout is ended by
+  the client; list requests time out on every read
   (``Client``'s timeout).
 * **410 Gone means relist.** Whether the server says it as an HTTP status or as an ERROR
   event inside the stream, the informer lists again, and every object that vanished across
@@ -63,7 +65,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuoperator.model import objects
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import WATCH_IDLE_SECONDS, WATCH_TIMEOUT_SECONDS, Kind, Obj
+from gpuoperator.runtime.client import (
+    WATCH_HEADERS_SECONDS,
+    WATCH_IDLE_SECONDS,
+    WATCH_TIMEOUT_SECONDS,
+    Kind,
+    Obj,
+)
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.metrics import per_registry
 
@@ -334,6 +342,8 @@ class InformerOptions:
     page_size: int = 500
     #: Seconds without an event or bookmark after which a watch is abandoned and re-opened.
     watch_idle: float = WATCH_IDLE_SECONDS
+    #: Seconds a watch may wait for its response headers before that counts as a failure.
+    watch_headers: float = WATCH_HEADERS_SECONDS
     #: Backoff between failed lists/watches: (initial, cap) seconds, jittered.
     backoff: tuple[float, float] = (0.8, 30.0)
     #: The longest wait after a 401, 403 or 429 (a starting API server's answers).
@@ -384,6 +394,7 @@ class ListWatcher(Protocol):
         stop: threading.Event | None = ...,
         opened: Callable[[requests.Response], None] | None = ...,
         idle_timeout: float = ...,
+        headers_timeout: float = ...,
     ) -> Iterator[tuple[str, Obj]]: ...
 
 
@@ -502,9 +513,8 @@ class Informer:
         """Stop listing and watching, and wait up to ``timeout`` for the thread to end.
 
         A watch that has delivered its response headers is aborted at once; one still
-        waiting for them (the API server sends headers with the first event or bookmark)
-        ends when it returns. The thread is a daemon: it never holds up process exit.
-        Returns whether the thread has ended.
+        waiting for them ends when they come or after ``watch_headers``. The thread is a
+        daemon: it never holds up process exit. Returns whether the thread has ended.
         """
         self._stop.set()
         response = self._response
@@ -708,6 +718,7 @@ class Informer:
             stop=self._stop,
             opened=self._opened,  # so that stop() can abort a watch waiting for an event
             idle_timeout=o.watch_idle,
+            headers_timeout=o.watch_headers,
         )
         for etype, obj in events:
             self._heard_now()

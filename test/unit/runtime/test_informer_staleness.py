@@ -7,15 +7,19 @@ cache is behind stops being ready after ``stale_after`` however many watches it 
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pykube
 import requests
+from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from harness import objects
@@ -182,3 +186,60 @@ def test_a_watch_open_and_quiet_for_a_while_had_caught_up() -> None:
         assert inf.current()
     finally:
         inf.stop()
+
+
+def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> None:
+    """A real client on a loopback server that takes the watch request and never answers:
+    the API server sends a watch's headers at once, so after ``watch_headers`` the watch
+    has failed (the cache is stale, the next attempt backs off) — instead of counting as
+    current until the idle limit, far longer than any webhook may trust a cache."""
+    requests_seen: list[str] = []
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            requests_seen.append(self.path)
+            release.wait(30)  # no headers, ever
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
+        ],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    informer = Informer(
+        Client(lambda: pykube.KubeConfig(doc)),
+        pykube.Pod,
+        InformerOptions(watch_idle=60.0, watch_headers=0.3, backoff=(0.01, 0.05)),
+    )
+    try:
+        with capture_logs() as logs:
+            informer.start()
+            assert informer.wait_synced(10)
+            wait_for("a second watch request", lambda: len(requests_seen) >= 2, timeout=10)
+        failures = [e for e in logs if e["event"] == "list/watch failed; retrying"]
+        assert failures and failures[0]["reason"] == "ReadTimeout", logs
+        assert informer.stale_for() > 0.0
+    finally:
+        informer.stop(timeout=10)
+        release.set()
+        server.shutdown()
+        server.server_close()
