@@ -243,3 +243,70 @@ def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> No
         release.set()
         server.shutdown()
         server.server_close()
+
+
+def test_after_its_headers_a_watch_may_be_quiet_up_to_the_idle_limit() -> None:
+    """The short wait is for the headers only: a watch whose first event comes later than
+    ``watch_headers`` after them is neither a failure nor re-opened."""
+    watch_paths: list[str] = []
+    release = threading.Event()
+    event = json.dumps(
+        {"type": "ADDED", "object": objects.pod("late", namespace="d", rv="8", containers=[])}
+    )
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            watch_paths.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            if len(watch_paths) == 1:
+                release.wait(0.8)  # quiet for four times the headers' limit
+                line = (event + "\n").encode()
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
+            release.wait(30)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
+        ],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    informer = Informer(
+        Client(lambda: pykube.KubeConfig(doc)),
+        pykube.Pod,
+        InformerOptions(watch_idle=60.0, watch_headers=0.2, backoff=(0.01, 0.05)),
+    )
+    try:
+        with capture_logs() as logs:
+            informer.start()
+            wait_for("the late event", lambda: informer.store.get(("d", "late")) is not None)
+        assert len(watch_paths) == 1, watch_paths
+        assert not [e for e in logs if e["event"] != "cache synced"], logs
+        assert informer.current()
+    finally:
+        informer.stop(timeout=10)
+        release.set()
+        server.shutdown()
+        server.server_close()
