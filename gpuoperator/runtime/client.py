@@ -71,6 +71,11 @@ WATCH_MARGIN_SECONDS = 30.0
 #: about once a minute (the first one took two in our measurements), so a healthy watch is
 #: seldom re-opened. requests' read timeout is per socket read, which is exactly this limit.
 WATCH_IDLE_SECONDS = 150.0
+#: The API server sends a watch's response headers as soon as it registered the watch,
+#: before any event; a watch whose headers have not come after this long is a failure
+#: (retried with backoff, the cache counted stale), not a quiet watch to wait out
+#: :data:`WATCH_IDLE_SECONDS` for while the cache counts as current.
+WATCH_HEADERS_SECONDS = 10.0
 _RETRY_READ_CODES = frozenset({500, 502, 503, 504})
 #: Seconds a fenced write's attempt must end before another replica may take over.
 FENCE_MARGIN = 1.0
@@ -509,6 +514,7 @@ class Client:
         stop: threading.Event | None = None,
         opened: Callable[[requests.Response], None] | None = None,
         idle_timeout: float = WATCH_IDLE_SECONDS,
+        headers_timeout: float = WATCH_HEADERS_SECONDS,
     ) -> Iterator[tuple[str, Obj]]:
         """Stream ``(type, object)`` events from ``resource_version`` until the server ends
         the watch (after ``timeout_seconds``) or ``stop`` is set.
@@ -516,8 +522,8 @@ class Client:
         Two client-side deadlines keep a watch from outliving its connection: after the
         headers, nothing read for ``idle_timeout`` seconds ends the watch as if the server
         had ended it (so does streaming :data:`WATCH_MARGIN_SECONDS` past
-        ``timeout_seconds``); no headers within ``idle_timeout`` is a
-        ``requests.ReadTimeout``.
+        ``timeout_seconds``); no headers within ``headers_timeout`` (or ``idle_timeout``,
+        if shorter) is a ``requests.ReadTimeout``.
 
         Raises ``GoneError`` when the server says the resourceVersion is too old, whether as
         an HTTP 410 or as an in-stream ERROR event (which pykube would yield as an object).
@@ -539,12 +545,17 @@ class Client:
         if delay > 0:
             self._clock.sleep(delay)
         deadline = time.monotonic() + timeout_seconds + WATCH_MARGIN_SECONDS
+        idle = min(idle_timeout, timeout_seconds + WATCH_MARGIN_SECONDS)
         resp = http.session.get(
             http.url + self.path(kind, namespace),
             params=params,
             stream=True,
-            timeout=(10.0, min(idle_timeout, timeout_seconds + WATCH_MARGIN_SECONDS)),
+            timeout=(10.0, min(headers_timeout, idle)),
         )
+        # The headers are in: from now on each read may wait up to the idle limit.
+        sock = getattr(getattr(resp.raw, "_connection", None), "sock", None)
+        if sock is not None:
+            sock.settimeout(idle)
         self._metrics.requests.labels(
             "WATCH", resource_of(self.path(kind, namespace)), str(resp.status_code)
         ).inc()
@@ -566,7 +577,7 @@ class Client:
                         exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
                     ):
                         raise
-                    log.debug(
+                    log.info(
                         "watch idle; reopening",
                         resource=resource_of(self.path(kind, namespace)),
                         idle_seconds=idle_timeout,

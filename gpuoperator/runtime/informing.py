@@ -9,8 +9,10 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
 * **No request waits forever.** A watch that delivers nothing, not even the bookmark the
   API server sends an idle watch about once a minute, for ``watch_idle`` seconds is ended
   and re-opened at once from the same resourceVersion (its connection may have died without
-  a reset: a cut on the way, a server that went away), and one that streams past its
-  server-side timeout is ended by the client; list requests time out on every read
+  a reset: a cut on the way, a server that went away), one whose response headers have not
+  come after ``watch_headers`` seconds is a failure (the API server sends them as soon as
+  it registered the watch), and one that streams past its server-side timeout is ended by
+  the client; list requests time out on every read
   (``Client``'s timeout).
 * **410 Gone means relist.** Whether the server says it as an HTTP status or as an ERROR
   event inside the stream, the informer lists again, and every object that vanished across
@@ -23,11 +25,18 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
   at most ``refused_backoff_cap``.
 * **Staleness and readiness.** From the first failure (a 410, a failed list or watch)
   until a list completes or a watch is open again, the cache is *stale*: it may miss
-  changes. :meth:`Informer.current` is false once it has been stale for ``stale_after``
-  seconds, or when the informer's thread ended without ``stop``; the manager's readiness
-  (and with it the webhooks, which then refuse with 503 on this replica while a ready one
-  answers) follows it. ``stale_after`` outlasts a normal relist or re-watch, so readiness
-  does not flap while the server is healthy; a dead thread is logged as critical.
+  changes. A re-opened watch has caught up only once the server delivered something on it
+  (an event or a bookmark: the server sends what was missed first) or it stayed open
+  :data:`CAUGHT_UP_SECONDS`: the API server answers a resumed watch with its headers
+  first and only then, in the stream, with 410 when the version is too old, and a cut can
+  end a watch right after it opened. A watch that fails before it caught up leaves the
+  staleness counting from the first failure, so re-opened watches that each fail at once
+  never make a cache that is behind look current. :meth:`Informer.current` is false once
+  it has been stale for ``stale_after`` seconds, or when the informer's thread ended
+  without ``stop``; the manager's readiness (and with it the webhooks, which then refuse
+  with 503 on this replica while a ready one answers) follows it. ``stale_after`` outlasts
+  a normal relist or re-watch, so readiness does not flap while the server is healthy; a
+  dead thread is logged as critical.
 * **Bookmarks** only advance the resourceVersion; they never touch the cache.
 * **Transform.** Each object passes through an optional ``transform`` before it is stored
   or handed to handlers, so a cache keeps only the fields its readers use (every pod of a
@@ -56,7 +65,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuoperator.model import objects
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import WATCH_IDLE_SECONDS, WATCH_TIMEOUT_SECONDS, Kind, Obj
+from gpuoperator.runtime.client import (
+    WATCH_HEADERS_SECONDS,
+    WATCH_IDLE_SECONDS,
+    WATCH_TIMEOUT_SECONDS,
+    Kind,
+    Obj,
+)
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.metrics import per_registry
 
@@ -285,6 +300,31 @@ class _Metrics:
         self.synced = Gauge(
             "gpuoperator_informer_synced", "1 once the first list is in", ["informer"], **kw
         )
+        # What a cache knows, for "is this replica's cache following?" (read at scrape time).
+        self.stale = Gauge(
+            "gpuoperator_informer_stale_seconds",
+            "Seconds the cache may have been missing changes (0: list done, watch open)",
+            ["informer"],
+            **kw,
+        )
+        self.heard = Gauge(
+            "gpuoperator_informer_last_heard_seconds",
+            "Seconds since the server last spoke on the watch (event, bookmark, list, opened)",
+            ["informer"],
+            **kw,
+        )
+        self.watching = Gauge(
+            "gpuoperator_informer_watch_open",
+            "1 while a watch's response is open (0: listing, opening or backing off)",
+            ["informer"],
+            **kw,
+        )
+        self.resource_version = Gauge(
+            "gpuoperator_informer_resource_version",
+            "The resourceVersion the cache follows from (its last list, event or bookmark)",
+            ["informer"],
+            **kw,
+        )
 
 
 _metrics = per_registry(_Metrics)
@@ -302,6 +342,8 @@ class InformerOptions:
     page_size: int = 500
     #: Seconds without an event or bookmark after which a watch is abandoned and re-opened.
     watch_idle: float = WATCH_IDLE_SECONDS
+    #: Seconds a watch may wait for its response headers before that counts as a failure.
+    watch_headers: float = WATCH_HEADERS_SECONDS
     #: Backoff between failed lists/watches: (initial, cap) seconds, jittered.
     backoff: tuple[float, float] = (0.8, 30.0)
     #: The longest wait after a 401, 403 or 429 (a starting API server's answers).
@@ -352,8 +394,13 @@ class ListWatcher(Protocol):
         stop: threading.Event | None = ...,
         opened: Callable[[requests.Response], None] | None = ...,
         idle_timeout: float = ...,
+        headers_timeout: float = ...,
     ) -> Iterator[tuple[str, Obj]]: ...
 
+
+#: Seconds a re-opened watch stays open without failing after which it has caught up even
+#: if it delivered nothing (the server sends what was missed, or its 410, at once).
+CAUGHT_UP_SECONDS = 5.0
 
 #: Answers of a server that is up but not serving us yet: retried soon, not backed off long.
 _REFUSED = (errors.UnauthorizedError, errors.ForbiddenError, errors.TooManyRequestsError)
@@ -388,8 +435,23 @@ class Informer:
         self._backoff = Backoff(*self.options.backoff)
         #: Monotonic time of the first failure since the cache was last known current.
         self._stale_since: float | None = None
+        #: What the informer's thread is doing (see ``describe``), and when the server last
+        #: spoke to it (a list completed, a watch opened, an event or a bookmark).
+        self._phase = "starting"
+        self._heard: float | None = None
+        #: While a re-opened watch has not caught up: when it opened, and since when the
+        #: cache had been stale before it (see the module docstring).
+        self._opened_at: float | None = None
+        self._behind_since: float | None = None
         self._metrics = _metrics(registry)
         self._log = log.bind(informer=self.name)
+        m = self._metrics
+        m.stale.labels(self.name).set_function(self.stale_for)
+        m.heard.labels(self.name).set_function(lambda: self.describe()["last_heard_seconds"])
+        m.watching.labels(self.name).set_function(lambda: float(self._phase == "watching"))
+        m.resource_version.labels(self.name).set_function(
+            lambda: float(self.resource_version) if self.resource_version.isdigit() else 0.0
+        )
 
     # ---- consumers ----------------------------------------------------------------
     def add_handlers(self, handlers: Handlers) -> None:
@@ -413,6 +475,25 @@ class Informer:
         since = self._stale_since
         return 0.0 if since is None else max(0.0, self._clock.monotonic() - since)
 
+    def describe(self) -> dict[str, Any]:
+        """What the cache knows, for diagnosis (the metrics carry the same figures): the
+        thread's phase (``listing``, ``opening`` a watch, ``watching``, ``backoff``,
+        ``stopped``), the resourceVersion it follows from, how long it may have been missing
+        changes, and how long ago the server last spoke to it."""
+        heard = self._heard
+        return {
+            "informer": self.name,
+            "phase": "crashed" if self.crashed() else self._phase,
+            "synced": self.has_synced(),
+            "current": self.current(),
+            "resource_version": self.resource_version,
+            "objects": len(self.store),
+            "stale_seconds": round(self.stale_for(), 1),
+            "last_heard_seconds": (
+                -1.0 if heard is None else round(max(0.0, self._clock.monotonic() - heard), 1)
+            ),
+        }
+
     def crashed(self) -> bool:
         """The informer's thread ended without ``stop``: the cache no longer follows."""
         thread = self._thread
@@ -432,9 +513,8 @@ class Informer:
         """Stop listing and watching, and wait up to ``timeout`` for the thread to end.
 
         A watch that has delivered its response headers is aborted at once; one still
-        waiting for them (the API server sends headers with the first event or bookmark)
-        ends when it returns. The thread is a daemon: it never holds up process exit.
-        Returns whether the thread has ended.
+        waiting for them ends when they come or after ``watch_headers``. The thread is a
+        daemon: it never holds up process exit. Returns whether the thread has ended.
         """
         self._stop.set()
         response = self._response
@@ -455,13 +535,26 @@ class Informer:
             # The server answers: back off from the start next time, and the cache follows
             # again from its resourceVersion (nothing is missed across a re-watch).
             self._backoff.reset()
-            self._current()
+            self._heard_now()
+            self._phase = "watching"
+            behind_since = self._stale_since
+            was = self._current()
+            # Current unless this watch fails before it caught up (``_stale``).
+            self._behind_since, self._opened_at = behind_since, self._clock.monotonic()
+            if was > 0:
+                self._log.info(
+                    "watch open again",
+                    reason="WatchOpened",
+                    resource_version=self.resource_version,
+                    stale_for=round(was, 1),
+                )
 
     def run(self) -> None:
         """List and watch until ``stop``; survives every error by backing off. Should the
         thread die anyway, that is logged as critical and ``current()`` turns false."""
         try:
             self._run()
+            self._phase = "stopped"
         except BaseException:
             self._log.critical("informer thread died; the cache no longer follows", exc_info=True)
             raise
@@ -472,9 +565,11 @@ class Informer:
         while not self._stop.is_set():
             try:
                 if relist:
+                    self._phase = "listing"
                     self._list(reason)
                     relist = False
                     backoff.reset()
+                self._phase = "opening"
                 self._watch()
             except errors.NotFoundError as exc:
                 if relist and self.options.optional:
@@ -491,6 +586,7 @@ class Informer:
                         retry_in=round(delay, 2),
                         relist=relist,
                     )
+                    self._phase = "backoff"
                     self._stop.wait(delay)
             except errors.GoneError as exc:
                 self._stale()
@@ -502,6 +598,7 @@ class Informer:
                     error=str(exc),
                     retry_in=round(delay, 2),
                 )
+                self._phase = "backoff"
                 self._stop.wait(delay)
             except (errors.ApiError, requests.RequestException, ValueError) as exc:
                 if self._stop.is_set():
@@ -518,6 +615,7 @@ class Informer:
                     relist=relist,
                     stale_for=round(self.stale_for(), 1),
                 )
+                self._phase = "backoff"
                 self._stop.wait(delay)
             except Exception as exc:  # a handler bug must not kill the cache
                 self._stale()
@@ -525,17 +623,31 @@ class Informer:
                 self._log.exception(
                     "informer error; retrying", reason=type(exc).__name__, retry_in=round(delay, 2)
                 )
+                self._phase = "backoff"
                 self._stop.wait(delay)
 
+    def _heard_now(self) -> None:
+        self._heard = self._clock.monotonic()
+
     def _stale(self) -> None:
-        """The cache may miss changes from now (unless it already might)."""
+        """The cache may miss changes from now (unless it already might) — or since it
+        first might, when the watch that failed had not caught up."""
+        now = self._clock.monotonic()
+        behind, opened = self._behind_since, self._opened_at
+        self._behind_since = self._opened_at = None
         if self._stale_since is None:
-            self._stale_since = self._clock.monotonic()
+            caught_up = opened is None or now - opened >= CAUGHT_UP_SECONDS
+            self._stale_since = now if behind is None or caught_up else behind
+
+    def _caught_up(self) -> None:
+        """The watch delivered something: everything missed came before it."""
+        self._behind_since = self._opened_at = None
 
     def _current(self) -> float:
         """The cache follows the server again; returns for how long it had been stale."""
         was = self.stale_for()
         self._stale_since = None
+        self._caught_up()
         return was
 
     def _absent(self, why: str) -> None:
@@ -574,6 +686,7 @@ class Informer:
                 old = self.store.put(obj)
                 self._notify("ADDED" if old is None else "MODIFIED", obj, old)
         self.resource_version = rv
+        self._heard_now()
         self._metrics.objects.labels(self.name).set(len(self.store))
         stale = self._current()
         if not self._synced.is_set():
@@ -605,8 +718,11 @@ class Informer:
             stop=self._stop,
             opened=self._opened,  # so that stop() can abort a watch waiting for an event
             idle_timeout=o.watch_idle,
+            headers_timeout=o.watch_headers,
         )
         for etype, obj in events:
+            self._heard_now()
+            self._caught_up()
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if etype == "BOOKMARK":
                 if rv:

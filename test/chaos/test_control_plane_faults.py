@@ -11,18 +11,20 @@ import json
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 
 import pykube
+import requests
 
-from chaos import load, oracle, scene, store
+from chaos import diagnosis, load, oracle, scene, store
 from chaos.conftest import FIGURES, Sizes
 from chaos.history import ClaimHistory
 from chaos.replicas import Replicas
 from gpuoperator import names
+from gpuoperator.kinds import GPUClass
 from harness.fleet import Fleet
-from harness.waiting import wait_for
+from harness.waiting import WaitTimeoutError, wait_for
 from localcluster.cluster import LocalCluster
 
 SEED = 3
@@ -92,12 +94,27 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
     fresh = after.gpu_class("-after", maxCount=4)
     after.node(4)
     history.classes[fresh] = after.resource
+    # The class is published before its node exists, with no free unit anywhere: a claim of
+    # it can be placed only once the leader has published the node's units.
+    scene.published(api, fresh, 1)
     known_after = _judged_by_every_replica(
-        api, "orders of a class made after the faults", _dry_run_order(api, ns, fresh, tally)
+        api,
+        replicas,
+        "orders of a class made after the faults",
+        _dry_run_order(api, ns, fresh, tally),
+        fresh,
     )
-    load.place(api, load.Outcome(ns, "after-hold", fresh, 1), tally)
+    hold = load.place(api, load.Outcome(ns, "after-hold", fresh, 1), tally)
+    assert hold.placed, (
+        f"the claim the VMI webhooks are asked about was refused: {hold.refusal}\n"
+        + _cluster_report(api, fresh)
+    )
     vmi_after = _judged_by_every_replica(
-        api, "a VM on a claim made after the faults", _dry_run_vm(api, ns, "after-hold", tally)
+        api,
+        replicas,
+        "a VM on a claim made after the faults",
+        _dry_run_vm(api, ns, "after-hold", tally),
+        fresh,
     )
     relists = replicas.log_count('"watch expired; relisting"') - relists_before
     placed = sum(1 for o in orders if o.placed)
@@ -119,15 +136,34 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
     assert not verdict.problems(history), verdict.problems(history)
 
 
-def _dry_run_order(
-    api: pykube.HTTPClient, ns: str, cls: str, tally: load.Tally
-) -> Callable[[], bool]:
-    """One dry-run order of ``cls``: True when the webhook knew the class (it admitted the
-    order, or refused it for another reason than "does not exist")."""
-    body = load.claim_body(ns, "probe", cls, 1)
+class Probe:
+    """One webhook question, asked again and again: ``knows()`` says whether the answer
+    showed the webhook knew; ``last`` keeps the last answers for the failure report."""
 
-    def knows() -> bool:
-        response = load.retrying(
+    def __init__(
+        self, ask: Callable[[], requests.Response], known: Callable[[requests.Response], bool]
+    ) -> None:
+        self._ask, self._known = ask, known
+        self.last: deque[str] = deque(maxlen=6)
+
+    def knows(self) -> bool:
+        response = self._ask()
+        knew = self._known(response)
+        self.last.append(
+            f"{time.strftime('%H:%M:%S')} {response.status_code} knew={knew} "
+            f"{response.text[:300]!r}"
+        )
+        return knew
+
+
+def _dry_run_order(api: pykube.HTTPClient, ns: str, cls: str, tally: load.Tally) -> Probe:
+    """One dry-run order of one unit of ``cls``, a class with free units published: True
+    when the webhook admitted it, knowing the class and its published figures (a webhook
+    that does not know the class refuses the order as not existing; one that knows only its
+    first, empty status, as fitting on no node)."""
+    body = load.claim_body(ns, "probe", cls, 1)
+    return Probe(
+        lambda: load.retrying(
             tally,
             "a dry-run order",
             lambda: api.post(
@@ -136,22 +172,16 @@ def _dry_run_order(
                 params={"dryRun": "All"},
                 data=json.dumps(body),
             ),
-        )
-        return response.status_code == 201 or (
-            "denied the request" in response.text and "does not exist" not in response.text
-        )
-
-    return knows
+        ),
+        lambda r: r.status_code == 201,
+    )
 
 
-def _dry_run_vm(
-    api: pykube.HTTPClient, ns: str, claim: str, tally: load.Tally
-) -> Callable[[], bool]:
+def _dry_run_vm(api: pykube.HTTPClient, ns: str, claim: str, tally: load.Tally) -> Probe:
     """One dry-run VMI on ``claim``: True when the VMI webhook knew the claim."""
     body = load.vmi_body(ns, "probe-vm", [{"claim": claim}])
-
-    def knows() -> bool:
-        response = load.retrying(
+    return Probe(
+        lambda: load.retrying(
             tally,
             "a dry-run VM",
             lambda: api.post(
@@ -160,26 +190,53 @@ def _dry_run_vm(
                 params={"dryRun": "All"},
                 data=json.dumps(body),
             ),
-        )
-        return response.status_code == 201 or (
-            "denied the request" in response.text and "no such GPUClaim" not in response.text
-        )
-
-    return knows
+        ),
+        lambda r: (
+            r.status_code == 201
+            or ("denied the request" in r.text and "no such GPUClaim" not in r.text)
+        ),
+    )
 
 
 def _judged_by_every_replica(
-    api: pykube.HTTPClient, what: str, knows: Callable[[], bool], in_a_row: int = 6
+    api: pykube.HTTPClient,
+    replicas: Replicas,
+    what: str,
+    probe: Probe,
+    cls: str,
+    in_a_row: int = 6,
 ) -> float:
     """Seconds until ``in_a_row`` requests in a row were judged by webhooks that knew what
     they were asked about: the failover address alternates between the ready replicas, so
-    each of them knew it."""
+    each of them knew it. When time runs out, the failure says what each replica knew."""
     started = time.monotonic()
     streak = [0]
 
     def judged() -> bool:
-        streak[0] = streak[0] + 1 if knows() else 0
+        streak[0] = streak[0] + 1 if probe.knows() else 0
         return streak[0] >= in_a_row
 
-    wait_for(f"both replicas to know {what}", judged, timeout=scene.CONVERGE)
+    try:
+        wait_for(f"both replicas to know {what}", judged, timeout=scene.CONVERGE)
+    except WaitTimeoutError as exc:
+        raise AssertionError(
+            f"{exc}\nlast answers:\n  "
+            + "\n  ".join(probe.last)
+            + "\n"
+            + diagnosis.report(api, replicas, ('"admission refused"', '"informing"', '"watch idle'))
+        ) from None
     return time.monotonic() - started
+
+
+def _cluster_report(api: pykube.HTTPClient, cls: str) -> str:
+    """The class's published status and every node's Ready condition."""
+    found = GPUClass.objects(api).get_or_none(name=cls)
+    out = [f"class {cls} status: {(found.obj.get('status') if found else None)!r}"]
+    for node in pykube.Node.objects(api):
+        conditions = (node.obj.get("status") or {}).get("conditions") or []
+        ready: dict[str, str] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        out.append(
+            f"node {node.name}: Ready={ready.get('status')} ({ready.get('reason')}, "
+            f"since {ready.get('lastTransitionTime')})"
+        )
+    return "\n".join(out)

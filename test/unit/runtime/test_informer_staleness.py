@@ -1,0 +1,312 @@
+"""How long a cache counts as stale when its watches keep being opened and then lost at
+once: the API server answers a resumed watch with 200 and its headers first, and only then
+says, inside the stream, that the resourceVersion is too old (410) — or the connection is
+cut again before anything arrived. Such a watch never followed the server: the time the
+cache may have been missing changes goes on from the first failure, so a replica whose
+cache is behind stops being ready after ``stale_after`` however many watches it re-opens."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pykube
+import requests
+from structlog.testing import capture_logs
+
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.informing import Informer, InformerOptions
+from harness import objects
+from harness.waiting import wait_for
+
+Obj = dict[str, Any]
+
+
+class _Opened:
+    ok = True
+    raw = None
+
+    def close(self) -> None:
+        pass
+
+
+class OpenedThenLost:
+    """A watch the server opens (headers sent) and that then fails with ``error`` after
+    delivering ``events``: an in-stream ERROR 410, or a cut connection."""
+
+    def __init__(
+        self, error: Exception, *events: tuple[str, Obj], hold: threading.Event | None = None
+    ) -> None:
+        self.error, self.events, self.hold = error, list(events), hold
+
+
+class Source:
+    """Scripted lists and watches; a watch waits for its script (or the informer's stop)."""
+
+    def __init__(self) -> None:
+        self.lists: queue.Queue[tuple[list[Obj], str] | Exception] = queue.Queue()
+        self.watches: queue.Queue[OpenedThenLost | Exception] = queue.Queue()
+        self.list_calls = 0
+        self.watch_calls = 0
+
+    def list(self, kind: Any, namespace: Any = None, **_kw: Any) -> tuple[list[Obj], str]:
+        self.list_calls += 1
+        answer = self.lists.get(timeout=10)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def watch(
+        self,
+        kind: Any,
+        namespace: Any = None,
+        *,
+        resource_version: str,
+        stop: threading.Event | None = None,
+        opened: Any = None,
+        **_kw: Any,
+    ) -> Iterator[tuple[str, Obj]]:
+        assert stop is not None
+        self.watch_calls += 1
+        while not stop.is_set():
+            try:
+                answer = self.watches.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            if isinstance(answer, Exception):
+                raise answer  # refused before any header
+            opened(_Opened())
+            yield from answer.events
+            if answer.hold is not None:
+                answer.hold.wait(10)  # open and quiet until released
+            raise answer.error
+
+
+def _gone() -> errors.GoneError:
+    return errors.GoneError(410, "Expired", "too old resource version: 40 (55)")
+
+
+def _cut() -> requests.ConnectionError:
+    return requests.ConnectionError("Response ended prematurely")
+
+
+def _started(source: Source, clock: FakeClock) -> Informer:
+    inf = Informer(
+        source,
+        pykube.Pod,
+        InformerOptions(backoff=(0.0, 0.0), stale_after=10.0),
+        clock=clock,
+    )
+    source.lists.put(([], "40"))
+    inf.start()
+    assert inf.wait_synced(10)
+    return inf
+
+
+def test_watches_answered_410_right_after_their_headers_do_not_make_the_cache_current() -> None:
+    clock = FakeClock()
+    source = Source()
+    inf = _started(source, clock)
+    try:
+        source.watches.put(OpenedThenLost(_cut()))  # the connection is cut: stale from here
+        wait_for("the re-watch", lambda: source.watch_calls >= 2)
+        clock.advance(6.0)
+        source.watches.put(OpenedThenLost(_gone()))  # opened, then 410 in the stream
+        wait_for("the relist", lambda: source.list_calls >= 2)
+        clock.advance(6.0)
+        assert inf.stale_for() >= 12.0, inf.describe()
+        assert not inf.current(), "12 s behind the server: not to be trusted"
+        source.lists.put(([], "60"))
+        wait_for("the relist to complete", inf.current)
+        assert inf.stale_for() == 0.0
+    finally:
+        inf.stop()
+
+
+def test_watches_cut_again_before_anything_arrived_do_not_reset_the_staleness() -> None:
+    clock = FakeClock()
+    source = Source()
+    inf = _started(source, clock)
+    try:
+        for n in range(2, 6):
+            source.watches.put(OpenedThenLost(_cut()))
+            wait_for(f"watch {n}", lambda n=n: source.watch_calls >= n)  # type: ignore[misc]
+            clock.advance(3.0)
+        assert inf.stale_for() >= 9.0, inf.describe()
+        clock.advance(2.0)
+        assert not inf.current(), inf.describe()
+    finally:
+        inf.stop()
+
+
+def test_a_watch_that_delivered_an_event_before_its_cut_had_caught_up() -> None:
+    """Whatever a re-opened watch delivered came after everything it had missed (the
+    server sends the backlog first): the cache was current from that watch on."""
+    clock = FakeClock()
+    source = Source()
+    inf = _started(source, clock)
+    try:
+        source.watches.put(OpenedThenLost(_cut()))
+        wait_for("the re-watch", lambda: source.watch_calls >= 2)
+        clock.advance(8.0)
+        pod = objects.pod("a", namespace="default", rv="41", labels={}, containers=[])
+        source.watches.put(OpenedThenLost(_cut(), ("ADDED", pod)))
+        wait_for("the next re-watch", lambda: source.watch_calls >= 3)
+        clock.advance(3.0)
+        assert inf.store.get(("default", "a")) is not None
+        assert inf.stale_for() == 3.0, inf.describe()
+        assert inf.current()
+    finally:
+        inf.stop()
+
+
+def test_a_watch_open_and_quiet_for_a_while_had_caught_up() -> None:
+    """A resumed watch that stays open without a word has nothing to deliver: once it has
+    been open a few seconds, a cut of it starts the staleness afresh."""
+    clock = FakeClock()
+    source = Source()
+    inf = _started(source, clock)
+    try:
+        source.watches.put(OpenedThenLost(_cut()))
+        wait_for("the re-watch", lambda: source.watch_calls >= 2)
+        clock.advance(8.0)
+        release = threading.Event()
+        source.watches.put(OpenedThenLost(_cut(), hold=release))
+        wait_for("the quiet watch to open", lambda: inf.describe()["phase"] == "watching")
+        clock.advance(30.0)
+        release.set()
+        wait_for("the re-watch after the quiet one", lambda: source.watch_calls >= 3)
+        assert inf.stale_for() < 1.0, inf.describe()
+        assert inf.current()
+    finally:
+        inf.stop()
+
+
+def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> None:
+    """A real client on a loopback server that takes the watch request and never answers:
+    the API server sends a watch's headers at once, so after ``watch_headers`` the watch
+    has failed (the cache is stale, the next attempt backs off) — instead of counting as
+    current until the idle limit, far longer than any webhook may trust a cache."""
+    requests_seen: list[str] = []
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            requests_seen.append(self.path)
+            release.wait(30)  # no headers, ever
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
+        ],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    informer = Informer(
+        Client(lambda: pykube.KubeConfig(doc)),
+        pykube.Pod,
+        InformerOptions(watch_idle=60.0, watch_headers=0.3, backoff=(0.01, 0.05)),
+    )
+    try:
+        with capture_logs() as logs:
+            informer.start()
+            assert informer.wait_synced(10)
+            wait_for("a second watch request", lambda: len(requests_seen) >= 2, timeout=10)
+        failures = [e for e in logs if e["event"] == "list/watch failed; retrying"]
+        assert failures and failures[0]["reason"] == "ReadTimeout", logs
+        assert informer.stale_for() > 0.0
+    finally:
+        informer.stop(timeout=10)
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_after_its_headers_a_watch_may_be_quiet_up_to_the_idle_limit() -> None:
+    """The short wait is for the headers only: a watch whose first event comes later than
+    ``watch_headers`` after them is neither a failure nor re-opened."""
+    watch_paths: list[str] = []
+    release = threading.Event()
+    event = json.dumps(
+        {"type": "ADDED", "object": objects.pod("late", namespace="d", rv="8", containers=[])}
+    )
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            watch_paths.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            if len(watch_paths) == 1:
+                release.wait(0.8)  # quiet for four times the headers' limit
+                line = (event + "\n").encode()
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
+            release.wait(30)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    doc = {
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
+        ],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    informer = Informer(
+        Client(lambda: pykube.KubeConfig(doc)),
+        pykube.Pod,
+        InformerOptions(watch_idle=60.0, watch_headers=0.2, backoff=(0.01, 0.05)),
+    )
+    try:
+        with capture_logs() as logs:
+            informer.start()
+            wait_for("the late event", lambda: informer.store.get(("d", "late")) is not None)
+        assert len(watch_paths) == 1, watch_paths
+        assert not [e for e in logs if e["event"] != "cache synced"], logs
+        assert informer.current()
+    finally:
+        informer.stop(timeout=10)
+        release.set()
+        server.shutdown()
+        server.server_close()
