@@ -392,8 +392,9 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     )
     binder.register(manager, shared, inventory, statuses, operator_settings)
     usage_records.register(manager, shared, workers=4)
-    # Every new claim's first write is its protection finalizer, and the binder waits for
-    # it: as many workers as the binder has writers, so it is not the bottleneck of a burst.
+    # Claims normally get their protection finalizer at admission (config/policy); where
+    # they do not, a new claim's first write is that finalizer and the binder waits for it:
+    # as many workers as the binder has writers, so it is not the bottleneck of a burst.
     claim_protection.register(manager, shared, recorder, workers=16)
     template_claims.register(manager, shared, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)

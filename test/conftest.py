@@ -32,6 +32,9 @@ def _stop_leftovers() -> list[str]:
     import gc
     import subprocess
 
+    # Product code run in-process (a Manager) freezes what exists after its caches synced
+    # (gc.freeze); frozen objects are not in get_objects() until unfrozen.
+    gc.unfreeze()
     leftovers = [
         o for o in gc.get_objects() if isinstance(o, subprocess.Popen) and o.poll() is None
     ]

@@ -3,8 +3,10 @@ license Secret is copied into every namespace that holds a claim of the class, f
 source and featureType, goes when no longer needed, and never touches a Secret it did not
 make.
 
-The copier runs in-process on its own ``Manager`` (no leader election, no servers), with the
-default settings, so the license namespace is the operator's own: a namespace of this module.
+The copier runs in-process on its own ``Manager`` (no leader election, no servers) beside the
+claim-protection controller (claims are deleted here, and each carries its finalizer from
+admission), with the default settings, so the license namespace is the operator's own: a
+namespace of this module.
 Each test uses classes of its own (cluster-scoped), removed afterwards.
 """
 
@@ -22,7 +24,7 @@ import pykube
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controllers import license_copier
+from controllers import claim_protection, license_copier
 from gpuoperator import caches, names, settings
 from gpuoperator.caches import Caches
 from gpuoperator.kinds import GPUClaim, GPUClass
@@ -61,13 +63,11 @@ def copier(kubeconfig: Path, api: pykube.HTTPClient) -> Iterator[Copier]:
         registry=CollectorRegistry(),
     )
     shared = caches.register(manager)
-    license_copier.register(
-        manager,
-        shared,
-        Recorder(manager.writer, api_version=names.API_VERSION),
-        settings.load(None, {}, {}),
-        ns,
-    )
+    recorder = Recorder(manager.writer, api_version=names.API_VERSION)
+    license_copier.register(manager, shared, recorder, settings.load(None, {}, {}), ns)
+    # Claims carry the protection finalizer from their admission; deleting one waits for
+    # this controller to release it.
+    claim_protection.register(manager, shared, recorder)
     stop = threading.Event()
     thread = threading.Thread(target=manager.run, args=(stop,), name="copier", daemon=True)
     thread.start()
