@@ -95,10 +95,9 @@ def phase_is(phase: str) -> Any:
     return lambda status: status.get("phase") == phase
 
 
-def two_more_passes(simulator: KubeVirtSimulator) -> None:
-    """Wait until the simulator has looked at the whole cluster afresh, twice."""
-    start = simulator.passes
-    wait_for("two more simulator passes", lambda: simulator.passes, lambda n: n >= start + 2)
+def settled(simulator: KubeVirtSimulator) -> None:
+    """Wait until the simulator has acted on everything in the cluster now."""
+    simulator.settle()
 
 
 def test_a_gpu_vmi_gets_a_launcher_pod_that_runs_on_an_a10_node(
@@ -156,7 +155,7 @@ def test_a_gpu_vmi_gets_a_launcher_pod_that_runs_on_an_a10_node(
         phase_is("Scheduled"),
     )
     assert status["nodeName"] == node
-    two_more_passes(kubevirt)
+    settled(kubevirt)
     assert [p["metadata"]["name"] for p in launcher_pods(api, namespace)] == [meta["name"]]
 
 
@@ -187,7 +186,7 @@ def test_deleting_a_pod_that_never_ran_fails_the_vmi_for_good(
         phase_is("Failed"),
     )
     assert "nodeName" not in status
-    two_more_passes(kubevirt)
+    settled(kubevirt)
     assert launcher_pods(api, namespace) == [], "a Failed VMI must get no new pod"
     assert vmi_status(api, namespace, "vm-stuck")["phase"] == "Failed"
 
@@ -211,7 +210,7 @@ def test_deleting_a_running_pod_fails_the_vmi(
         phase_is("Failed"),
     )
     assert status["nodeName"] == scheduled["nodeName"]
-    two_more_passes(kubevirt)
+    settled(kubevirt)
     assert launcher_pods(api, namespace) == [], "a Failed VMI must get no new pod"
 
 
@@ -237,7 +236,7 @@ def test_a_gpu_the_kubevirt_cr_does_not_permit_gets_no_pod(
     )
     config.create()
     try:
-        two_more_passes(kubevirt)  # the simulator has read the table
+        settled(kubevirt)  # the simulator has read the table
         create_vmi(api, namespace, "vm-l40s", [L40S], tolerations=[GPU_TOLERATION])
         create_vmi(api, namespace, "vm-a10", [A10], tolerations=[GPU_TOLERATION])
 
@@ -254,7 +253,7 @@ def test_a_gpu_the_kubevirt_cr_does_not_permit_gets_no_pod(
             f"GPU {L40S} is not permitted in permittedHostDevices configuration"
         )
         one_launcher_pod(api, namespace, "vm-a10")  # a permitted GPU is served meanwhile
-        two_more_passes(kubevirt)
+        settled(kubevirt)
         assert launcher_pods(api, namespace, "vm-l40s") == []
     finally:
         config.delete()
@@ -287,7 +286,7 @@ def test_an_empty_permitted_table_permits_no_gpu(
     )
     config.create()
     try:
-        two_more_passes(kubevirt)
+        settled(kubevirt)
         create_vmi(api, namespace, "vm-a10", [A10], tolerations=[GPU_TOLERATION])
         status = wait_for(
             "the refusal on vm-a10",
