@@ -4,6 +4,8 @@ deleted pod fails its VMI; a GPU the KubeVirt CR does not permit gets no pod."""
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 
 import pykube
@@ -299,3 +301,85 @@ def test_an_empty_permitted_table_permits_no_gpu(
         assert launcher_pods(api, namespace) == []
     finally:
         config.delete()
+
+
+def test_each_vmi_gets_one_pod_however_many_events_arrive_meanwhile(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    """Label writes from several threads while the VMIs are being launched: every write is
+    a VMI event that queues the VMI again, before and after its pod appears."""
+    ready_for_pods(api, namespace)
+    vmis = [f"vm-busy-{i}" for i in range(6)]
+
+    def touch(worker: int) -> None:
+        client = pykube.HTTPClient(api.config, timeout=30)
+        for round_ in range(5):
+            for name in vmis:
+                obj = VirtualMachineInstance.objects(client, namespace=namespace).get(name=name)
+                obj.obj["metadata"].setdefault("labels", {})[f"touch-{worker}"] = str(round_)
+                try:
+                    obj.update()
+                except pykube.exceptions.HTTPError as exc:
+                    if exc.code != 409:  # another writer was first: an event all the same
+                        raise
+
+    for name in vmis:
+        create_vmi(api, namespace, name, [A10], tolerations=[GPU_TOLERATION])
+    writers = [threading.Thread(target=touch, args=(w,)) for w in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(60)
+    assert not any(w.is_alive() for w in writers)
+    for name in vmis:
+        wait_for(
+            f"{name} to be Scheduled",
+            lambda name=name: vmi_status(api, namespace, name),  # type: ignore[misc]
+            phase_is("Scheduled"),
+        )
+    settled(kubevirt)
+    owners = sorted(
+        p["metadata"]["labels"]["vm.kubevirt.io/name"] for p in launcher_pods(api, namespace)
+    )
+    assert owners == sorted(vmis)
+
+
+def test_a_pod_event_alone_moves_its_vmi(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    """A pod no scheduler serves is bound by hand: only the pod changes (bound, then
+    Running by kwok), and the VMI follows it to Scheduled on that node."""
+    ready_for_pods(api, namespace)
+    create_vmi(
+        api,
+        namespace,
+        "vm-bound-by-hand",
+        [A10],
+        tolerations=[GPU_TOLERATION],
+        schedulerName="no-such-scheduler",
+    )
+    pod = one_launcher_pod(api, namespace, "vm-bound-by-hand")
+    wait_for(
+        "the VMI to be Scheduling",
+        lambda: vmi_status(api, namespace, "vm-bound-by-hand"),
+        phase_is("Scheduling"),
+    )
+    node = next(n.name for n in pykube.Node.objects(api).iterator() if n.name.startswith("a10-"))
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod["metadata"]["name"], "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    response = api.post(
+        url=f"pods/{pod['metadata']['name']}/binding",
+        namespace=namespace,
+        data=json.dumps(binding),
+    )
+    api.raise_for_status(response)
+    status = wait_for(
+        "the VMI to be Scheduled",
+        lambda: vmi_status(api, namespace, "vm-bound-by-hand"),
+        phase_is("Scheduled"),
+    )
+    assert status["nodeName"] == node

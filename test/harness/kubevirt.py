@@ -728,6 +728,8 @@ class KubeVirtSimulator:
         while not self._stopping.is_set():
             key = self._queue.get(timeout=0.5)
             if key is None:
+                if self._queue.shutting_down:
+                    return
                 continue
             try:
                 if self._stopping.is_set():
@@ -833,6 +835,8 @@ class KubeVirtSimulator:
                     error = rendered
                 else:
                     pod, error = self._launch(client, uid, rendered)
+                    if pod is not None:  # look again should the expectation run out
+                        self._queue.add_after(key, EXPECTATION_SECONDS + 0.1)
             status = vmi_status(vmi, pod, launched=launched, error=error, now=_now())
             if status == (vmi.get("status") or {}):
                 return
