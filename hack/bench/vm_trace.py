@@ -141,16 +141,17 @@ def report(label: str, stamps: Stamps, keys: list[tuple[str, str]]) -> None:
         print(f"  total               {quantile(total, 0.5):8.1f} / {quantile(total, 0.99):8.1f}")
 
 
-#: Seconds the stand-in spent per call, by what it did ("pass", "create pod", "status").
-SPENT: dict[str, list[float]] = {"pass": [], "create pod": [], "status": []}
+#: Seconds the stand-in spent per call, by what it did ("sync" of one VMI key, "create pod",
+#: "status" write).
+SPENT: dict[str, list[float]] = {"sync": [], "create pod": [], "status": []}
 
 
 def instrument(simulator: KubeVirtSimulator) -> None:
-    """Time the stand-in's passes, pod creates and status writes."""
-    create, one_pass, reconcile = (
+    """Time the stand-in's syncs, pod creates and status writes."""
+    create, sync, write = (
         KubeVirtSimulator._create_pod,
-        simulator._pass,
-        simulator._reconcile,
+        simulator._sync,
+        KubeVirtSimulator._write_status,
     )
 
     def timed(what: str, call: Any) -> Any:
@@ -164,8 +165,19 @@ def instrument(simulator: KubeVirtSimulator) -> None:
         return wrapper
 
     simulator._create_pod = timed("create pod", create)  # type: ignore[method-assign]
-    simulator._pass = timed("pass", one_pass)  # type: ignore[method-assign]
-    simulator._reconcile = timed("status", reconcile)  # type: ignore[method-assign]
+    simulator._sync = timed("sync", sync)  # type: ignore[method-assign]
+    simulator._write_status = timed("status", write)  # type: ignore[method-assign]
+
+
+WANTED = ("queue_duration_seconds_sum", "queue_duration_seconds_count", "adds_total")
+
+
+def queue_wait(simulator: KubeVirtSimulator) -> None:
+    """The stand-in's work queue: how long keys waited in it, and how many were added."""
+    for metric in simulator.registry.collect():
+        for sample in metric.samples:
+            if sample.name.endswith(WANTED):
+                print(f"  stand-in queue {sample.name} {sample.value:.3f}")
 
 
 def spent() -> None:
@@ -299,6 +311,8 @@ def main() -> int:
         spent()
         report("through the gate", stamps, gated)
         report("raw gpus entries", stamps, raw)
+        print("stand-in work queue (both halves):")
+        queue_wait(simulator)
         for line in [
             *metrics(port, "gpuoperator_workqueue"),
             *metrics(port, "gpuoperator_reconcile"),

@@ -4,6 +4,8 @@ deleted pod fails its VMI; a GPU the KubeVirt CR does not permit gets no pod."""
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 
 import pykube
@@ -95,10 +97,9 @@ def phase_is(phase: str) -> Any:
     return lambda status: status.get("phase") == phase
 
 
-def two_more_passes(simulator: KubeVirtSimulator) -> None:
-    """Wait until the simulator has looked at the whole cluster afresh, twice."""
-    start = simulator.passes
-    wait_for("two more simulator passes", lambda: simulator.passes, lambda n: n >= start + 2)
+def settled(simulator: KubeVirtSimulator) -> None:
+    """Wait until the simulator has acted on everything in the cluster now."""
+    simulator.settle()
 
 
 def test_a_gpu_vmi_gets_a_launcher_pod_that_runs_on_an_a10_node(
@@ -156,7 +157,7 @@ def test_a_gpu_vmi_gets_a_launcher_pod_that_runs_on_an_a10_node(
         phase_is("Scheduled"),
     )
     assert status["nodeName"] == node
-    two_more_passes(kubevirt)
+    settled(kubevirt)
     assert [p["metadata"]["name"] for p in launcher_pods(api, namespace)] == [meta["name"]]
 
 
@@ -187,7 +188,7 @@ def test_deleting_a_pod_that_never_ran_fails_the_vmi_for_good(
         phase_is("Failed"),
     )
     assert "nodeName" not in status
-    two_more_passes(kubevirt)
+    settled(kubevirt)
     assert launcher_pods(api, namespace) == [], "a Failed VMI must get no new pod"
     assert vmi_status(api, namespace, "vm-stuck")["phase"] == "Failed"
 
@@ -211,7 +212,7 @@ def test_deleting_a_running_pod_fails_the_vmi(
         phase_is("Failed"),
     )
     assert status["nodeName"] == scheduled["nodeName"]
-    two_more_passes(kubevirt)
+    settled(kubevirt)
     assert launcher_pods(api, namespace) == [], "a Failed VMI must get no new pod"
 
 
@@ -237,7 +238,7 @@ def test_a_gpu_the_kubevirt_cr_does_not_permit_gets_no_pod(
     )
     config.create()
     try:
-        two_more_passes(kubevirt)  # the simulator has read the table
+        settled(kubevirt)  # the simulator has read the table
         create_vmi(api, namespace, "vm-l40s", [L40S], tolerations=[GPU_TOLERATION])
         create_vmi(api, namespace, "vm-a10", [A10], tolerations=[GPU_TOLERATION])
 
@@ -254,7 +255,7 @@ def test_a_gpu_the_kubevirt_cr_does_not_permit_gets_no_pod(
             f"GPU {L40S} is not permitted in permittedHostDevices configuration"
         )
         one_launcher_pod(api, namespace, "vm-a10")  # a permitted GPU is served meanwhile
-        two_more_passes(kubevirt)
+        settled(kubevirt)
         assert launcher_pods(api, namespace, "vm-l40s") == []
     finally:
         config.delete()
@@ -287,7 +288,7 @@ def test_an_empty_permitted_table_permits_no_gpu(
     )
     config.create()
     try:
-        two_more_passes(kubevirt)
+        settled(kubevirt)
         create_vmi(api, namespace, "vm-a10", [A10], tolerations=[GPU_TOLERATION])
         status = wait_for(
             "the refusal on vm-a10",
@@ -300,3 +301,85 @@ def test_an_empty_permitted_table_permits_no_gpu(
         assert launcher_pods(api, namespace) == []
     finally:
         config.delete()
+
+
+def test_each_vmi_gets_one_pod_however_many_events_arrive_meanwhile(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    """Label writes from several threads while the VMIs are being launched: every write is
+    a VMI event that queues the VMI again, before and after its pod appears."""
+    ready_for_pods(api, namespace)
+    vmis = [f"vm-busy-{i}" for i in range(6)]
+
+    def touch(worker: int) -> None:
+        client = pykube.HTTPClient(api.config, timeout=30)
+        for round_ in range(5):
+            for name in vmis:
+                obj = VirtualMachineInstance.objects(client, namespace=namespace).get(name=name)
+                obj.obj["metadata"].setdefault("labels", {})[f"touch-{worker}"] = str(round_)
+                try:
+                    obj.update()
+                except pykube.exceptions.HTTPError as exc:
+                    if exc.code != 409:  # another writer was first: an event all the same
+                        raise
+
+    for name in vmis:
+        create_vmi(api, namespace, name, [A10], tolerations=[GPU_TOLERATION])
+    writers = [threading.Thread(target=touch, args=(w,)) for w in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(60)
+    assert not any(w.is_alive() for w in writers)
+    for name in vmis:
+        wait_for(
+            f"{name} to be Scheduled",
+            lambda name=name: vmi_status(api, namespace, name),  # type: ignore[misc]
+            phase_is("Scheduled"),
+        )
+    settled(kubevirt)
+    owners = sorted(
+        p["metadata"]["labels"]["vm.kubevirt.io/name"] for p in launcher_pods(api, namespace)
+    )
+    assert owners == sorted(vmis)
+
+
+def test_a_pod_event_alone_moves_its_vmi(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    """A pod no scheduler serves is bound by hand: only the pod changes (bound, then
+    Running by kwok), and the VMI follows it to Scheduled on that node."""
+    ready_for_pods(api, namespace)
+    create_vmi(
+        api,
+        namespace,
+        "vm-bound-by-hand",
+        [A10],
+        tolerations=[GPU_TOLERATION],
+        schedulerName="no-such-scheduler",
+    )
+    pod = one_launcher_pod(api, namespace, "vm-bound-by-hand")
+    wait_for(
+        "the VMI to be Scheduling",
+        lambda: vmi_status(api, namespace, "vm-bound-by-hand"),
+        phase_is("Scheduling"),
+    )
+    node = next(n.name for n in pykube.Node.objects(api).iterator() if n.name.startswith("a10-"))
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod["metadata"]["name"], "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    response = api.post(
+        url=f"pods/{pod['metadata']['name']}/binding",
+        namespace=namespace,
+        data=json.dumps(binding),
+    )
+    api.raise_for_status(response)
+    status = wait_for(
+        "the VMI to be Scheduled",
+        lambda: vmi_status(api, namespace, "vm-bound-by-hand"),
+        phase_is("Scheduled"),
+    )
+    assert status["nodeName"] == node

@@ -21,10 +21,25 @@ rewrites it: the scheduling gate and node affinity that gpuoperator's webhook an
 controller add stay as they are.
 
 The rendering and status decisions are pure functions (``render_launcher_pod``,
-``vmi_status``, ``find_launcher_pod``, ``permitted_devices``): idempotent, no I/O, so the unit
-tests pin them down. ``KubeVirtSimulator`` is the I/O shell: watches that only wake a
-level-triggered reconcile loop, which re-reads everything on each wake and at least every
-``RESYNC_SECONDS``.
+``vmi_status``, ``find_launcher_pod``, ``permitted_devices``, ``vmi_key_of_pod``):
+idempotent, no I/O, so the unit tests pin them down. ``KubeVirtSimulator`` is the I/O shell,
+shaped like virt-controller's VMI controller:
+
+* watch caches (informers: list, then watch from its resourceVersion, relist on 410 or any
+  failure) of VMIs, launcher pods (``kubevirt.io=virt-launcher``) and KubeVirt CRs;
+* one rate-limited work queue keyed by VMI namespace/name (the product's generic
+  ``gpuoperator.runtime.queueing.WorkQueue``, client-go's semantics): a VMI event queues
+  its key, a pod event its owning VMI's key (controller ownerReference, else the
+  ``vm.kubevirt.io/name`` label), a KubeVirt CR event every VMI's key, and every
+  ``RESYNC_SECONDS`` all of them; a key is queued once however many events arrive while it
+  waits, never synced by two workers at once, and a failed sync is retried with backoff;
+* ``WORKERS`` worker threads, each syncing one key from the caches;
+* expectations, as KubeVirt's ``ControllerExpectations``: after creating a pod for a VMI
+  no sync creates another until the pod cache has shown it (or ``EXPECTATION_SECONDS``
+  pass and the API server, asked directly, says it is gone).
+
+``KubeVirtSimulator.settle()`` waits until the simulator has acted on everything the API
+server holds at call time, for tests that assert that something did *not* happen.
 
 Simplifications, on purpose: no virt-handler (a VMI never becomes Running), no memory
 overhead on the compute container, no VirtualMachine controller (nothing restarts a Failed
@@ -41,13 +56,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+import prometheus_client
 import pykube
 
 from gpuoperator.kinds import KubeVirt, VirtualMachineInstance
+from gpuoperator.runtime.queueing import WorkQueue
+from gpuoperator.runtime.ratelimiting import ItemExponentialFailureRateLimiter
 
 Obj = dict[str, Any]
 
@@ -80,8 +98,20 @@ LAUNCHED_PHASES: Final = frozenset({SCHEDULING, SCHEDULED, RUNNING})
 SYNCHRONIZED: Final = "Synchronized"
 FAILED_CREATE: Final = "FailedCreate"
 
-#: How often the simulator re-reads and reconciles every VMI without any event.
-RESYNC_SECONDS: Final = 1.0
+#: Worker threads syncing VMI keys. virt-controller runs several per controller (its
+#: ``--vmi-controller-threadiness``, 10 by default); three keep a 2-core test machine's
+#: stand-in from waiting on one slow write while not competing with the operator.
+WORKERS: Final = 3
+#: How often every VMI key (and the orphan sweep) is queued without any event: the
+#: informers' resync, a safety net only, since every change arrives as an event.
+RESYNC_SECONDS: Final = 5.0
+#: How long a created pod may stay unseen by the pod cache before the API server is asked
+#: whether it still exists (KubeVirt's expectations time out after five minutes).
+EXPECTATION_SECONDS: Final = 30.0
+#: The longest backoff between retries of a key whose sync keeps failing.
+BACKOFF_CAP: Final = 5.0
+#: How often ``settle()`` looks at the caches and the syncs it waits for.
+SETTLE_POLL_SECONDS: Final = 0.02
 #: Server-side lifetime of one watch request; the client's read timeout is a bit longer.
 WATCH_SECONDS: Final = 60
 WATCH_READ_SLACK: Final = 15
@@ -348,14 +378,54 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class _Watcher:
-    """One kind watched in a thread of its own; each event only wakes the reconciler.
+def _version(obj: Mapping[str, Any]) -> int:
+    """The object's resourceVersion as a number (etcd's revision), 0 if it has none."""
+    text = str(_meta(obj).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else 0
 
-    A watch request lives ``WATCH_SECONDS`` on the server and is then re-opened from the
-    last resourceVersion seen; an in-stream ERROR (e.g. 410 Gone) or any failure starts
-    over with a fresh list. The thread owns its client (a pykube client is not
-    thread-safe); ``interrupt()``, called from another thread, shuts the open stream's
-    socket so the thread notices ``stopping`` without waiting for the server.
+
+#: A VMI's key in the work queue, as virt-controller's: (namespace, name).
+Key = tuple[str, str]
+#: The key of the orphan sweep over every cached launcher pod (no VMI has an empty name).
+SWEEP: Final[Key] = ("", "")
+#: Called with (old, new) for every change a cache sees; None for "absent".
+Handler = Callable[[Obj | None, Obj | None], None]
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = _meta(obj)
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _owner_uid(pod: Mapping[str, Any]) -> str:
+    """The uid of the VMI that created ``pod``: the ``kubevirt.io/created-by`` label."""
+    return str((_meta(pod).get("labels") or {}).get(CREATED_BY_LABEL) or "")
+
+
+def vmi_key_of_pod(pod: Mapping[str, Any]) -> Key:
+    """The key of the VMI a launcher pod belongs to, as virt-controller maps a pod event:
+    its controller ownerReference to a VMI, else the ``vm.kubevirt.io/name`` label; a pod
+    with neither goes to the orphan sweep."""
+    meta = _meta(pod)
+    namespace = str(meta.get("namespace") or "")
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == VMI_KIND and ref.get("name"):
+            return (namespace, str(ref["name"]))
+    name = (meta.get("labels") or {}).get(VM_NAME_LABEL)
+    return (namespace, str(name)) if name else SWEEP
+
+
+class _Cache:
+    """A watch cache (informer) of one kind, kept in a thread of its own.
+
+    It lists, then watches from the list's resourceVersion; a watch request lives
+    ``WATCH_SECONDS`` on the server and is re-opened from the last resourceVersion seen; an
+    in-stream ERROR (410 Gone) or any failure starts over with a fresh list, which is
+    compared with the cache so that ``handler`` hears of every difference (a deletion
+    missed meanwhile included). ``handler`` runs in the cache's thread after the cache has
+    changed and must be quick (it enqueues keys). The thread owns its client (a pykube
+    client is not thread-safe); ``interrupt()``, called from another thread, shuts the open
+    stream's socket so the thread notices ``stopping`` without waiting for the server.
     """
 
     def __init__(
@@ -363,19 +433,60 @@ class _Watcher:
         kind: type[Any],
         selector: dict[str, str] | None,
         config: Any,
-        wake: threading.Event,
+        handler: Handler,
         stopping: threading.Event,
     ) -> None:
         self.kind = kind
         self.selector = selector
         self.config = config
-        self.wake = wake
+        self.handler = handler
         self.stopping = stopping
+        self.synced = threading.Event()
+        self._items: dict[Key, Obj] = {}
+        self._lock = threading.Lock()
         self.current: Any = None
         self.thread = threading.Thread(
             target=self._run, name=f"kubevirt-sim-watch-{kind.endpoint}", daemon=True
         )
 
+    # ---- reading (any thread) ---------------------------------------------------------
+    def get(self, key: Key) -> Obj | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def values(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def all_keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._items)
+
+    def in_namespace(self, namespace: str) -> list[Obj]:
+        with self._lock:
+            return [obj for key, obj in self._items.items() if key[0] == namespace]
+
+    def query(self, client: pykube.HTTPClient) -> Any:
+        query = self.kind.objects(client, namespace=pykube.all)
+        return query.filter(selector=self.selector) if self.selector else query
+
+    def covers(self, listing: Obj) -> bool:
+        """Whether the cache has caught up with ``listing`` (a list response read from the
+        API server): it holds each listed object at that version or newer, and nothing the
+        list lacks unless it was written after the list."""
+        listed_at = int(str(listing["metadata"]["resourceVersion"]))
+        items = cast("list[Obj]", listing.get("items") or [])
+        listed = {_key(obj) for obj in items}
+        with self._lock:
+            for obj in items:
+                cached = self._items.get(_key(obj))
+                if cached is None or _version(cached) < _version(obj):
+                    return False
+            return all(
+                _version(obj) > listed_at for key, obj in self._items.items() if key not in listed
+            )
+
+    # ---- the thread -------------------------------------------------------------------
     def interrupt(self) -> None:
         query = self.current
         response = getattr(query, "response", None) if query is not None else None
@@ -388,9 +499,30 @@ class _Watcher:
         except Exception:  # the stream may be closing on its own right now
             log.debug("interrupting the %s watch", self.kind.endpoint, exc_info=True)
 
-    def _query(self, client: pykube.HTTPClient) -> Any:
-        query = self.kind.objects(client, namespace=pykube.all)
-        return query.filter(selector=self.selector) if self.selector else query
+    def _replace(self, items: list[Obj]) -> None:
+        fresh = {_key(obj): obj for obj in items}
+        with self._lock:
+            old, self._items = self._items, fresh
+        for key, obj in fresh.items():
+            before = old.get(key)
+            if before is None or _version(before) != _version(obj):
+                self.handler(before, obj)
+        for key, obj in old.items():
+            if key not in fresh:
+                self.handler(obj, None)
+
+    def _apply(self, kind: str, obj: Obj) -> None:
+        key = _key(obj)
+        with self._lock:
+            before = self._items.get(key)
+            if kind == "DELETED":
+                self._items.pop(key, None)
+            else:
+                self._items[key] = obj
+        if kind == "DELETED":
+            self.handler(before or obj, None)
+        else:
+            self.handler(before, obj)
 
     def _run(self) -> None:
         client = pykube.HTTPClient(self.config, timeout=WATCH_SECONDS + WATCH_READ_SLACK)
@@ -398,10 +530,11 @@ class _Watcher:
         while not self.stopping.is_set():
             try:
                 if version is None:
-                    listing = self._query(client).execute().json()
+                    listing = self.query(client).execute().json()
                     version = str(listing["metadata"]["resourceVersion"])
-                    self.wake.set()
-                self.current = self._query(client).watch(
+                    self._replace(cast("list[Obj]", listing.get("items") or []))
+                    self.synced.set()
+                self.current = self.query(client).watch(
                     since=version,
                     params={"timeoutSeconds": WATCH_SECONDS, "allowWatchBookmarks": "true"},
                 )
@@ -412,9 +545,10 @@ class _Watcher:
                         log.info("%s watch: %s; relisting", self.kind.endpoint, event.object.obj)
                         version = None
                         break
-                    version = str(event.object.obj["metadata"]["resourceVersion"])
+                    obj = cast("Obj", event.object.obj)
+                    version = str(obj["metadata"]["resourceVersion"])
                     if event.type != "BOOKMARK":
-                        self.wake.set()
+                        self._apply(str(event.type), obj)
             except Exception as exc:
                 if self.stopping.is_set():
                     break
@@ -428,49 +562,90 @@ class _Watcher:
                     response.close()
 
 
+@dataclass
+class _Expectation:
+    """A launcher pod this simulator created for a VMI and its pod cache has not shown yet
+    (KubeVirt's ControllerExpectations, for one creation): ``pod`` is the create's answer
+    (None while the create is in flight), ``since`` when it was made (monotonic)."""
+
+    pod: Obj | None
+    since: float
+
+
 class KubeVirtSimulator:
     """Does what virt-controller does to VMIs, in background threads, until ``stop()``.
 
-    ``start()`` launches one reconcile thread and three watch threads (VMIs, launcher pods,
-    KubeVirt CRs). The reconcile loop is level-triggered: on every watch event and at least
-    every ``RESYNC_SECONDS`` it re-reads all VMIs, launcher pods and KubeVirt CRs and
-    reconciles each VMI; it never acts on an event's content. Each thread has its own
-    client built from ``api``'s configuration, so the caller keeps ``api`` to itself.
+    ``start()`` launches three watch caches (VMIs, launcher pods, KubeVirt CRs), ``WORKERS``
+    worker threads and a resync thread. Cache events put keys in one work queue (the
+    product's generic ``WorkQueue``: a key waits there at most once however many events
+    arrive, and is never synced by two workers at once): a VMI event its own key, a pod
+    event its VMI's key (``vmi_key_of_pod``), a KubeVirt CR event every VMI's key, and every
+    ``RESYNC_SECONDS`` all keys and the orphan sweep. A worker syncs one key from the caches
+    (level-triggered: it never acts on an event's content); a failed sync is retried with
+    per-key exponential backoff. Each thread has its own client built from ``api``'s
+    configuration, so the caller keeps ``api`` to itself.
 
-    Invariant: at most one launcher pod per VMI. The reconcile thread is the only writer and
-    lists pods afresh (not from a cache) before deciding to create one, and it remembers the
-    uids of VMIs it launched, so a pod deleted before the VMI's status said Scheduling still
-    fails the VMI instead of being replaced.
+    Invariants:
+
+    * At most one launcher pod per VMI. Before creating a pod the worker records an
+      expectation for the VMI's uid; until the pod cache shows a launcher pod of that uid no
+      sync creates another, and the create's answer stands for the pod. After
+      ``EXPECTATION_SECONDS`` without it the worker asks the API server for the pod by name
+      (still there: keep expecting; gone: the pod was deleted).
+    * A VMI whose pod was deleted or terminated fails and never gets a new pod: the uids of
+      VMIs launched are remembered (``vmi_status(launched=True)``), so a pod deleted before
+      the status said Scheduling still fails the VMI instead of being replaced.
+    * A launcher pod whose VMI is gone (or being deleted, or replaced by a VMI of the same
+      name) is deleted, by its VMI key's sync or by the sweep.
+    * Status is written by replacing the VMI under the resourceVersion it was decided on;
+      a 409 re-reads the VMI from the API server and decides again.
     """
 
     def __init__(self, api: pykube.HTTPClient) -> None:
         self._config = api.config
         self._timeout = float(api.timeout)
-        self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        #: Uids of VMIs this simulator created a launcher pod for.
         self._launched: set[str] = set()
-        self._thread: threading.Thread | None = None
-        self._watchers: list[_Watcher] = []
-        #: Passes that read the whole cluster (every VMI, launcher pod and KubeVirt CR) and
-        #: reconciled each VMI: a test waits for it to grow by two to know the simulator has
-        #: acted on everything that was there when it started waiting.
-        self.passes = 0
+        #: VMI uid → the pod created for it that the pod cache has not shown yet.
+        self._expected: dict[str, _Expectation] = {}
+        #: Syncs started so far, and per key the number of the latest one that succeeded.
+        self._started = 0
+        self._finished: dict[Key, int] = {}
+        self._threads: list[threading.Thread] = []
+        #: The work queue's metrics (depth, wait, work time) live here, not in the global
+        #: registry, so the stand-in never mixes with an operator in the same process.
+        self.registry = prometheus_client.CollectorRegistry()
+        self._queue: WorkQueue[Key] = WorkQueue(
+            "kubevirt-simulator",
+            ItemExponentialFailureRateLimiter[Key](base_delay=0.005, max_delay=BACKOFF_CAP),
+            registry=self.registry,
+        )
+        self._vmis = _Cache(
+            VirtualMachineInstance, None, self._config, self._on_vmi, self._stopping
+        )
+        self._pods = _Cache(
+            pykube.Pod, {APP_LABEL: LAUNCHER}, self._config, self._on_pod, self._stopping
+        )
+        self._kubevirts = _Cache(KubeVirt, None, self._config, self._on_kubevirt, self._stopping)
+        self._caches = (self._vmis, self._pods, self._kubevirts)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        """Start the threads (once). The first pass runs at once."""
-        if self._thread is not None:
+        """Start the threads (once). Workers begin once every cache has listed its kind."""
+        if self._threads:
             raise RuntimeError("the KubeVirt simulator is already started")
-        self._watchers = [
-            _Watcher(VirtualMachineInstance, None, self._config, self._wake, self._stopping),
-            _Watcher(pykube.Pod, {APP_LABEL: LAUNCHER}, self._config, self._wake, self._stopping),
-            _Watcher(KubeVirt, None, self._config, self._wake, self._stopping),
+        self._threads = [c.thread for c in self._caches]
+        self._threads += [
+            threading.Thread(target=self._work, name=f"kubevirt-sim-worker-{i}", daemon=True)
+            for i in range(WORKERS)
         ]
-        self._thread = threading.Thread(target=self._run, name="kubevirt-sim", daemon=True)
-        self._wake.set()
-        self._thread.start()
-        for w in self._watchers:
-            w.thread.start()
+        self._threads.append(
+            threading.Thread(target=self._resync, name="kubevirt-sim-resync", daemon=True)
+        )
+        for t in self._threads:
+            t.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every thread, waiting at most ``timeout`` seconds in all.
@@ -479,110 +654,195 @@ class KubeVirtSimulator:
         threads that exit at their next step; a warning names them.
         """
         self._stopping.set()
-        self._wake.set()
-        threads = [w.thread for w in self._watchers]
-        if self._thread is not None:
-            threads.append(self._thread)
+        self._queue.shutdown()
         deadline = time.monotonic() + timeout
-        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-            for w in self._watchers:
-                w.interrupt()
-            for t in threads:
+        while any(t.is_alive() for t in self._threads) and time.monotonic() < deadline:
+            for c in self._caches:
+                c.interrupt()
+            for t in self._threads:
                 t.join(timeout=0.05)
-        alive = [t.name for t in threads if t.is_alive()]
+        alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
             log.warning("KubeVirt simulator threads still running after stop(): %s", alive)
 
-    # ---- reconciling -------------------------------------------------------------------
-    def _run(self) -> None:
+    def settle(self, timeout: float = 30.0) -> None:
+        """Return once the simulator has acted on everything in the cluster at call time.
+
+        That is: the caches hold what the API server lists now (every VMI, launcher pod and
+        KubeVirt CR at that version or newer, and none it no longer lists), and after that
+        every VMI key in them, every launcher pod's VMI key and the orphan sweep have been
+        synced by a worker, successfully. Raises ``TimeoutError`` after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
         client = pykube.HTTPClient(self._config, timeout=self._timeout)
+        listings = [(c, c.query(client).execute().json()) for c in self._caches]
+        self._until(
+            deadline,
+            "the caches to catch up",
+            lambda: all(c.covers(listing) for c, listing in listings),
+        )
+        with self._lock:
+            mark = self._started
+        keys = {*self._vmis.all_keys(), *map(vmi_key_of_pod, self._pods.values()), SWEEP}
+        for key in keys:
+            self._queue.add(key)
+
+        def synced() -> bool:
+            with self._lock:
+                return all(self._finished.get(k, 0) > mark for k in keys)
+
+        self._until(deadline, "a sync of every key", synced)
+
+    def _until(self, deadline: float, what: str, condition: Callable[[], bool]) -> None:
+        while not condition():
+            if self._stopping.is_set() or time.monotonic() > deadline:
+                raise TimeoutError(f"the KubeVirt simulator: waiting for {what}")
+            self._stopping.wait(SETTLE_POLL_SECONDS)
+
+    # ---- events: keys into the queue (cache threads; quick) ----------------------------
+    def _on_vmi(self, old: Obj | None, new: Obj | None) -> None:
+        self._queue.add(_key(cast("Obj", new or old)))
+
+    def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        pod = cast("Obj", new or old)
+        with self._lock:  # the cache shows (or showed) this pod: the expectation is met
+            self._expected.pop(_owner_uid(pod), None)
+        self._queue.add(vmi_key_of_pod(pod))
+
+    def _on_kubevirt(self, old: Obj | None, new: Obj | None) -> None:
+        for key in self._vmis.all_keys():
+            self._queue.add(key)
+
+    def _resync(self) -> None:
+        while not self._stopping.wait(RESYNC_SECONDS):
+            for key in [*self._vmis.all_keys(), SWEEP]:
+                self._queue.add(key)
+
+    # ---- workers -----------------------------------------------------------------------
+    def _work(self) -> None:
+        client = pykube.HTTPClient(self._config, timeout=self._timeout)
+        for cache in self._caches:
+            while not cache.synced.wait(0.1):
+                if self._stopping.is_set():
+                    return
         while not self._stopping.is_set():
-            self._wake.wait(RESYNC_SECONDS)
-            self._wake.clear()
-            if self._stopping.is_set():
-                break
+            key = self._queue.get(timeout=0.5)
+            if key is None:
+                if self._queue.shutting_down:
+                    return
+                continue
             try:
-                self._pass(client)
+                if self._stopping.is_set():
+                    continue
+                with self._lock:
+                    self._started += 1
+                    number = self._started
+                self._sync(client, key)
             except Exception as exc:
-                _log_failure(exc, "a KubeVirt simulator pass failed")
+                _log_failure(exc, "syncing VMI %s/%s failed", *key)
+                self._queue.add_rate_limited(key)
             else:
-                self.passes += 1
+                self._queue.forget(key)
+                with self._lock:
+                    self._finished[key] = max(self._finished.get(key, 0), number)
+            finally:
+                self._queue.done(key)
 
-    @staticmethod
-    def _items(query: Any) -> list[Obj]:
-        return cast("list[Obj]", query.execute().json().get("items") or [])
+    def _sync(self, client: pykube.HTTPClient, key: Key) -> None:
+        if key == SWEEP:
+            self._sweep(client)
+            return
+        vmi = self._vmis.get(key)
+        live = vmi is not None and not _meta(vmi).get("deletionTimestamp")
+        uid = str(_meta(vmi).get("uid") or "") if vmi is not None else ""
+        pods = [p for p in self._pods.in_namespace(key[0]) if vmi_key_of_pod(p) == key]
+        for pod in pods:
+            owner = _owner_uid(pod)
+            if owner and (not live or owner != uid):
+                self._tear_down(client, pod)
+        if vmi is None or not live:
+            return
+        self._reconcile(client, key, vmi, pods)
 
-    def _pods(self, client: pykube.HTTPClient, namespace: Any) -> list[Obj]:
-        query = pykube.Pod.objects(client, namespace=namespace)
-        return self._items(query.filter(selector={APP_LABEL: LAUNCHER}))
-
-    def _pass(self, client: pykube.HTTPClient) -> None:
-        permitted = permitted_devices(self._items(KubeVirt.objects(client, namespace=pykube.all)))
-        vmis = self._items(VirtualMachineInstance.objects(client, namespace=pykube.all))
-        pods = self._pods(client, pykube.all)
-        self._launched &= {str(_meta(v).get("uid")) for v in vmis}
-        self._tear_down_orphans(client, vmis, pods)
-        for vmi in vmis:
-            if self._stopping.is_set():
-                return
-            try:
-                self._reconcile(client, vmi, pods, permitted)
-            except Exception as exc:
-                meta = _meta(vmi)
-                _log_failure(
-                    exc, "reconciling VMI %s/%s failed", meta.get("namespace"), meta.get("name")
-                )
-
-    def _tear_down_orphans(
-        self, client: pykube.HTTPClient, vmis: list[Obj], pods: list[Obj]
-    ) -> None:
+    def _sweep(self, client: pykube.HTTPClient) -> None:
         """As KubeVirt does when a VMI goes: its launcher pod is shut down (deleted). The
         garbage collector would do it too, but only once it watches the VMI kind, which a
-        kube-controller-manager started before the CRD learns at its next discovery."""
+        kube-controller-manager started before the CRD learns at its next discovery. The
+        VMI key's sync does it for pods that name their VMI; this catches the rest."""
+        vmis = self._vmis.values()
+        with self._lock:
+            self._launched &= {str(_meta(v).get("uid")) for v in vmis}
         live = {str(_meta(v).get("uid")) for v in vmis if not _meta(v).get("deletionTimestamp")}
-        for pod in pods:
-            meta = _meta(pod)
-            owner = str((meta.get("labels") or {}).get("kubevirt.io/created-by") or "")
-            if owner and owner not in live and not meta.get("deletionTimestamp"):
-                try:
-                    pykube.Pod(client, dict(pod)).delete()
-                except pykube.exceptions.HTTPError as exc:
-                    if exc.code != 404:
-                        raise
+        for pod in self._pods.values():
+            owner = _owner_uid(pod)
+            if owner and owner not in live:
+                self._tear_down(client, pod)
 
-    def _reconcile(
-        self,
-        client: pykube.HTTPClient,
-        vmi: Obj,
-        pods: list[Obj],
-        permitted: frozenset[str] | None,
-    ) -> None:
+    @staticmethod
+    def _tear_down(client: pykube.HTTPClient, pod: Obj) -> None:
+        if _meta(pod).get("deletionTimestamp"):
+            return
+        try:
+            pykube.Pod(client, dict(pod)).delete()
+        except pykube.exceptions.HTTPError as exc:
+            if exc.code != 404:
+                raise
+
+    def _expected_pod(self, client: pykube.HTTPClient, uid: str, namespace: str) -> Obj | None:
+        """The pod created for VMI ``uid`` that the pod cache does not show yet, if any.
+
+        While the expectation is younger than ``EXPECTATION_SECONDS`` that is the create's
+        answer, and the key is looked at again when the expectation runs out; after that
+        the API server says whether the pod still exists."""
+        with self._lock:
+            expected = self._expected.get(uid)
+        if expected is None:
+            return None
+        waited = time.monotonic() - expected.since
+        if expected.pod is None or waited < EXPECTATION_SECONDS:
+            return expected.pod
+        name = str(expected.pod["metadata"]["name"])
+        found = pykube.Pod.objects(client, namespace=namespace).get_or_none(name=name)
+        with self._lock:
+            if found is None:
+                self._expected.pop(uid, None)
+            elif uid in self._expected:
+                self._expected[uid] = _Expectation(cast("Obj", found.obj), time.monotonic())
+        return cast("Obj", found.obj) if found is not None else None
+
+    def _reconcile(self, client: pykube.HTTPClient, key: Key, vmi: Obj, pods: list[Obj]) -> None:
+        permitted = permitted_devices(self._kubevirts.values())
         for _ in range(STATUS_ATTEMPTS):
             meta = _meta(vmi)
             if meta.get("deletionTimestamp"):
                 return
             uid = str(meta["uid"])
             phase = (vmi.get("status") or {}).get("phase")
-            launched = uid in self._launched or phase in LAUNCHED_PHASES
             pod = find_launcher_pod(vmi, pods)
+            if pod is None:
+                pod = self._expected_pod(client, uid, key[0])
+                with self._lock:
+                    waiting = self._expected.get(uid)
+                if waiting is not None:  # look again when the expectation runs out
+                    left = EXPECTATION_SECONDS - (time.monotonic() - waiting.since)
+                    self._queue.add_after(key, max(left, 0.0) + 0.1)
+            with self._lock:
+                launched = uid in self._launched or phase in LAUNCHED_PHASES
             error: SyncError | None = None
             if pod is None and not launched and phase not in FINAL_PHASES:
                 rendered = render_launcher_pod(vmi, permitted)
                 if isinstance(rendered, SyncError):
                     error = rendered
                 else:
-                    pod, error = self._create_pod(client, rendered)
-                    if pod is not None:
-                        self._launched.add(uid)
+                    pod, error = self._launch(client, uid, rendered)
+                    if pod is not None:  # look again should the expectation run out
+                        self._queue.add_after(key, EXPECTATION_SECONDS + 0.1)
             status = vmi_status(vmi, pod, launched=launched, error=error, now=_now())
             if status == (vmi.get("status") or {}):
                 return
             updated = copy.deepcopy(vmi)
             updated["status"] = status
-            obj = VirtualMachineInstance(client, updated)
-            response = client.put(**obj.api_kwargs(data=json.dumps(updated)))
-            if response.status_code != 409:
-                client.raise_for_status(response)
+            if self._write_status(client, updated):
                 return
             # Someone else wrote the VMI: re-read it and its pods, decide again.
             fresh = VirtualMachineInstance.objects(client, namespace=meta["namespace"])
@@ -590,8 +850,36 @@ class KubeVirtSimulator:
             if found is None:
                 return
             vmi = cast("Obj", found.obj)
-            pods = self._pods(client, meta["namespace"])
-        log.warning("VMI %s/%s: status kept conflicting", vmi["metadata"]["namespace"], uid)
+            pods = [p for p in self._pods.in_namespace(key[0]) if vmi_key_of_pod(p) == key]
+        log.warning("VMI %s/%s: status kept conflicting", key[0], key[1])
+
+    def _launch(
+        self, client: pykube.HTTPClient, uid: str, manifest: Obj
+    ) -> tuple[Obj | None, SyncError | None]:
+        """Create the launcher pod under an expectation (set before the create, so that a
+        pod event that beats the create's answer meets it)."""
+        since = time.monotonic()
+        with self._lock:
+            self._launched.add(uid)
+            self._expected[uid] = _Expectation(None, since)
+        pod, error = self._create_pod(client, manifest)
+        with self._lock:
+            if pod is None:
+                self._launched.discard(uid)
+                self._expected.pop(uid, None)
+            elif uid in self._expected:
+                self._expected[uid] = _Expectation(pod, since)
+        return pod, error
+
+    @staticmethod
+    def _write_status(client: pykube.HTTPClient, vmi: Obj) -> bool:
+        """Replace ``vmi`` (status included) under its resourceVersion; False on 409."""
+        obj = VirtualMachineInstance(client, vmi)
+        response = client.put(**obj.api_kwargs(data=json.dumps(vmi)))
+        if response.status_code == 409:
+            return False
+        client.raise_for_status(response)
+        return True
 
     @staticmethod
     def _create_pod(
