@@ -36,11 +36,13 @@ help:
 
 venv: $(VENV)/.installed
 
+# setuptools announces every editable install of a flat layout with a warning that says
+# nothing about this project ("Editable installation."): silenced for that one command.
 $(VENV)/.installed: pyproject.toml
 	@echo "==> creating $(VENV) and installing gpuoperator with its development tools"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
 binaries:
