@@ -51,7 +51,7 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClaim
-from gpuoperator.model import binding, conditions, orders
+from gpuoperator.model import binding, conditions, gpu_hours, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -184,7 +184,8 @@ class Binder:
         would let the next pass plan on figures the writes still running are about to take.
         """
         intended = [
-            (self.status.assume(claim, _bound(claim, node, now)), node) for claim, node in bindings
+            (self.status.assume(claim, self._bound(claim, node, now)), node)
+            for claim, node in bindings
         ]
         futures: list[Future[None]] = [
             self._pool.submit(contextvars.copy_context().run, self._bind, obj, node)
@@ -193,6 +194,18 @@ class Binder:
         wait(futures)
         for future in futures:
             future.result()  # raises the first failure, now that none is in flight
+
+    def _bound(self, claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
+        """The status of ``claim`` bound to ``node`` at ``now``, with the usage interval the
+        hold opens (``gpu_hours.transition``): recorded in the binding itself, the
+        GPU-hours controller finds nothing to write."""
+        status = _bound(claim, node, now)
+        change = gpu_hours.transition(
+            {**claim, "status": status}, self.caches.served_vmi(claim), now
+        )
+        if change is not None:
+            status["usage"] = gpu_hours.to_status(change[1])
+        return status
 
     # ---- decisions --------------------------------------------------------------------
     def _refusal(self, claim: Obj, cls: Obj) -> orders.Refusal | None:

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import conditions, gpu_hours, orders
+from gpuoperator.model import gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -102,17 +102,11 @@ class GpuHours:
         self, claim: Obj
     ) -> tuple[gpu_hours.Usage, gpu_hours.Usage, gpu_hours.State | None, str] | None:
         """``(recorded usage, usage to write, state, VMI name)``, or None: nothing changed."""
-        namespace = str((claim.get("metadata") or {}).get("namespace") or "")
         vmi_name = gpu_hours.served_vmi_name(claim)
-        vmi = self.caches.vmis.store.get((namespace, vmi_name)) if vmi_name else None
-        state = gpu_hours.state_of(claim, vmi)
-        usage = gpu_hours.read(claim)
-        if state == usage.state:
+        change = gpu_hours.transition(claim, self.caches.served_vmi(claim), self.clock.now())
+        if change is None:
             return None
-        bound_time = conditions.parse_stamp((claim.get("status") or {}).get("boundTime"))
-        new = gpu_hours.advance(
-            usage, state, orders.ordered_count(claim), self.clock.now(), bound_time
-        )
+        usage, new, state = change
         return usage, new, state, vmi_name
 
 

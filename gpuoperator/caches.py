@@ -18,7 +18,7 @@ from gpuoperator.kinds import (
     VirtualMachineInstance,
     Workload,
 )
-from gpuoperator.model import slimming
+from gpuoperator.model import gpu_hours, slimming
 from gpuoperator.runtime import informing
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager
@@ -58,6 +58,12 @@ class Caches:
     def class_keys(self) -> list[informing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
         return [("", name) for _, name in self.classes.store]
+
+    def served_vmi(self, claim: dict[str, Any]) -> dict[str, Any] | None:
+        """The cached VM instance the claim serves (``gpu_hours.served_vmi_name``), if any."""
+        namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+        name = gpu_hours.served_vmi_name(claim)
+        return self.vmis.store.get((namespace, name)) if name else None
 
 
 #: Every kind cached whole is cached without its managedFields.

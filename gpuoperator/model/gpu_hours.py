@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import claims, conditions
+from gpuoperator.model import claims, conditions, orders
 
 Obj = dict[str, Any]
 
@@ -174,3 +174,19 @@ def totals(usage: Usage, count: int, now: datetime.datetime) -> Totals:
         usage.idle + (running if usage.state is State.IDLE else 0.0),
         usage.in_use + (running if usage.state is State.IN_USE else 0.0),
     )
+
+
+def transition(
+    claim: Mapping[str, Any], vmi: Mapping[str, Any] | None, now: datetime.datetime
+) -> tuple[Usage, Usage, State | None] | None:
+    """``(recorded usage, usage to record, state)`` of ``claim`` at ``now``, ``vmi`` being
+    the cached VM instance :func:`served_vmi_name` names (None: none); None when the
+    recorded usage still says what its units do. The one rule for both writers of
+    ``status.usage``: the GPU-hours controller, and the binder, which records the hold's
+    first interval in the binding itself (one write per bound claim less)."""
+    state = state_of(claim, vmi)
+    usage = read(claim)
+    if state == usage.state:
+        return None
+    bound_time = conditions.parse_stamp(_mapping(claim.get("status")).get("boundTime"))
+    return usage, advance(usage, state, orders.ordered_count(claim), now, bound_time), state

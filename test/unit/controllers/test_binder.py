@@ -20,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
+from controllers import gpu_hours as gpuhoursmod
 from controllers import placement as placementmod
 from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
@@ -327,6 +328,32 @@ def test_the_pass_after_a_bind_neither_plans_it_again_nor_reports_no_capacity(
     world.sync("four")  # the watch catches up: the same answer
     world.reconcile("a10")
     assert world.writes() == writes
+
+
+def test_a_binding_opens_the_holds_usage_interval_so_gpu_hours_has_nothing_to_write(
+    world: World,
+) -> None:
+    """One write per bound claim on the steady path: the binding records the idle interval
+    the hold starts (from its boundTime), which is what the GPU-hours controller would
+    write next; it finds nothing to do."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n1", 4))
+    world.put_claim(claim("two", class_name="a10", count=2, created=at(1)))
+
+    world.reconcile("a10")
+    status = world.status("two")
+    assert status["phase"] == "Bound"
+    assert status["usage"] == {
+        "state": "Idle",
+        "since": status["boundTime"],
+        "idleUnitSeconds": 0,
+        "inUseUnitSeconds": 0,
+    }
+    world.sync("two")
+    writes = list(world.writes())
+    hours = gpuhoursmod.GpuHours(world.caches, world.statuses, clock=world.clock)
+    assert hours.reconcile((NS, "two")) is None
+    assert world.writes() == writes, "GPU-hours wrote again what the binding recorded"
 
 
 # -- defect: node loss noticed late; Lost goes back to Pending ---------------------------------
