@@ -11,7 +11,7 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pykube
@@ -19,10 +19,10 @@ import requests
 from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from harness import objects
+from harness.loopback import answer_empty_list, open_watch, pod_informer
 from harness.waiting import wait_for
 
 Obj = dict[str, Any]
@@ -201,12 +201,7 @@ def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> No
 
         def do_GET(self) -> None:
             if "watch=true" not in self.path:
-                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                answer_empty_list(self)
                 return
             requests_seen.append(self.path)
             release.wait(30)  # no headers, ever
@@ -214,23 +209,9 @@ def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> No
         def log_message(self, *_args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
-    doc = {
-        "clusters": [
-            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
-        ],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    informer = Informer(
-        Client(lambda: pykube.KubeConfig(doc)),
-        pykube.Pod,
-        InformerOptions(watch_idle=60.0, watch_headers=0.3, backoff=(0.01, 0.05)),
-    )
-    try:
+    with pod_informer(
+        Handler, release, InformerOptions(watch_idle=60.0, watch_headers=0.3, backoff=(0.01, 0.05))
+    ) as informer:
         with capture_logs() as logs:
             informer.start()
             assert informer.wait_synced(10)
@@ -238,11 +219,6 @@ def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> No
         failures = [e for e in logs if e["event"] == "list/watch failed; retrying"]
         assert failures and failures[0]["reason"] == "ReadTimeout", logs
         assert informer.stale_for() > 0.0
-    finally:
-        informer.stop(timeout=10)
-        release.set()
-        server.shutdown()
-        server.server_close()
 
 
 def test_after_its_headers_a_watch_may_be_quiet_up_to_the_idle_limit() -> None:
@@ -259,19 +235,10 @@ def test_after_its_headers_a_watch_may_be_quiet_up_to_the_idle_limit() -> None:
 
         def do_GET(self) -> None:
             if "watch=true" not in self.path:
-                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                answer_empty_list(self)
                 return
             watch_paths.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            self.wfile.flush()
+            open_watch(self)
             if len(watch_paths) == 1:
                 release.wait(0.8)  # quiet for four times the headers' limit
                 line = (event + "\n").encode()
@@ -282,31 +249,12 @@ def test_after_its_headers_a_watch_may_be_quiet_up_to_the_idle_limit() -> None:
         def log_message(self, *_args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
-    doc = {
-        "clusters": [
-            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
-        ],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    informer = Informer(
-        Client(lambda: pykube.KubeConfig(doc)),
-        pykube.Pod,
-        InformerOptions(watch_idle=60.0, watch_headers=0.2, backoff=(0.01, 0.05)),
-    )
-    try:
+    with pod_informer(
+        Handler, release, InformerOptions(watch_idle=60.0, watch_headers=0.2, backoff=(0.01, 0.05))
+    ) as informer:
         with capture_logs() as logs:
             informer.start()
             wait_for("the late event", lambda: informer.store.get(("d", "late")) is not None)
         assert len(watch_paths) == 1, watch_paths
         assert not [e for e in logs if e["event"] != "cache synced"], logs
         assert informer.current()
-    finally:
-        informer.stop(timeout=10)
-        release.set()
-        server.shutdown()
-        server.server_close()

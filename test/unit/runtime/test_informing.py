@@ -29,6 +29,7 @@ from gpuoperator.runtime.informing import (
     by_namespace,
 )
 from harness import objects
+from harness.loopback import answer_empty_list, open_watch, pod_informer
 from harness.waiting import wait_for
 
 Obj = dict[str, Any]
@@ -347,11 +348,7 @@ def test_stop_aborts_a_watch_that_is_waiting_for_its_next_event() -> None:
                 self.end_headers()
                 self.wfile.write(body)
                 return
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            self.wfile.flush()
+            open_watch(self)
             opened.set()
             release.wait(30)  # an idle watch: no event, no bookmark
 
@@ -539,19 +536,10 @@ def _silent_watches(watch_paths: list[str], release: threading.Event) -> type:
 
         def do_GET(self) -> None:
             if "watch=true" not in self.path:
-                body = json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                answer_empty_list(self)
                 return
             watch_paths.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            self.wfile.flush()
+            open_watch(self)
             release.wait(30)
 
         def log_message(self, *_args: Any) -> None:
@@ -568,23 +556,10 @@ def test_a_watch_silent_for_longer_than_watch_idle_is_reopened_from_the_same_ver
 
     watch_paths: list[str] = []
     release = threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _silent_watches(watch_paths, release))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
-    doc = {
-        "clusters": [
-            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
-        ],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    informer = Informer(
-        Client(lambda: pykube.KubeConfig(doc)),
-        pykube.Pod,
-        InformerOptions(watch_idle=0.3, backoff=(0.01, 0.05)),
-    )
-    try:
+    handler = _silent_watches(watch_paths, release)
+    with pod_informer(
+        handler, release, InformerOptions(watch_idle=0.3, backoff=(0.01, 0.05))
+    ) as informer:
         with capture_logs() as logs:
             informer.start()
             wait_for("a third watch", lambda: len(watch_paths) >= 3, timeout=10)
@@ -593,8 +568,3 @@ def test_a_watch_silent_for_longer_than_watch_idle_is_reopened_from_the_same_ver
         assert not failures, failures
         assert any(e["event"] == "watch idle; reopening" for e in logs), logs
         assert informer.current()
-    finally:
-        informer.stop(timeout=10)
-        release.set()
-        server.shutdown()
-        server.server_close()
