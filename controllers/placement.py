@@ -35,13 +35,18 @@ earlier VMI of that name still being collected), and is Bound. Then:
 
 **A pinned pod reported Unschedulable** (no gate, PodScheduled False with reason
 ``Unschedulable``, and the required affinity ``pin_and_ungate`` wrote): the node refused the
-set. Each claim of the VMI that no other live VM uses gets the node in
-``status.refusedNodes`` until ``now + refusalTTL`` (``binding.add_refusal``); the claims
+set. The pod is deleted first, with its UID and the resourceVersion it was judged on as
+preconditions: kube-scheduler retries a refused pod by itself, and a pod it placed between
+the look and the deletion (its binding changes the resourceVersion) is judged again instead,
+so a running launcher pod is never separated from its claims. KubeVirt then fails the VMI
+and the VirtualMachine controller starts a new one after its backoff (deletion is the last
+resort, used only here). Then each claim of the VMI that no other live VM uses gets the node
+in ``status.refusedNodes`` until ``now + refusalTTL`` (``binding.add_refusal``); the claims
 Bound to that node go back to ``Pending`` without ``nodeName`` (the ``Bound`` condition says
-``RefusedByNode``), so the binder places them elsewhere, skipping the node; then the pod is
-deleted with its UID as precondition (KubeVirt fails the VMI and the VirtualMachine
-controller starts a new one after its backoff; deletion is the last resort, used only
-here). Events ``RefusedByNode`` on each claim and on the VMI.
+``RefusedByNode``), so the binder places them elsewhere, skipping the node. A claim write
+that loses a race is tried again: the refusal is owed until written (in memory: a replica
+that dies in between loses it, and the set's next pod, pinned to the same node, is judged
+afresh). Events ``RefusedByNode`` on each claim and on the VMI.
 
 Choices where DESIGN.md is silent:
 
@@ -49,6 +54,12 @@ Choices where DESIGN.md is silent:
   ``Inventory.allocation_lock``, the lock every binder pass holds too, and it goes through the
   same write-back (``claim_status``): counted in the inventory before it is sent, kept
   there until the watch delivers a newer version.
+* **A refusal is not taken at once while the node's taints lag behind its state.** A node
+  that just became Ready (or was uncordoned) keeps ``node.kubernetes.io/not-ready`` (or
+  ``unschedulable``) until the node lifecycle controller removes it; eligibility skips those
+  taints (Ready and cordon decide them), so a set may be pinned there meanwhile and be refused
+  for the taint alone. The refusal waits (within :data:`SETTLE`) while the node carries such a
+  taint; the scheduler places the pod once it is removed.
 * **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
   deleted on the pinned node still request one of the claims' resources (a restarted VM's old
   launcher pod, for instance), kube-scheduler tries the pinned pod again as soon as they are
@@ -67,7 +78,7 @@ Choices where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import datetime
 import threading
 from typing import Any, Final
@@ -82,6 +93,7 @@ from gpuoperator.inventory import Inventory
 from gpuoperator.model import (
     binding,
     conditions,
+    eligibility,
     gathering,
     launcher_pods,
     orders,
@@ -195,6 +207,21 @@ def _node(claim: Obj) -> str:
     return str(_status(claim).get("nodeName") or "")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Refusal:
+    """A node's refusal of a pinned pod, taken (the pod is deleted) and still to be recorded
+    on the set's claims."""
+
+    pod: Obj
+    node: str
+    detail: str
+    now: datetime.datetime
+    until: datetime.datetime
+    vmi_name: str
+    vmi_uid: str
+    claim_names: tuple[str, ...]
+
+
 # ---- the controller --------------------------------------------------------------------------
 
 
@@ -224,8 +251,14 @@ class Placement:
         self._refused_since: dict[Key, tuple[str, float]] = {}
         #: pod key -> uid of the pod this replica pinned, until the cache shows it ungated
         self._pinned: dict[Key, str] = {}
+        #: pod key -> a refusal whose pod is deleted and whose claims are still to be written
+        self._owed: dict[Key, _Refusal] = {}
 
     def reconcile(self, key: Key) -> Result | None:
+        with self._lock:
+            owed = self._owed.get(key)
+        if owed is not None:
+            return self._record(key, owed)
         pod = self.caches.pods.store.get(key)
         if pod is None or not watched(pod):
             self._forget(key)
@@ -467,35 +500,79 @@ class Placement:
         if wait is not None:
             return Result(requeue_after=wait)
         scheduled = conditions.find(_status(full).get("conditions"), "PodScheduled") or {}
-        detail = str(scheduled.get("message") or UNSCHEDULABLE)
+        # The pod goes first, and only as it was read: kube-scheduler may place it at any
+        # moment (the refusal was its last attempt, not its last word), and its binding
+        # changes the resourceVersion. A pod placed meanwhile runs where its claims are bound,
+        # so they must stay there; only once the refused pod is gone are they unbound.
+        try:
+            self.writer.delete(
+                pykube.Pod,
+                key[1],
+                key[0],
+                uid=_meta(full).get("uid"),
+                resource_version=_meta(full).get("resourceVersion"),
+            )
+        except errors.ConflictError:
+            log.info("refused pod changed before its deletion; judging again", reason="Stale")
+            return Result(requeue_after=RETRY)
+        except errors.NotFoundError:
+            log.info("refused pod gone before its deletion; nothing refused", reason="Gone")
+            self._forget(key)
+            return None
+        self._forget(key)
         now = self.clock.now()
-        until = now + datetime.timedelta(seconds=self.settings.refusal_ttl)
-        for claim in claims:
+        owed = _Refusal(
+            pod=full,
+            node=node,
+            detail=str(scheduled.get("message") or UNSCHEDULABLE),
+            now=now,
+            until=now + datetime.timedelta(seconds=self.settings.refusal_ttl),
+            vmi_name=vmi_name,
+            vmi_uid=vmi_uid,
+            claim_names=tuple(claim_names),
+        )
+        with self._lock:
+            self._owed[key] = owed
+        log.warning(
+            "pinned pod refused by its node; deleted",
+            reason=REFUSED,
+            node=node,
+            until=str(owed.until),
+        )
+        return self._record(key, owed)
+
+    def _record(self, key: Key, owed: _Refusal) -> Result | None:
+        """Record a refusal whose pod is deleted: each claim of the set that no other live VM
+        uses skips the node, and the claims Bound there go back to Pending. A claim write that
+        loses a race is tried again on the next look (the pod is gone; the refusal is owed)."""
+        for name in owed.claim_names:
+            cached = self.caches.claims.store.get((key[0], name))
+            if cached is None:
+                continue
+            claim = self.inventory.claim(key_of(cached)) or cached  # our own writes included
             if _meta(claim).get("deletionTimestamp"):
                 continue
-            other = self._other_user(claim, vmi_name)
+            other = self._other_user(claim, owed.vmi_name)
             if other:
                 log.info(
                     "claim of another live VM left as it is",
                     reason="AttachedElsewhere",
-                    claim=_meta(claim)["name"],
+                    claim=name,
                     vmi=other,
                 )
                 continue
-            if not self._refuse(claim, node, until, now, key, detail):
+            if not self._refuse(claim, owed, key):
                 return Result(requeue_after=RETRY)
-        # Gone already, or another pod has the name now: nothing to delete either way.
-        with contextlib.suppress(errors.NotFoundError, errors.ConflictError):
-            self.writer.delete(pykube.Pod, key[1], key[0], uid=_meta(full).get("uid"))
-        self._forget(key)
+        with self._lock:
+            self._owed.pop(key, None)
         message = (
-            f"node {node} refused launcher pod {key[1]} ({detail}); the claims skip it until "
-            f"{conditions.stamp(until)} and are placed again; the pod was deleted, so this VM "
-            "instance fails and its VM starts again after KubeVirt's backoff"
+            f"node {owed.node} refused launcher pod {key[1]} ({owed.detail}); the pod was "
+            f"deleted, so this VM instance fails and its VM starts again after KubeVirt's "
+            f"backoff; the claims skip the node until {conditions.stamp(owed.until)} and are "
+            "placed again"
         )
-        log.warning("pinned pod refused by its node", reason=REFUSED, node=node, until=str(until))
-        vmi = self.caches.vmis.store.get((key[0], vmi_name))
-        if vmi is not None and (not vmi_uid or _meta(vmi).get("uid") == vmi_uid):
+        vmi = self.caches.vmis.store.get((key[0], owed.vmi_name))
+        if vmi is not None and (not owed.vmi_uid or _meta(vmi).get("uid") == owed.vmi_uid):
             self.recorder.event(
                 vmi,
                 "Warning",
@@ -505,13 +582,15 @@ class Placement:
                 api_version=names.KUBEVIRT_API_VERSION,
             )
         else:
-            self._event_pod(full, "Warning", REFUSED, message)
+            self._event_pod(owed.pod, "Warning", REFUSED, message)
         return None
 
     def _settling(self, key: Key, pod: Obj, node: str, claims: list[Obj]) -> float | None:
-        """Seconds to wait before taking the refusal (``None``: take it now): pods being
-        deleted on ``node`` still request one of the claims' resources, within
-        :data:`SETTLE` seconds of this replica first seeing the refusal."""
+        """Seconds to wait before taking the refusal (``None``: take it now): ``node`` still
+        carries a lifecycle taint its state no longer calls for
+        (``eligibility.lagging_taints``), or pods being deleted there still request one of the
+        claims' resources, within :data:`SETTLE` seconds of this replica first seeing the
+        refusal."""
         uid = str(_meta(pod).get("uid") or "")
         mono = self.clock.monotonic()
         with self._lock:
@@ -521,6 +600,16 @@ class Placement:
         left = SETTLE - (mono - seen[1])
         if left <= 0:
             return None
+        cached_node = self.caches.nodes.store.get(("", node))
+        lagging = eligibility.lagging_taints(cached_node) if cached_node is not None else []
+        if lagging:
+            log.info(
+                "refusal deferred: the node still carries taints its state no longer calls for",
+                reason="NodeTaintsLag",
+                node=node,
+                taints=lagging,
+            )
+            return max(RETRY, min(left, 5.0))
         resources: set[str] = set()
         for claim in claims:
             cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
@@ -543,23 +632,16 @@ class Placement:
         )
         return max(RETRY, min(left, 5.0))
 
-    def _refuse(
-        self,
-        claim: Obj,
-        node: str,
-        until: datetime.datetime,
-        now: datetime.datetime,
-        pod_key: Key,
-        detail: str,
-    ) -> bool:
+    def _refuse(self, claim: Obj, owed: _Refusal, pod_key: Key) -> bool:
+        node, now, until = owed.node, owed.now, owed.until
         status = dict(_status(claim))
         status["refusedNodes"] = binding.add_refusal(
             status.get("refusedNodes"), node, until, now=now
         )
         unbind = gpuclaims.is_bound(claim) and _node(claim) == node
         message = (
-            f"node {node} refused launcher pod {pod_key[1]} ({detail}); it is skipped until "
-            f"{conditions.stamp(until)}"
+            f"node {node} refused launcher pod {pod_key[1]} ({owed.detail}); it is skipped "
+            f"until {conditions.stamp(until)}"
         )
         if unbind:
             message += "; the claim is bound again elsewhere"

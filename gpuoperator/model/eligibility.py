@@ -92,6 +92,26 @@ def untolerated_taints(taints: Iterable[Obj], tolerations: Iterable[Obj]) -> lis
     ]
 
 
+def lagging_taints(node: Obj) -> list[str]:
+    """The keys of the ``NoSchedule``/``NoExecute`` taints of :data:`SKIPPED_TAINT_KEYS` the
+    node still carries although its Ready condition and ``spec.unschedulable`` no longer call
+    for them: the node lifecycle controller has yet to remove them (a node that just became
+    Ready or was uncordoned). The scheduler refuses an untolerating pod there until then, so a
+    refusal seen meanwhile is not the node's last word."""
+    wanted = set()
+    if not node_ready(node):
+        wanted |= {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+    if node_cordoned(node):
+        wanted.add("node.kubernetes.io/unschedulable")
+    taints = (node.get("spec") or {}).get("taints") or []
+    return [
+        _str(taint.get("key"))
+        for taint in taints
+        if _str(taint.get("effect")) in COUNTED_EFFECTS
+        and _str(taint.get("key")) in SKIPPED_TAINT_KEYS - wanted
+    ]
+
+
 def node_name(node: Obj) -> str:
     """The node's name (``metadata.name``), ``""`` when absent."""
     meta = node.get("metadata")

@@ -206,8 +206,10 @@ class FakeApi:
     ``conflict_next`` names verbs whose next call fails with 409, ``refuse[(verb,
     namespace)]`` an error every such call answers; ``before[name]`` runs
     first inside a status write of that object (it may raise, or block to hold the write in
-    flight); ``land_then_conflict`` names objects whose next status write is stored and then
-    answered 409, as a retried write meeting its own first attempt is."""
+    flight); ``after_get[name]`` runs once right after a read of that object has been
+    answered (someone else changing it meanwhile); ``land_then_conflict`` names objects
+    whose next status write is stored and then answered 409, as a retried write meeting its
+    own first attempt is."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -215,6 +217,7 @@ class FakeApi:
         self.calls: list[tuple[str, str, str, Any]] = []
         self.conflict_next: set[str] = set()
         self.before: dict[str, Hook] = {}
+        self.after_get: dict[str, Hook] = {}
         self.land_then_conflict: set[str] = set()
         #: (verb, namespace) -> the error every such call answers
         self.refuse: dict[tuple[str, str], BaseException] = {}
@@ -279,7 +282,11 @@ class FakeApi:
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
         self._record("get", kind, name, None)
         with self.lock:
-            return copy.deepcopy(self._current(kind, name, namespace))
+            found = copy.deepcopy(self._current(kind, name, namespace))
+        hook = self.after_get.pop(name, None)
+        if hook is not None:
+            hook(found)
+        return found
 
     def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
         try:
@@ -356,14 +363,19 @@ class FakeApi:
         namespace: str | None = None,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
         **_: Any,
     ) -> None:
-        self._record("delete", kind, name, {"uid": uid})
+        preconditions = {"uid": uid}
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
+        self._record("delete", kind, name, preconditions)
         self._conflict("delete", namespace)
         with self.lock:
             current = self._current(kind, name, namespace)
             if uid and current["metadata"]["uid"] != uid:
                 raise errors.ConflictError(409, "Conflict", "uid precondition failed")
+            self._precondition(resource_version, current)
             del self.objects[(kind.kind, namespace or "", name)]
 
 

@@ -428,7 +428,17 @@ def refuse(world: World, name: str, node_name: str) -> bool:
     assert cached is not None
     now = world.clock.now()
     until = now + datetime.timedelta(minutes=10)
-    return placement._refuse(cached, node_name, until, now, (NS, "virt-launcher-vm1"), "no room")
+    owed = placementmod._Refusal(
+        pod={},
+        node=node_name,
+        detail="no room",
+        now=now,
+        until=until,
+        vmi_name="vm1",
+        vmi_uid="",
+        claim_names=(name,),
+    )
+    return placement._refuse(cached, owed, (NS, "virt-launcher-vm1"))
 
 
 def unconfirmed_refusal(world: World, name: str, node_name: str) -> None:

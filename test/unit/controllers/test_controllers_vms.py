@@ -782,13 +782,13 @@ def test_a_pinned_pod_is_not_judged_again_while_the_cache_lags(world: World) -> 
     assert len(world.api.calls) == calls + 1
 
 
-def refused_world(world: World) -> None:
+def refused_world(world: World) -> Obj:
     bound_set(world)
-    world.put_pod(launcher_pod(gated=False, pinned_to="n1", unschedulable=True))
+    return world.put_pod(launcher_pod(gated=False, pinned_to="n1", unschedulable=True))
 
 
 def test_refused_pinned_pod_records_the_refusal_and_is_deleted(world: World) -> None:
-    refused_world(world)
+    pod = refused_world(world)
 
     assert world.placement().reconcile(POD) is None
 
@@ -802,8 +802,14 @@ def test_refused_pinned_pod_records_the_refusal_and_is_deleted(world: World) -> 
         bound = next(c for c in status["conditions"] if c["type"] == "Bound")
         assert (bound["status"], bound["reason"]) == ("False", "RefusedByNode")
     assert statuses["hold-a"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
-    # The claims were written before the pod went, and the pod with its UID as precondition.
-    assert writes[-1] == ("delete", "Pod", POD[1], {"uid": f"uid-{POD[1]}"})
+    # The pod went first, as it was read (its UID and resourceVersion as preconditions), and
+    # only then were the claims unbound.
+    assert writes[0] == (
+        "delete",
+        "Pod",
+        POD[1],
+        {"uid": f"uid-{POD[1]}", "resourceVersion": pod["metadata"]["resourceVersion"]},
+    )
     assert ("Pod", NS, POD[1]) not in world.api.objects
     # The ledger released n1 at once.
     assert free_units(world, "n1") == 4
@@ -827,7 +833,83 @@ def test_refusal_waits_while_the_node_releases_gpus(world: World) -> None:
 
     world.clock.advance(placement.SETTLE)
     assert controller.reconcile(POD) is None
-    assert world.api.writes()[-1][0] == "delete"
+    assert world.api.writes()[0][0] == "delete"
+
+
+def test_a_refused_pod_the_scheduler_places_before_its_deletion_keeps_its_claims_bound(
+    world: World,
+) -> None:
+    """kube-scheduler retries a refused pod by itself: one placed between the look and the
+    deletion runs where its claims are bound, so neither the pod nor the claims are touched."""
+    refused_world(world)
+
+    def scheduled_meanwhile(read: Obj) -> None:
+        placed = copy.deepcopy(read)
+        placed["spec"]["nodeName"] = "n1"
+        placed["status"] = {
+            "phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+        }
+        world.api.add(pykube.Pod, placed)
+
+    world.api.after_get[POD[1]] = scheduled_meanwhile
+    controller = world.placement()
+
+    assert requeue(controller.reconcile(POD)) == placement.RETRY
+
+    assert [w[0] for w in world.api.writes()] == ["delete"]  # refused by its precondition
+    assert world.api.stored(pykube.Pod, POD[1], NS) is not None
+    for name in ("hold-a", "vm1-gpu-1"):
+        stored = world.api.objects[("GPUClaim", NS, name)]
+        assert stored["status"]["phase"] == "Bound"
+        assert stored["status"]["nodeName"] == "n1"
+        assert "refusedNodes" not in stored["status"]
+    assert "RefusedByNode" not in world.recorder.reasons()
+    assert free_units(world, "n1") == 1  # the set's 3 units stay held on n1
+
+    # Looked at again, the pod is scheduled: nothing more to do.
+    assert controller.reconcile(POD) is None
+    assert [w[0] for w in world.api.writes()] == ["delete"]
+
+
+def test_a_refusal_whose_claim_write_loses_a_race_is_recorded_on_the_next_look(
+    world: World,
+) -> None:
+    refused_world(world)
+    world.api.conflict_next.add("replace_status")
+    controller = world.placement()
+
+    assert requeue(controller.reconcile(POD)) == placement.RETRY
+    assert ("Pod", NS, POD[1]) not in world.api.objects
+    world.caches.pods.store.remove(POD)  # the watch delivers the deletion
+
+    assert controller.reconcile(POD) is None
+
+    for name in ("hold-a", "vm1-gpu-1"):
+        status = world.api.objects[("GPUClaim", NS, name)]["status"]
+        assert status["phase"] == "Pending"
+        assert status["refusedNodes"] == [{"nodeName": "n1", "until": "2026-01-01T00:10:00Z"}]
+    assert world.recorder.events[-1]["kind"] == "VirtualMachineInstance"
+    assert controller.reconcile(POD) is None  # nothing owed any more
+    assert world.recorder.reasons().count("RefusedByNode") == 3
+
+
+def test_refusal_waits_while_the_nodes_lifecycle_taint_lags_behind_its_ready_state(
+    world: World,
+) -> None:
+    refused_world(world)
+    lagging = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    world.caches.nodes.store.put(slimming.slim_node(objects.node("n1", 4, taints=[lagging])))
+    controller = world.placement()
+
+    wait = requeue(controller.reconcile(POD))
+    assert wait is not None
+    assert 0 < wait <= placement.SETTLE
+    assert world.api.writes() == []
+
+    world.caches.nodes.store.put(slimming.slim_node(objects.node("n1", 4, taints=[])))
+    assert controller.reconcile(POD) is None
+    assert world.api.writes()[0][0] == "delete"
 
 
 def test_refused_pod_keeps_the_binding_of_a_claim_another_vm_uses(world: World) -> None:

@@ -236,6 +236,39 @@ def test_node_cordoned_and_schedulable(node_: Obj, cordoned: bool, schedulable: 
     assert eligibility.node_schedulable(node_) is schedulable
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+CORDON_TAINT = "node.kubernetes.io/unschedulable"
+
+
+@pytest.mark.parametrize(
+    ("node_", "lagging"),
+    [
+        pytest.param(
+            node(taints=[taint(NOT_READY_TAINT)]), [NOT_READY_TAINT], id="ready-not-ready"
+        ),
+        pytest.param(
+            node(taints=[taint(UNREACHABLE_TAINT, effect="NoExecute")]),
+            [UNREACHABLE_TAINT],
+            id="ready-unreachable",
+        ),
+        pytest.param(node(taints=[taint(CORDON_TAINT)]), [CORDON_TAINT], id="uncordoned"),
+        pytest.param(node(ready="False", taints=[taint(NOT_READY_TAINT)]), [], id="not-ready"),
+        pytest.param(node(ready="Unknown", taints=[taint(UNREACHABLE_TAINT)]), [], id="unknown"),
+        pytest.param(node(unschedulable=True, taints=[taint(CORDON_TAINT)]), [], id="cordoned"),
+        pytest.param(
+            node(taints=[taint(NOT_READY_TAINT, effect="PreferNoSchedule")]), [], id="preference"
+        ),
+        pytest.param(node(taints=[taint("gpu.example.com/dedicated")]), [], id="other-taint"),
+        pytest.param(node(), [], id="no-taints"),
+    ],
+)
+def test_lagging_taints_are_the_lifecycle_taints_the_nodes_state_no_longer_calls_for(
+    node_: Obj, lagging: list[str]
+) -> None:
+    assert eligibility.lagging_taints(node_) == lagging
+
+
 @pytest.mark.parametrize(
     ("node_", "tolerations", "reasons"),
     [
