@@ -9,6 +9,10 @@ instead: pytest captures those records per test and shows them only with a failu
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Generator
+
+import pluggy
 import pytest
 import structlog
 
@@ -24,6 +28,20 @@ def pytest_configure(config: pytest.Config) -> None:
         logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=False,
     )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    """A failed e2e or chaos test's report carries the last lines of every operator replica
+    still running (their logs stay in the test's temporary directory, which a CI run does not
+    keep)."""
+    outcome = yield
+    report = outcome.get_result()
+    operator = sys.modules.get("harness.operator")
+    if operator is not None and report.when == "call" and report.failed:
+        report.sections.extend(operator.log_tails())
 
 
 def _stop_leftovers() -> list[str]:

@@ -172,6 +172,8 @@ class VmRun:
     node: str = ""
     claim_nodes: list[str] = field(default_factory=list)
     problem: str = ""
+    #: times the hold's order was refused because no node had a unit free (then ordered again)
+    capacity_refusals: int = 0
 
 
 def vm_cycle(
@@ -185,11 +187,7 @@ def vm_cycle(
         refs: list[Obj] = [{"claimTemplate": {"className": vm_class, "count": 1}}]
     else:
         refs = [{"claim": hold}]
-        retrying(
-            tally,
-            f"ordering {hold}",
-            lambda: create(GPUClaim(api, claim_body(namespace, hold, vm_class, 1))),
-        )
+        _order_hold(api, namespace, hold, vm_class, run, tally, converge)
         wait_for(
             f"{hold} Bound",
             lambda: (
@@ -226,12 +224,20 @@ def vm_cycle(
     vmi = retrying(tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name))
     uid = (vmi or {}).get("metadata", {}).get("uid", "")
     claims = retrying(tally, "listing", lambda: list(GPUClaim.objects(api, namespace=namespace)))
+    said: list[str] = []
     for c in claims:
         owners = {r.get("uid") for r in c.obj["metadata"].get("ownerReferences") or []}
         if c.name == hold or uid in owners:
-            run.claim_nodes.append(str((c.obj.get("status") or {}).get("nodeName") or ""))
+            claim_status = c.obj.get("status") or {}
+            run.claim_nodes.append(str(claim_status.get("nodeName") or ""))
+            bound = next(
+                (x for x in claim_status.get("conditions") or [] if x.get("type") == "Bound"), {}
+            )
+            said.append(f"{c.name}: {bound.get('reason')}: {bound.get('message')}")
     if not run.problem and (not run.claim_nodes or set(run.claim_nodes) != {run.node}):
-        run.problem = f"VM {run.name} on {run.node!r}, its claims on {run.claim_nodes}"
+        run.problem = (
+            f"VM {run.name} on {run.node!r}, its claims on {run.claim_nodes} ({'; '.join(said)})"
+        )
     retrying(
         tally,
         f"stopping {run.name}",
@@ -252,6 +258,38 @@ def vm_cycle(
             lambda: delete(GPUClaim(api, claim_body(namespace, hold, vm_class, 1))),
         )
     return run
+
+
+#: The order webhook's words when no node has the units free now (``model.orders``).
+NO_FREE_UNIT = "free GPU"
+
+
+def _order_hold(
+    api: pykube.HTTPClient,
+    namespace: str,
+    hold: str,
+    vm_class: str,
+    run: VmRun,
+    tally: Tally,
+    converge: float,
+) -> None:
+    """Order the VM's hold, ordering again while it is refused because no node has a unit
+    free, as a tenant would: the VM class's units are all held for a while when claims of
+    stopped VMs are not released yet (their finalizer waits for a leader)."""
+    deadline = time.monotonic() + converge
+    while True:
+        try:
+            retrying(
+                tally,
+                f"ordering {hold}",
+                lambda: create(GPUClaim(api, claim_body(namespace, hold, vm_class, 1))),
+            )
+            return
+        except pykube.exceptions.HTTPError as exc:
+            if NO_FREE_UNIT not in str(exc) or time.monotonic() > deadline:
+                raise
+            run.capacity_refusals += 1
+            time.sleep(0.5)
 
 
 def create(obj: pykube.objects.APIObject) -> None:

@@ -2,13 +2,16 @@
 SIGKILLed again and again; no unit is ever sold twice, no hold moves without its node being
 lost, every order that fits is bound and every other one says why.
 
-The fault schedule: the leader is killed ``kill_interval`` (10 s) after the previous kill,
-or as soon as a new leader has taken over if that is later (after a SIGKILL nobody may lead
-until the Lease expires, 15 s); its replacement starts at once, with a new identity, as a
-new pod would. The bounded form stops after ``kills`` kills, the full form when the load
-ends. One node is deleted halfway, so some holds are Lost and must rebind. At the end every
-tenant gives back all it holds at once, and the queue must move: the waiting orders that
-now fit are bound, in order.
+The fault schedule: each leader is SIGKILLed a while after it took the Lease — between a
+fifth of ``kill_interval`` (10 s) and all of it, drawn from a seeded generator, so some die
+while their controllers start and some mid-pass; after a SIGKILL nobody may lead until the
+Lease expires (15 s). Its replacement starts at once, with a new identity, as a new pod
+would. (Counting the interval from the previous kill instead would, with a handover longer
+than the interval, kill every new leader the moment it took over: it would never bind.)
+The bounded form stops after ``kills`` kills, the full form when the load ends. One node is
+deleted halfway, so some holds are Lost and must rebind. At the end every tenant gives back
+all it holds at once, and the queue must move: the waiting orders that now fit are bound, in
+order.
 """
 
 from __future__ import annotations
@@ -149,14 +152,16 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     kill_times: list[tuple[float, float]] = []  # (SIGKILL, the new leader's acquireTime)
     phase_overallocations: list[str] = []
     kills = 0
-    last_kill = time.monotonic()
+    schedule = random.Random(SEED + 1)  # noqa: S311 - a reproducible schedule, not a secret
+    leading_since = time.monotonic()
     while not load_done.is_set() and (sizes.kills is None or kills < sizes.kills):
-        if load_done.wait(max(0.0, last_kill + sizes.kill_interval - time.monotonic())):
+        tenure = schedule.uniform(0.2, 1.0) * sizes.kill_interval
+        if load_done.wait(max(0.0, leading_since + tenure - time.monotonic())):
             break
         old, killed = replicas.kill_leader_and_replace()
-        last_kill = time.monotonic()
         kills += 1
         _new, took = replicas.handover(killed, old)
+        leading_since = time.monotonic()
         handovers.append(took)
         kill_times.append((killed, killed + took))
         phase_overallocations += oracle.overallocations(scene.snapshot(api, tally))
@@ -223,7 +228,9 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
             f"{len(undecided)}); at the end Bound {bound_orders}, waiting {waiting_orders}, "
             f"released {released[0]}; refusals: {dict(sorted(reasons.items()))}; waiting: "
             f"{dict(sorted(waits.items()))}",
-            f"R1: VMs started and stopped {sum(1 for r in runs if not r.problem)} of {len(runs)}",
+            f"R1: VMs started and stopped {sum(1 for r in runs if not r.problem)} of {len(runs)} "
+            f"(holds ordered again after a refusal for want of a free unit: "
+            f"{sum(r.capacity_refusals for r in runs)})",
             f"R1: leader kills {kills}; handover to the Lease {_pct(handovers)}; "
             f"to the new leader's first claim write {_pct(first_writes)}",
             f"R1: over-allocation {overallocated} "

@@ -80,6 +80,22 @@ class ExitedError(HopelessWaitError):
     """The replica exited while something waited for it."""
 
 
+#: Every replica started in this session, oldest first (their logs outlive them).
+STARTED: list[OperatorProcess] = []
+
+
+def log_tails(lines: int = 40) -> list[tuple[str, str]]:
+    """``(title, text)``: the last ``lines`` lines of the log of each replica still running,
+    for the report of a failed test (its fixtures have not stopped them yet)."""
+    tails = []
+    for op in STARTED:
+        if op.proc.poll() is not None:
+            continue
+        text = op.log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append((f"operator {op.identity}: last {len(text)} log lines", "\n".join(text)))
+    return tails
+
+
 class OperatorProcess:
     """One replica, with its own health, metrics and webhook ports and its log in ``log``.
 
@@ -111,6 +127,7 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             argv, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
+        STARTED.append(self)
 
     # ---- ports ---------------------------------------------------------------------------
     def ports(self, timeout: float = 60) -> dict[str, int]:
