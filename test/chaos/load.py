@@ -230,7 +230,7 @@ def vm_cycle(
         if c.name == hold or uid in owners:
             claim_status = c.obj.get("status") or {}
             run.claim_nodes.append(str(claim_status.get("nodeName") or ""))
-            bound = next(
+            bound: Obj = next(
                 (x for x in claim_status.get("conditions") or [] if x.get("type") == "Bound"), {}
             )
             said.append(f"{c.name}: {bound.get('reason')}: {bound.get('message')}")
