@@ -132,6 +132,7 @@ class Binder:
         if lost:
             claims, unconfirmed = self._claims(class_name)
         candidates = []
+        tenants: dict[str, list[Obj]] = {}  # namespace -> its claims, read once per pass
         for claim in claims:
             if not binding.is_waiting(claim) or claim["metadata"].get("deletionTimestamp"):
                 continue
@@ -139,7 +140,7 @@ class Binder:
                 # Bound only once protected: the protection controller's write comes first
                 # (it enqueues the class again), so the bind does not race it into a 409.
                 continue
-            why = self._refusal(claim, cls)
+            why = self._refusal(claim, cls, tenants)
             if why is not None:
                 self._wait(claim, why.reason.value, why.message)
             else:
@@ -208,13 +209,25 @@ class Binder:
         return status
 
     # ---- decisions --------------------------------------------------------------------
-    def _refusal(self, claim: Obj, cls: Obj) -> orders.Refusal | None:
+    def _refusal(
+        self, claim: Obj, cls: Obj, tenants: dict[str, list[Obj]]
+    ) -> orders.Refusal | None:
         ns = claim["metadata"]["namespace"]
         namespace = self.caches.namespaces.store.get(("", ns))
         quotas = self.caches.quotas.store.by_index(BY_NAMESPACE, ns)
         # No budget in this namespace: nothing to add up, so no claims are read.
-        others = self.caches.claims.store.by_index(BY_NAMESPACE, ns) if quotas else []
+        others = self._tenant_claims(ns, tenants) if quotas else []
         return orders.binding_refusal(claim, cls, namespace, quotas, others)
+
+    def _tenant_claims(self, ns: str, tenants: dict[str, list[Obj]]) -> list[Obj]:
+        """The namespace's claims as the inventory counts them — a claim this replica bound
+        a moment ago reads as Bound while the claims cache still shows it Pending (a budget
+        added up on the cache would let a later pass bind past it) — read once per pass, so
+        every claim of the pass is judged on the same figures while the watch moves on."""
+        if ns not in tenants:
+            cached = self.caches.claims.store.by_index(BY_NAMESPACE, ns)
+            tenants[ns] = [self.inventory.claim(key_of(c)) or c for c in cached]
+        return tenants[ns]
 
     def _bind(self, intended: Obj, node: str) -> None:
         count = intended["spec"]["count"]

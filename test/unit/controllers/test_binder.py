@@ -152,6 +152,35 @@ def world() -> World:
     return World()
 
 
+# -- budgets at bind time are added up on what the binder itself bound ------------------------
+
+
+def test_a_budget_counts_the_claims_bound_a_pass_ago_while_the_cache_still_shows_them_pending(
+    world: World,
+) -> None:
+    """A budget of 2; the youngest order is seen first and bound. Its Bound version has not
+    come back through the watch when the two older orders arrive: the next pass must count
+    it (the cache still says Pending, and it was ordered after both), so only one more binds
+    — not two, which would hold 3 units on a budget of 2."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n1", 8))
+    world.caches.quotas.store.put(objects.quota({names.quota_key("a10"): "2"}))
+    world.put_claim(claim("young", count=1, created=at(3)))
+    world.reconcile("a10")
+    assert world.status("young")["phase"] == "Bound"  # stored; the cache has not seen it
+
+    world.put_claim(claim("old", count=1, created=at(1)))
+    world.put_claim(claim("middle", count=1, created=at(2)))
+    world.reconcile("a10")
+
+    phases = {n: str(world.status(n).get("phase")) for n in ("old", "middle", "young")}
+    assert sorted(phases.values()) == ["Bound", "Bound", "Pending"], phases
+    assert phases["old"] == "Bound"  # of the two racing orders the older binds
+    waiting = next(c for c in world.status("middle")["conditions"] if c["type"] == "Bound")
+    assert waiting["reason"] == "BudgetExceeded"
+    assert "2 are held" in waiting["message"]
+
+
 # -- defect: the pass leaves its lock with writes in flight -----------------------------------
 
 
