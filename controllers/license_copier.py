@@ -174,9 +174,7 @@ class LicenseCopier:
                 self._conflict(cls, namespace, name)
                 return self.conflict_recheck
             return CACHE_LAG_RECHECK  # ours, not cached yet (or just deleted): look again
-        except (errors.NotFoundError, errors.ForbiddenError) as exc:
-            if isinstance(exc, errors.ForbiddenError) and "being terminated" not in exc.message:
-                raise
+        except (errors.NotFoundError, errors.NamespaceTerminatingError):
             # The namespace is gone or going; its claims' deletion brings us back.
             log.info(
                 "license copy not created",

@@ -79,6 +79,12 @@ class UsageRecords:
                 self.writer.create(Workload, want)
             except errors.AlreadyExistsError:
                 return Result(requeue_after=1.0)
+            except errors.NamespaceTerminatingError:
+                # The claim goes with its namespace; there is nothing left to bill for.
+                log.info(
+                    "usage record not created", reason="NamespaceTerminating", claim=claim_name
+                )
+                return None
             log.info(
                 "usage record created",
                 reason="Bound",

@@ -38,6 +38,11 @@ class ForbiddenError(ApiError):
     """403: RBAC (or an admission webhook) refused."""
 
 
+class NamespaceTerminatingError(ForbiddenError):
+    """403 from the NamespaceLifecycle admission plugin: nothing new may be created in a
+    namespace being deleted (everything in it is about to go; not an RBAC problem)."""
+
+
 class UnauthorizedError(ApiError):
     """401: the credentials were not accepted (an expired token, for instance)."""
 
@@ -73,6 +78,23 @@ def from_status(code: int, status: dict[str, object] | None) -> ApiError:
     message = str(status.get("message") or "")
     if code == 409:
         cls: type[ApiError] = AlreadyExistsError if reason == "AlreadyExists" else ConflictError
+    elif code == 403 and _namespace_terminating(status, message):
+        cls = NamespaceTerminatingError
     else:
         cls = _BY_CODE.get(code, ApiError)
     return cls(code, reason or cls.__name__.removesuffix("Error"), message)
+
+
+#: The cause type and the words of the API server's NamespaceLifecycle refusal.
+_TERMINATING_CAUSE = "NamespaceTerminating"
+_TERMINATING_WORDS = "because it is being terminated"
+
+
+def _namespace_terminating(status: dict[str, object], message: str) -> bool:
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("type") == _TERMINATING_CAUSE for c in causes
+    ):
+        return True
+    return _TERMINATING_WORDS in message

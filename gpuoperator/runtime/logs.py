@@ -2,7 +2,9 @@
 
 Every reconcile binds ``controller``, ``key`` and ``reconcile_id`` into the context (see
 ``controlling``), so each line a reconcile writes carries them; decisions add ``reason``.
-Errors are logged with their reason and message, never as a bare traceback.
+Errors are logged with their reason and message, never as a bare traceback. In JSON an
+exception is a structured list of frames (file, line, function) without the frames' local
+variables: those would put request bodies, tokens and whole objects into the log.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ def configure(fmt: Format = "json", level: str = "info") -> None:
     ]
     renderer: structlog.types.Processor
     if fmt == "json":
-        shared.append(structlog.processors.dict_tracebacks)
+        shared.append(
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            )
+        )
         renderer = structlog.processors.JSONRenderer()
     else:
         renderer = structlog.dev.ConsoleRenderer()

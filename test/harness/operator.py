@@ -84,15 +84,17 @@ class ExitedError(HopelessWaitError):
 STARTED: list[OperatorProcess] = []
 
 
-def log_tails(lines: int = 40) -> list[tuple[str, str]]:
-    """``(title, text)``: the last ``lines`` lines of the log of each replica still running,
-    for the report of a failed test (its fixtures have not stopped them yet)."""
+def log_tails(lines: int = 40, width: int = 600) -> list[tuple[str, str]]:
+    """``(title, text)``: the last ``lines`` lines of the log of each replica still running
+    (each cut at ``width`` characters), for the report of a failed test (its fixtures have
+    not stopped them yet)."""
     tails = []
     for op in STARTED:
         if op.proc.poll() is not None:
             continue
         text = op.log.read_text(errors="replace").splitlines()[-lines:]
-        tails.append((f"operator {op.identity}: last {len(text)} log lines", "\n".join(text)))
+        cut = [line if len(line) <= width else line[:width] + " …" for line in text]
+        tails.append((f"operator {op.identity}: last {len(cut)} log lines", "\n".join(cut)))
     return tails
 
 

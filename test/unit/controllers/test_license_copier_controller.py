@@ -261,10 +261,14 @@ def test_one_namespaces_refusal_holds_up_no_other(world: World) -> None:
 
 def test_a_namespace_being_terminated_is_skipped_quietly(world: World) -> None:
     world.put(world.caches.claims, claim("a", "t1"))
-    world.api.refuse[("create", "t1")] = errors.ForbiddenError(
+    world.api.refuse[("create", "t1")] = errors.from_status(
         403,
-        "Forbidden",
-        "unable to create new content in namespace t1 because it is being terminated",
+        {
+            "reason": "Forbidden",
+            "message": "unable to create new content in namespace t1 because it is being "
+            "terminated",
+            "details": {"causes": [{"type": "NamespaceTerminating"}]},
+        },
     )
 
     assert world.reconcile() is None

@@ -13,6 +13,7 @@ import structlog
 from controllers import usage_records
 from gpuoperator import names
 from gpuoperator.kinds import Workload
+from gpuoperator.runtime import errors
 from gpuoperator.runtime.controlling import Result
 from harness import objects
 from harness.objects import NS
@@ -168,3 +169,31 @@ def test_records_map_back_to_their_claims(world: World) -> None:
     assert list(by_claim(objects.claim("x"))) == [(NS, "x")]
     assert list(by_record(record_of("c-1"))) == [(NS, "hold")]
     assert list(by_record({"metadata": {"name": "billing", "namespace": NS}})) == []
+
+
+def test_a_record_refused_because_its_namespace_is_being_deleted_is_given_up_quietly(
+    world: World,
+) -> None:
+    world.put(world.caches.claims, objects.claim(count=2, phase="Bound", node="n1", uid="c-1"))
+    world.api.refuse[("create", NS)] = errors.from_status(
+        403,
+        {
+            "reason": "Forbidden",
+            "message": f"workloads.cozystack.io {RECORD!r} is forbidden: unable to create new "
+            f"content in namespace {NS} because it is being terminated",
+            "details": {"causes": [{"type": "NamespaceTerminating"}]},
+        },
+    )
+
+    with structlog.testing.capture_logs() as logs:
+        assert world.reconcile() is None
+
+    assert world.record() is None
+    assert [(line["event"], line["reason"], line["log_level"]) for line in logs] == [
+        ("usage record not created", "NamespaceTerminating", "info")
+    ]
+
+
+def test_a_403_of_rbac_is_still_an_error() -> None:
+    refused = errors.from_status(403, {"reason": "Forbidden", "message": "cannot create"})
+    assert type(refused) is errors.ForbiddenError
