@@ -12,6 +12,8 @@ describe the same instant.
   not on a node use nothing. A virt-launcher pod controlled by a VMI is accounted by that
   VMI's claims bound on the pod's node (attached held claims, owned template claims), up to
   the units they hold; anything beyond counts like any pod's.
+* **Over-budget**: for every ResourceQuota and each of its GPU keys, the units of the
+  namespace's Bound claims it charges (not being deleted) are at most its hard limit.
 * **Stuck claims**, once the load is over and the operator had time to converge: a Bound
   claim on a node that no longer exists; a claim still Lost; a waiting claim (Pending or
   no status) that fits — an eligible node (Ready, not cordoned, no NoSchedule/NoExecute
@@ -306,6 +308,30 @@ def budget_holds(claim: Obj, snap: Snapshot) -> bool:
             if sum(int(c["spec"]["count"]) for c in scope) > units(hard):
                 return False
     return True
+
+
+def overbudgets(snap: Snapshot) -> list[str]:
+    """Every budget a namespace's Bound claims overrun: for each ResourceQuota and each of
+    its GPU keys (the total key, a class's key), the units of the Bound claims it charges
+    (those not being deleted) are at most its hard limit."""
+    out = []
+    for quota in snap.quotas:
+        ns = quota["metadata"]["namespace"]
+        bound = [
+            c for c in snap.claims if c["metadata"]["namespace"] == ns and holds(c) and _charged(c)
+        ]
+        for budget_key, hard in sorted(((quota.get("spec") or {}).get("hard") or {}).items()):
+            if budget_key == names.QUOTA_TOTAL_KEY:
+                scope = bound
+            elif budget_key.endswith(f".{names.QUOTA_TOTAL_KEY}"):
+                cls = budget_key.removesuffix(f".{names.QUOTA_TOTAL_KEY}")
+                scope = [c for c in bound if c["spec"]["className"] == cls]
+            else:
+                continue
+            held = sum(int(c["spec"]["count"]) for c in scope)
+            if held > units(hard):
+                out.append(f"{ns}/{quota['metadata']['name']} {budget_key}: {held} bound of {hard}")
+    return out
 
 
 def free_units(snap: Snapshot) -> dict[Spot, int]:

@@ -89,6 +89,7 @@ class Verdict:
     final: oracle.Snapshot
     stuck: list[str]
     overallocated: list[str]
+    overbudget: list[str]
     overheld: list[str]
     changes: dict[str, list[str]]
     gaps: int
@@ -96,6 +97,7 @@ class Verdict:
     def problems(self, history: ClaimHistory) -> list[str]:
         out = [f"stuck: {s}" for s in self.stuck[:10]]
         out += [f"over-allocated: {o}" for o in self.overallocated[:10]]
+        out += [f"over budget: {o}" for o in self.overbudget[:10]]
         out += [f"over-held: {o}" for o in self.overheld[:10]]
         for change in self.changes["unexplained"][:5]:
             claim = change.split(":")[0]
@@ -118,6 +120,7 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
         final=final,
         stuck=oracle.stuck_claims(final),
         overallocated=oracle.overallocations(final),
+        overbudget=oracle.overbudgets(final),
         overheld=list(history.overholds),
         changes=history.node_changes(),
         gaps=history.watch.gaps if history.watch is not None else 1,

@@ -151,6 +151,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     handovers: list[float] = []
     kill_times: list[tuple[float, float]] = []  # (SIGKILL, the new leader's acquireTime)
     phase_overallocations: list[str] = []
+    phase_overbudgets: list[str] = []
     kills = 0
     schedule = random.Random(SEED + 1)  # noqa: S311 - a reproducible schedule, not a secret
     leading_since = time.monotonic()
@@ -164,7 +165,9 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
         leading_since = time.monotonic()
         handovers.append(took)
         kill_times.append((killed, killed + took))
-        phase_overallocations += oracle.overallocations(scene.snapshot(api, tally))
+        phase_snapshot = scene.snapshot(api, tally)
+        phase_overallocations += oracle.overallocations(phase_snapshot)
+        phase_overbudgets += oracle.overbudgets(phase_snapshot)
     for t in threads:
         t.join(timeout=CONVERGE * 4)
     assert load_done.is_set(), "the load did not finish"
@@ -236,6 +239,9 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
             f"R1: over-allocation {overallocated} "
             f"(holds at any etcd revision {len(history.overholds)}, snapshots after each phase "
             f"{len(phase_overallocations)}, at the end {len(over)})",
+            f"R1: over budget {len(phase_overbudgets) + len(verdict.overbudget)} "
+            f"(snapshots after each phase {len(phase_overbudgets)}, at the end "
+            f"{len(verdict.overbudget)})",
             f"R1: node changes without Lost {len(changes['unexplained'])} (through Lost "
             f"{len(changes['lost'])}, refusals {len(changes['refused'])}, moves "
             f"{len(changes['moved'])}); claims on the deleted node {len(on_lost_node)}, "
@@ -250,6 +256,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     )
     assert not failures, failures
     assert not phase_overallocations, phase_overallocations[:10]
+    assert not phase_overbudgets, phase_overbudgets[:10]
     assert not verdict.problems(history), verdict.problems(history)
     assert not after_drain.problems(history), after_drain.problems(history)
     assert not never_lost, [(k, history.transitions(k)) for k in never_lost[:5]]
