@@ -14,6 +14,7 @@ the API server's objects and does its own plain arithmetic.
   are accounted by that VMI's Bound claims on that node — held claims through
   ``status.attachment.uid``, template claims through their ownerReference — up to the units
   those claims hold; what they use beyond that counts. Every other pod counts in full.
+* Budgets: the Bound claims a ResourceQuota's GPU key charges stay within its hard limit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import pykube
 
+from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass
 
 Obj = dict[str, Any]
@@ -137,13 +139,46 @@ def used_units(
     return used
 
 
+def overbudgets(claims: list[Obj], quotas: list[Obj]) -> list[str]:
+    """Every budget the Bound claims overrun, described: for each ResourceQuota and each of
+    its GPU keys (``gpuclass.cozystack.io/devices`` for all classes,
+    ``<class>.gpuclass.cozystack.io/devices`` for one), the units of the namespace's Bound
+    claims it charges (those not being deleted) are at most its hard limit (DESIGN.md §5
+    "Budgets")."""
+    out = []
+    for quota in quotas:
+        meta = quota.get("metadata") or {}
+        ns = meta.get("namespace")
+        bound = [
+            c
+            for c in claims
+            if (c.get("metadata") or {}).get("namespace") == ns
+            and (c.get("status") or {}).get("phase") == "Bound"
+            and not (c.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        for key, hard in sorted(((quota.get("spec") or {}).get("hard") or {}).items()):
+            if key == names.QUOTA_TOTAL_KEY:
+                charged = bound
+            elif key.endswith("." + names.QUOTA_TOTAL_KEY):
+                class_name = key.removesuffix("." + names.QUOTA_TOTAL_KEY)
+                charged = [c for c in bound if c["spec"].get("className") == class_name]
+            else:
+                continue
+            held = sum(int(c["spec"].get("count") or 0) for c in charged)
+            if held > units(hard):
+                out.append(f"{ns}/{meta.get('name')} {key}: {held} bound of {hard}")
+    return out
+
+
 def overallocations(api: pykube.HTTPClient) -> list[str]:
-    """Each node/resource whose holds and pods exceed its allocatable, described."""
+    """Each node/resource whose holds and pods exceed its allocatable, and each budget its
+    Bound claims exceed, described."""
     classes = {c.name: c.obj for c in GPUClass.objects(api)}
     claims = [c.obj for c in GPUClaim.objects(api).filter(namespace=pykube.all)]
     pods = [p.obj for p in pykube.Pod.objects(api).filter(namespace=pykube.all)]
+    quotas = [q.obj for q in pykube.ResourceQuota.objects(api).filter(namespace=pykube.all)]
     used = used_units(claims, classes, pods)
-    problems = []
+    problems = overbudgets(claims, quotas)
     for node in pykube.Node.objects(api):
         allocatable = (node.obj.get("status") or {}).get("allocatable") or {}
         for (name, resource), n in sorted(used.items()):
