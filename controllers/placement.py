@@ -600,16 +600,25 @@ class Placement:
         left = SETTLE - (mono - seen[1])
         if left <= 0:
             return None
-        cached_node = self.caches.nodes.store.get(("", node))
-        lagging = eligibility.lagging_taints(cached_node) if cached_node is not None else []
-        if lagging:
-            log.info(
-                "refusal deferred: the node still carries taints its state no longer calls for",
-                reason="NodeTaintsLag",
-                node=node,
-                taints=lagging,
-            )
-            return max(RETRY, min(left, 5.0))
+        why = self._lagging_taints(node) or self._releasing(node, claims)
+        if why is None:
+            return None
+        message, reason, detail = why
+        log.info(message, reason=reason, node=node, **detail)
+        return max(RETRY, min(left, 5.0))
+
+    def _lagging_taints(self, node: str) -> tuple[str, str, dict[str, Any]] | None:
+        """Why a refusal on ``node`` waits for its lifecycle taints to catch up, if it does."""
+        cached = self.caches.nodes.store.get(("", node))
+        lagging = eligibility.lagging_taints(cached) if cached is not None else []
+        if not lagging:
+            return None
+        message = "refusal deferred: the node still carries taints its state no longer calls for"
+        return message, "NodeTaintsLag", {"taints": lagging}
+
+    def _releasing(self, node: str, claims: list[Obj]) -> tuple[str, str, dict[str, Any]] | None:
+        """Why a refusal on ``node`` waits for pods being deleted there that still request
+        one of the claims' resources, if it does."""
         resources: set[str] = set()
         for claim in claims:
             cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
@@ -624,13 +633,8 @@ class Placement:
         )
         if not leaving:
             return None
-        log.info(
-            "refusal deferred: pods being deleted still hold GPUs there",
-            reason="NodeReleasing",
-            node=node,
-            pods=leaving,
-        )
-        return max(RETRY, min(left, 5.0))
+        message = "refusal deferred: pods being deleted still hold GPUs there"
+        return message, "NodeReleasing", {"pods": leaving}
 
     def _refuse(self, claim: Obj, owed: _Refusal, pod_key: Key) -> bool:
         node, now, until = owed.node, owed.now, owed.until

@@ -795,13 +795,7 @@ class Server:
             try:
                 return self._handler(request)
             except Exception as exc:  # a handler not wrapped by app(): still an answer
-                self._log.error(
-                    "request handler failed",
-                    path=path,
-                    reason=type(exc).__name__,
-                    traceback=bounded_traceback(exc),
-                )
-                return text(500, "internal error")
+                return self._failed(path, exc)
         assert self._executor is not None
         future = loop.run_in_executor(self._executor, self._handler, request)
         try:
@@ -816,13 +810,17 @@ class Server:
             )
             return text(503, "the server did not answer in time; retry shortly")
         except Exception as exc:  # a handler not wrapped by app(): still an answer
-            self._log.error(
-                "request handler failed",
-                path=path,
-                reason=type(exc).__name__,
-                traceback=bounded_traceback(exc),
-            )
-            return text(500, "internal error")
+            return self._failed(path, exc)
+
+    def _failed(self, path: str, exc: Exception) -> Response:
+        """The answer to a request whose handler raised: logged with a bounded traceback."""
+        self._log.error(
+            "request handler failed",
+            path=path,
+            reason=type(exc).__name__,
+            traceback=bounded_traceback(exc),
+        )
+        return text(500, "internal error")
 
     async def _send(
         self, conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, close: bool

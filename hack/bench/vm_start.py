@@ -18,7 +18,6 @@ p50/p99 for each. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
 from typing import Any
@@ -27,7 +26,9 @@ import pykube
 
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from harness.claims import vmi_metadata
 from harness.kubevirt import KubeVirtSimulator
+from harness.waiting import wait_for
 from localcluster.cluster import REPO, LocalCluster
 
 A10 = "nvidia.com/GA102GL_A10"
@@ -81,68 +82,69 @@ def run(api: pykube.HTTPClient, ns: str, bodies: list[dict[str, Any]]) -> list[f
     return [scheduled[n] - created[n] for n in scheduled if n in created]
 
 
-def measure(api: pykube.HTTPClient, vms: int) -> tuple[list[float], list[float]]:
-    """VM create to Running, through the gate with held claims and with raw ``gpus``
-    entries, on a cluster with the operator leading and the KubeVirt stand-in running;
-    returns the seconds of each VM (claims, raw). Leaves the namespaces it used."""
-    namespace(api, "vms-claims")
+def order_holds(api: pykube.HTTPClient, ns: str, vms: int) -> None:
+    """Order ``hold-<i>`` (one a10 unit each) for ``vms`` VMs in ``ns`` and wait until every
+    one is Bound (before the measured part)."""
     for i in range(vms):
         GPUClaim(
             api,
             {
                 "apiVersion": names.API_VERSION,
                 "kind": names.GPU_CLAIM,
-                "metadata": {"name": f"hold-{i}", "namespace": "vms-claims"},
+                "metadata": {"name": f"hold-{i}", "namespace": ns},
                 "spec": {"className": "a10", "count": 1},
             },
         ).create()
-    while (
-        sum(
+    wait_for(
+        f"{vms} holds Bound",
+        lambda: sum(
             (c.obj.get("status") or {}).get("phase") == "Bound"
-            for c in GPUClaim.objects(api, namespace="vms-claims")
-        )
-        < vms
-    ):
-        time.sleep(0.2)  # waiting for the holds before the measured part
+            for c in GPUClaim.objects(api, namespace=ns)
+        ),
+        until=lambda bound: bound >= vms,
+        timeout=300,
+        interval=0.2,
+    )
+
+
+def gated_vmi(ns: str, name: str, hold: str) -> dict[str, Any]:
+    """A VMI on the held claim ``hold``: through the placement gate."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": vmi_metadata(ns, name, [{"claim": hold}]),
+        "spec": {"domain": {"devices": {}}},
+    }
+
+
+def raw_vmi(ns: str, name: str) -> dict[str, Any]:
+    """A VMI with a raw ``gpus`` entry: the path without the operator."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "tolerations": [TOLERATION],
+            "domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": A10}]}},
+        },
+    }
+
+
+def measure(api: pykube.HTTPClient, vms: int) -> tuple[list[float], list[float]]:
+    """VM create to Running, through the gate with held claims and with raw ``gpus``
+    entries, on a cluster with the operator leading and the KubeVirt stand-in running;
+    returns the seconds of each VM (claims, raw). Leaves the namespaces it used."""
+    namespace(api, "vms-claims")
+    order_holds(api, "vms-claims", vms)
     with_claims = run(
-        api,
-        "vms-claims",
-        [
-            {
-                "apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachineInstance",
-                "metadata": {
-                    "name": f"vm-{i}",
-                    "namespace": "vms-claims",
-                    "labels": {names.CLAIMS_LABEL: "true"},
-                    "annotations": {names.CLAIMS_ANNOTATION: json.dumps([{"claim": f"hold-{i}"}])},
-                },
-                "spec": {"domain": {"devices": {}}},
-            }
-            for i in range(vms)
-        ],
+        api, "vms-claims", [gated_vmi("vms-claims", f"vm-{i}", f"hold-{i}") for i in range(vms)]
     )
     for v in VirtualMachineInstance.objects(api, namespace="vms-claims"):
         v.delete()
     for c in GPUClaim.objects(api, namespace="vms-claims"):
         c.delete()
     namespace(api, "vms-raw")
-    raw = run(
-        api,
-        "vms-raw",
-        [
-            {
-                "apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachineInstance",
-                "metadata": {"name": f"vm-{i}", "namespace": "vms-raw"},
-                "spec": {
-                    "tolerations": [TOLERATION],
-                    "domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": A10}]}},
-                },
-            }
-            for i in range(vms)
-        ],
-    )
+    raw = run(api, "vms-raw", [raw_vmi("vms-raw", f"vm-{i}") for i in range(vms)])
     return with_claims, raw
 
 

@@ -18,17 +18,15 @@ queue's figures scraped from the operator's metrics. Prints figures; asserts not
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
 import urllib.request
 from typing import Any
 
 import pykube
-from vm_start import A10, TOLERATION, namespace, quantile
+from vm_start import gated_vmi, namespace, order_holds, quantile, raw_vmi
 
-from gpuoperator import names
-from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import VirtualMachineInstance
 from harness.kubevirt import KubeVirtSimulator
 from localcluster.cluster import REPO, LocalCluster
 
@@ -244,68 +242,20 @@ def main() -> int:
     simulator.start()
     try:
         namespace(api, "vms-claims")
-        for i in range(args.vms):
-            GPUClaim(
-                api,
-                {
-                    "apiVersion": names.API_VERSION,
-                    "kind": names.GPU_CLAIM,
-                    "metadata": {"name": f"hold-{i}", "namespace": "vms-claims"},
-                    "spec": {"className": "a10", "count": 1},
-                },
-            ).create()
-        while (
-            sum(
-                (c.obj.get("status") or {}).get("phase") == "Bound"
-                for c in GPUClaim.objects(api, namespace="vms-claims")
-            )
-            < args.vms
-        ):
-            time.sleep(0.2)  # waiting for the holds before the measured part
+        order_holds(api, "vms-claims", args.vms)
         namespace(api, "vms-raw")
         gated = [("vms-claims", f"vm-{i}") for i in range(args.vms)]
         raw = [("vms-raw", f"vm-{i}") for i in range(args.vms)]
         create_all(
             api,
-            [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "metadata": {
-                        "name": name,
-                        "namespace": ns,
-                        "labels": {names.CLAIMS_LABEL: "true"},
-                        "annotations": {
-                            names.CLAIMS_ANNOTATION: json.dumps([{"claim": f"hold-{i}"}])
-                        },
-                    },
-                    "spec": {"domain": {"devices": {}}},
-                }
-                for i, (ns, name) in enumerate(gated)
-            ],
+            [gated_vmi(ns, name, f"hold-{i}") for i, (ns, name) in enumerate(gated)],
             stamps,
             args.threads,
         )
         wait_scheduled(stamps, gated)
         print("through the gate:")
         spent()
-        create_all(
-            api,
-            [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "metadata": {"name": name, "namespace": ns},
-                    "spec": {
-                        "tolerations": [TOLERATION],
-                        "domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": A10}]}},
-                    },
-                }
-                for ns, name in raw
-            ],
-            stamps,
-            args.threads,
-        )
+        create_all(api, [raw_vmi(ns, name) for ns, name in raw], stamps, args.threads)
         wait_scheduled(stamps, raw)
         print("raw gpus entries:")
         spent()

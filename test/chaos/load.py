@@ -276,20 +276,26 @@ def _order_hold(
     """Order the VM's hold, ordering again while it is refused because no node has a unit
     free, as a tenant would: the VM class's units are all held for a while when claims of
     stopped VMs are not released yet (their finalizer waits for a leader)."""
-    deadline = time.monotonic() + converge
-    while True:
+    failed: list[Exception] = []
+
+    def admitted() -> bool:
         try:
             retrying(
                 tally,
                 f"ordering {hold}",
                 lambda: create(GPUClaim(api, claim_body(namespace, hold, vm_class, 1))),
             )
-            return
         except pykube.exceptions.HTTPError as exc:
-            if NO_FREE_UNIT not in str(exc) or time.monotonic() > deadline:
-                raise
+            if NO_FREE_UNIT not in str(exc):
+                failed.append(exc)  # any other refusal ends the wait
+                return True
             run.capacity_refusals += 1
-            time.sleep(0.5)
+            return False
+        return True
+
+    wait_for(f"{hold} admitted", admitted, timeout=converge, interval=0.5)
+    if failed:
+        raise failed[0]
 
 
 def create(obj: pykube.objects.APIObject) -> None:

@@ -49,6 +49,16 @@ def bound_node(
     return str(s["nodeName"])
 
 
+def vmi_metadata(ns: str, name: str, refs: list[Obj]) -> Obj:
+    """A VMI's metadata carrying the claim references ``refs`` (label and annotation)."""
+    return {
+        "name": name,
+        "namespace": ns,
+        "labels": {names.CLAIMS_LABEL: "true"},
+        "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
+    }
+
+
 def create_vmi(
     api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], **spec: Any
 ) -> VirtualMachineInstance:
@@ -59,12 +69,7 @@ def create_vmi(
         {
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "labels": {names.CLAIMS_LABEL: "true"},
-                "annotations": {names.CLAIMS_ANNOTATION: json.dumps(refs)},
-            },
+            "metadata": vmi_metadata(ns, name, refs),
             "spec": {
                 "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
                 **spec,

@@ -3,11 +3,10 @@ handlers, across watch ends, bookmarks, 410s and relists."""
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Iterator, MutableMapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pykube
@@ -16,7 +15,6 @@ import requests
 from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import (
     Backoff,
@@ -341,12 +339,7 @@ def test_stop_aborts_a_watch_that_is_waiting_for_its_next_event() -> None:
 
         def do_GET(self) -> None:
             if "watch=true" not in self.path:
-                body = json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                answer_empty_list(self, "1")
                 return
             open_watch(self)
             opened.set()
@@ -355,26 +348,10 @@ def test_stop_aborts_a_watch_that_is_waiting_for_its_next_event() -> None:
         def log_message(self, *_args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
-    doc = {
-        "clusters": [
-            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}
-        ],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    informer = Informer(Client(lambda: pykube.KubeConfig(doc)), pykube.Pod)
-    try:
+    with pod_informer(Handler, release, InformerOptions()) as informer:
         informer.start()
         assert opened.wait(10)
         assert informer.stop(timeout=10), "the watch was not aborted"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
 
 
 def _retry_delays(logs: list[MutableMapping[str, Any]]) -> list[float]:
