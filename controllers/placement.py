@@ -60,6 +60,13 @@ Choices where DESIGN.md is silent:
   taints (Ready and cordon decide them), so a set may be pinned there meanwhile and be refused
   for the taint alone. The refusal waits (within :data:`SETTLE`) while the node carries such a
   taint; the scheduler places the pod once it is removed.
+* **A refusal is not taken at once while kube-scheduler's view of the node lags.** When
+  node affinity is the scheduler's only reason for rejecting every node although the pinned
+  node, as the API shows it, satisfies the pod's node selection
+  (``node_selection.scheduler_view_lags``), the scheduler does not know the node yet (its
+  node informer is catching up, after an API server restart for instance) or still sees its
+  old labels; it tries the pod again once the node reaches its cache. The refusal waits
+  (within :data:`SETTLE`); one for the pod's own node selection is taken at once.
 * **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
   deleted on the pinned node still request one of the claims' resources (a restarted VM's old
   launcher pod, for instance), kube-scheduler tries the pinned pod again as soon as they are
@@ -96,6 +103,7 @@ from gpuoperator.model import (
     eligibility,
     gathering,
     launcher_pods,
+    node_selection,
     orders,
     pods,
     references,
@@ -117,7 +125,8 @@ log = structlog.get_logger(__name__)
 NAME = "placement"
 #: Seconds after which a waiting pod is looked at again without any event.
 WAIT_RECHECK: Final = 30.0
-#: Seconds a refusal may wait for pods being deleted on the pinned node to release GPUs.
+#: Seconds a refusal may wait for what makes it transient (lagging taints, a lagging
+#: scheduler, pods being deleted on the node) to pass.
 SETTLE: Final = 60.0
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
@@ -537,6 +546,7 @@ class Placement:
             "pinned pod refused by its node; deleted",
             reason=REFUSED,
             node=node,
+            detail=owed.detail,
             until=str(owed.until),
         )
         return self._record(key, owed)
@@ -588,9 +598,10 @@ class Placement:
     def _settling(self, key: Key, pod: Obj, node: str, claims: list[Obj]) -> float | None:
         """Seconds to wait before taking the refusal (``None``: take it now): ``node`` still
         carries a lifecycle taint its state no longer calls for
-        (``eligibility.lagging_taints``), or pods being deleted there still request one of the
-        claims' resources, within :data:`SETTLE` seconds of this replica first seeing the
-        refusal."""
+        (``eligibility.lagging_taints``), kube-scheduler's view of it lags behind the API
+        (``node_selection.scheduler_view_lags``), or pods being deleted there still request
+        one of the claims' resources, within :data:`SETTLE` seconds of this replica first
+        seeing the refusal."""
         uid = str(_meta(pod).get("uid") or "")
         mono = self.clock.monotonic()
         with self._lock:
@@ -600,7 +611,11 @@ class Placement:
         left = SETTLE - (mono - seen[1])
         if left <= 0:
             return None
-        why = self._lagging_taints(node) or self._releasing(node, claims)
+        why = (
+            self._lagging_taints(node)
+            or self._unseen_node(node, pod)
+            or self._releasing(node, claims)
+        )
         if why is None:
             return None
         message, reason, detail = why
@@ -615,6 +630,20 @@ class Placement:
             return None
         message = "refusal deferred: the node still carries taints its state no longer calls for"
         return message, "NodeTaintsLag", {"taints": lagging}
+
+    def _unseen_node(self, node: str, pod: Obj) -> tuple[str, str, dict[str, Any]] | None:
+        """Why a refusal on ``node`` waits for kube-scheduler's view of the node to catch up
+        with the API, if it does (``node_selection.scheduler_view_lags``)."""
+        cached = self.caches.nodes.store.get(("", node))
+        scheduled = conditions.find(_status(pod).get("conditions"), "PodScheduled") or {}
+        message = str(scheduled.get("message") or "")
+        if cached is None or not node_selection.scheduler_view_lags(pod, cached, message):
+            return None
+        why = (
+            "refusal deferred: kube-scheduler rejected every node for node affinity alone, "
+            "which the node satisfies; its view of the node lags behind"
+        )
+        return why, "SchedulerViewLags", {"scheduler": message}
 
     def _releasing(self, node: str, claims: list[Obj]) -> tuple[str, str, dict[str, Any]] | None:
         """Why a refusal on ``node`` waits for pods being deleted there that still request

@@ -912,6 +912,69 @@ def test_refusal_waits_while_the_nodes_lifecycle_taint_lags_behind_its_ready_sta
     assert world.api.writes()[0][0] == "delete"
 
 
+#: What kube-scheduler said on a launcher pod pinned to a node its cache did not hold yet
+#: (its node informer was catching up after an API server restart).
+UNSEEN_NODE = (
+    "0/7 nodes are available: 7 node(s) didn't satisfy plugin(s) [NodeAffinity]. no new "
+    "claims to deallocate, preemption: 0/7 nodes are available: 7 Preemption is not helpful "
+    "for scheduling."
+)
+
+
+def refused_for(world: World, message: str, node_selector: dict[str, str] | None = None) -> None:
+    """A pinned launcher pod kube-scheduler refused with ``message``; n1 in the node cache."""
+    bound_set(world)
+    pod = launcher_pod(gated=False, pinned_to="n1", unschedulable=True)
+    scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    scheduled["message"] = message
+    if node_selector is not None:
+        pod["spec"]["nodeSelector"] = node_selector
+    world.put_pod(pod)
+    n1 = objects.node("n1", 4, labels={"kubernetes.io/hostname": "n1", "gpu": "a10"})
+    world.caches.nodes.store.put(slimming.slim_node(n1))
+
+
+def test_refusal_waits_while_the_scheduler_has_not_seen_the_node(world: World) -> None:
+    """Node affinity as the scheduler's only reason, on a node that satisfies the pod's node
+    selection: the scheduler's cache lacks the node; it places the pod once the node is there."""
+    refused_for(world, UNSEEN_NODE)
+    controller = world.placement()
+
+    wait = requeue(controller.reconcile(POD))
+    assert wait is not None
+    assert 0 < wait <= placement.SETTLE
+    assert world.api.writes() == []
+    assert "RefusedByNode" not in world.recorder.reasons()
+
+    world.clock.advance(placement.SETTLE)
+    assert controller.reconcile(POD) is None
+    assert world.api.writes()[0][0] == "delete"
+
+
+@pytest.mark.parametrize(
+    ("message", "node_selector"),
+    [
+        pytest.param(UNSEEN_NODE, {"gpu": "h100"}, id="the-pods-own-node-selector"),
+        pytest.param(
+            "0/7 nodes are available: 1 Insufficient cpu, 6 node(s) didn't satisfy plugin(s) "
+            "[NodeAffinity]. preemption: 0/7 nodes are available: 7 Preemption is not helpful "
+            "for scheduling.",
+            None,
+            id="another-reason",
+        ),
+    ],
+)
+def test_a_refusal_the_scheduler_meant_is_taken_at_once(
+    world: World, message: str, node_selector: dict[str, str] | None
+) -> None:
+    refused_for(world, message, node_selector)
+
+    assert world.placement().reconcile(POD) is None
+
+    assert world.api.writes()[0][0] == "delete"
+    assert world.recorder.reasons().count("RefusedByNode") == 3
+
+
 def test_refused_pod_keeps_the_binding_of_a_claim_another_vm_uses(world: World) -> None:
     refused_world(world)
     world.put_vmi(vmi(name="vm2", uid="uid-vm2"))
