@@ -4,6 +4,7 @@ for, classes published, and cluster snapshots read through API server restarts."
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from chaos import load, oracle
 from chaos.history import ClaimHistory
 from gpuoperator import names
 from gpuoperator.kinds import GPUClass, GPUNode
+from harness.fleet import Fleet
 from harness.waiting import WaitTimeoutError, wait_for
 
 CONVERGE = 120.0
@@ -50,6 +52,38 @@ def other_pod(api: pykube.HTTPClient, node: str, resource: str, units: int) -> N
             },
         },
     ).create()
+
+
+def control_plane_caught_up(api: pykube.HTTPClient) -> float:
+    """Seconds until the control plane's own components have caught up with the API server
+    after its restarts: a node made now is Ready (kwok's node watch, then the node lifecycle
+    controller's taints) and a pod asking for that node by its hostname label is scheduled
+    there (kube-scheduler's node cache). Their client-go informers come back from a restart
+    only after their reflector's backoff (capped at 30 s, jittered up to twice that), so a
+    test that follows the faults would otherwise judge the operator on a scheduler and
+    kubelets still blind to new nodes."""
+    started = time.monotonic()
+    node = Fleet(api).node(1, ready_within=CONVERGE)
+    name = f"probe-{node}"
+    pod = pykube.Pod(
+        api,
+        {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "c", "image": "example.com/probe"}],
+            },
+        },
+    )
+    pod.create()
+    wait_for(
+        f"probe pod {name} scheduled on {node}",
+        lambda: pykube.Pod.objects(api, namespace="default").get(name=name).obj["spec"],
+        until=lambda spec: spec.get("nodeName") == node,
+        timeout=CONVERGE,
+    )
+    pod.delete()
+    return time.monotonic() - started
 
 
 def published(api: pykube.HTTPClient, cls: str, nodes: int) -> None:

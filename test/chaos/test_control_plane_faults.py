@@ -80,6 +80,7 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
         etcd.compact()
         faults.append("etcd compacted")
         chaos_cluster.restart("kube-apiserver", log=lambda _m: None)
+        last_restart = time.monotonic()
         faults.append("kube-apiserver restarted")
         # A restarted API server answers 403 until its RBAC caches are filled: those are
         # its own, counted here; any 403 after it is ready fails the test (conftest).
@@ -88,6 +89,11 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
             break
     thread.join(timeout=scene.CONVERGE * 2)
     verdict = scene.settle(api, history, tally)
+    # What follows (here and in the next test) needs nodes made from now on to be seen by kwok
+    # and kube-scheduler, whose watches come back from the last restart after their backoff:
+    # not the operator's doing (its convergence is what `settle` judged), so it is awaited.
+    probed = scene.control_plane_caught_up(api)
+    caught_up = time.monotonic() - last_restart
     # Converged also means every replica's webhooks know what was made after the faults: a
     # class (the order webhook) and a claim (the VMI webhook), each judged by both replicas.
     after = Fleet(api)
@@ -127,7 +133,9 @@ def test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_wa
         f"watches answered 410 and relisted: {relists}; client retries {tally.retries}; "
         f"stuck claims {len(verdict.stuck)}; over-allocation "
         f"{len(verdict.overallocated) + len(verdict.overheld)}; 403 while the API server "
-        f"started {restart_403}; both webhooks knew a class made after the faults after "
+        f"started {restart_403}; kwok and kube-scheduler saw a new node {caught_up:.1f}s "
+        f"after the last restart (probe {probed:.1f}s); both webhooks knew a class made "
+        f"after the faults after "
         f"{known_after:.1f}s, a claim after {vmi_after:.1f}s"
     )
     assert not failures, failures

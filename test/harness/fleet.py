@@ -26,7 +26,14 @@ class Fleet:
         self.nodes: list[pykube.Node] = []
         self.classes: list[GPUClass] = []
 
-    def node(self, units: int, *, taints: list[Obj] | None = None, memory: str = "256Gi") -> str:
+    def node(
+        self,
+        units: int,
+        *,
+        taints: list[Obj] | None = None,
+        memory: str = "256Gi",
+        ready_within: float = 30.0,
+    ) -> str:
         group = profile.NodeGroup(
             name=f"n-{self.tag}-{len(self.nodes)}",
             resources={self.resource: units},
@@ -37,7 +44,11 @@ class Fleet:
         node = pykube.Node(self.api, manifest)
         node.create()
         self.nodes.append(node)
-        wait_for(f"node {group.name} Ready", lambda: _ready(self.api, group.name))
+        wait_for(
+            f"node {group.name} Ready",
+            lambda: _ready(self.api, group.name),
+            timeout=ready_within,
+        )
         return group.name
 
     def gpu_class(self, suffix: str = "", **spec: Any) -> str:
