@@ -505,10 +505,11 @@ class Placement:
             log.info("unschedulable pod not pinned by the operator; left alone", reason="NotPinned")
             return None
         claims = [c for c in (self.caches.claims.store.get((key[0], n)) for n in claim_names) if c]
-        wait = self._settling(key, full, node, claims)
+        scheduled = conditions.find(_status(full).get("conditions"), "PodScheduled") or {}
+        said = str(scheduled.get("message") or "")
+        wait = self._settling(key, full, said, node, claims)
         if wait is not None:
             return Result(requeue_after=wait)
-        scheduled = conditions.find(_status(full).get("conditions"), "PodScheduled") or {}
         # The pod goes first, and only as it was read: kube-scheduler may place it at any
         # moment (the refusal was its last attempt, not its last word), and its binding
         # changes the resourceVersion. A pod placed meanwhile runs where its claims are bound,
@@ -533,7 +534,7 @@ class Placement:
         owed = _Refusal(
             pod=full,
             node=node,
-            detail=str(scheduled.get("message") or UNSCHEDULABLE),
+            detail=said or UNSCHEDULABLE,
             now=now,
             until=now + datetime.timedelta(seconds=self.settings.refusal_ttl),
             vmi_name=vmi_name,
@@ -595,8 +596,11 @@ class Placement:
             self._event_pod(owed.pod, "Warning", REFUSED, message)
         return None
 
-    def _settling(self, key: Key, pod: Obj, node: str, claims: list[Obj]) -> float | None:
-        """Seconds to wait before taking the refusal (``None``: take it now): ``node`` still
+    def _settling(
+        self, key: Key, pod: Obj, said: str, node: str, claims: list[Obj]
+    ) -> float | None:
+        """Seconds to wait before taking the refusal kube-scheduler ``said`` (``None``: take
+        it now): ``node`` still
         carries a lifecycle taint its state no longer calls for
         (``eligibility.lagging_taints``), kube-scheduler's view of it lags behind the API
         (``node_selection.scheduler_view_lags``), or pods being deleted there still request
@@ -613,7 +617,7 @@ class Placement:
             return None
         why = (
             self._lagging_taints(node)
-            or self._unseen_node(node, pod)
+            or self._unseen_node(node, pod, said)
             or self._releasing(node, claims)
         )
         if why is None:
@@ -631,19 +635,19 @@ class Placement:
         message = "refusal deferred: the node still carries taints its state no longer calls for"
         return message, "NodeTaintsLag", {"taints": lagging}
 
-    def _unseen_node(self, node: str, pod: Obj) -> tuple[str, str, dict[str, Any]] | None:
+    def _unseen_node(
+        self, node: str, pod: Obj, said: str
+    ) -> tuple[str, str, dict[str, Any]] | None:
         """Why a refusal on ``node`` waits for kube-scheduler's view of the node to catch up
         with the API, if it does (``node_selection.scheduler_view_lags``)."""
         cached = self.caches.nodes.store.get(("", node))
-        scheduled = conditions.find(_status(pod).get("conditions"), "PodScheduled") or {}
-        message = str(scheduled.get("message") or "")
-        if cached is None or not node_selection.scheduler_view_lags(pod, cached, message):
+        if cached is None or not node_selection.scheduler_view_lags(pod, cached, said):
             return None
         why = (
             "refusal deferred: kube-scheduler rejected every node for node affinity alone, "
             "which the node satisfies; its view of the node lags behind"
         )
-        return why, "SchedulerViewLags", {"scheduler": message}
+        return why, "SchedulerViewLags", {"scheduler": said}
 
     def _releasing(self, node: str, claims: list[Obj]) -> tuple[str, str, dict[str, Any]] | None:
         """Why a refusal on ``node`` waits for pods being deleted there that still request

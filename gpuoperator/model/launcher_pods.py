@@ -27,11 +27,10 @@ from typing import Any, Final, Literal
 from gpuoperator import names
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import objects, patches
+from gpuoperator.model.node_selection import IN, NODE_NAME_FIELD
 
 Obj = dict[str, Any]
 
-#: The node field the pin selects on (a node's own name, not a label that may differ).
-NODE_NAME_FIELD: Final = "metadata.name"
 #: The label earlier versions pinned on (still read by :func:`pinned_node`).
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
@@ -160,7 +159,7 @@ def tolerations_patch(pod: Mapping[str, Any], classes: Iterable[Obj]) -> list[Ob
 
 
 def _pin(node_name: str) -> Obj:
-    return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node_name]}
+    return {"key": NODE_NAME_FIELD, "operator": IN, "values": [node_name]}
 
 
 def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
@@ -222,7 +221,7 @@ def _pins(requirements: Any, key: str) -> list[str]:
         for r in (requirements if isinstance(requirements, list) else ())
         if isinstance(r, Mapping)
         and r.get("key") == key
-        and r.get("operator") == "In"
+        and r.get("operator") == IN
         and isinstance(r.get("values"), list)
         and len(r["values"]) == 1
     ]

@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+#: The node field a pin selects on (a node's own name, not a label that may differ).
 NODE_NAME_FIELD: Final = "metadata.name"
 IN: Final = "In"
 NOT_IN: Final = "NotIn"
