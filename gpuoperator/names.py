@@ -41,6 +41,10 @@ VGPU_ENTITLED_LABEL: Final = f"{DOMAIN}/vgpu-entitled"
 #: Label on license copies, naming the class they serve.
 LICENSE_OF_LABEL: Final = f"{DOMAIN}/license-of"
 LICENSE_SECRET_PREFIX: Final = "gpu-license-"  # noqa: S105 - a name, not a secret
+#: Label a license source Secret must carry (``"true"``) for the copier to copy it.
+LICENSE_SOURCE_LABEL: Final = f"{DOMAIN}/license-source"
+#: The license namespace when the setting ``licenseNamespace`` is not given.
+DEFAULT_LICENSE_NAMESPACE: Final = "gpu-licenses"
 
 TRUE: Final = "true"
 
@@ -49,6 +53,9 @@ QUOTA_DOMAIN: Final = f"gpuclass.{GROUP}"
 QUOTA_TOTAL_KEY: Final = f"{QUOTA_DOMAIN}/devices"
 
 SETTINGS_CONFIGMAP: Final = "gpu-operator-settings"
+#: The admission policies' parameter (operator namespace): the classes' resource names and
+#: the settings the policies read, kept current by the operator.
+POLICY_PARAMS_CONFIGMAP: Final = "gpu-operator-policy-params"
 LEADER_LEASE: Final = "gpu-operator"
 
 # The deployment's objects the operator itself reads or writes (config/ ships them).

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpuoperator import names
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
 
 #: setting (ConfigMap key) → (environment variable, command-line flag) that override it.
@@ -26,6 +27,10 @@ OVERRIDES = {
     "gpuForVMs": ("GPUOP_GPU_FOR_VMS", "gpu-for-vms"),
     "drainMoves": ("GPUOP_DRAIN_MOVES", "drain-moves"),
     "statusInterval": ("GPUOP_STATUS_INTERVAL", "status-interval"),
+    "kubevirtServiceAccount": ("GPUOP_KUBEVIRT_SERVICE_ACCOUNT", "kubevirt-service-account"),
+    "exemptNamespaces": ("GPUOP_EXEMPT_NAMESPACES", "exempt-namespaces"),
+    "webhookClientCA": ("GPUOP_WEBHOOK_CLIENT_CA", "webhook-client-ca"),
+    "gpuHoursSeries": ("GPUOP_GPU_HOURS_SERIES", "gpu-hours-series"),
 }
 
 
@@ -54,11 +59,12 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     license_namespace: str = Field(
-        "",
+        names.DEFAULT_LICENSE_NAMESPACE,
         alias="licenseNamespace",
-        description="namespace of the vGPU license Secrets (default: the operator's own)",
+        description="namespace of the vGPU license source Secrets (never the operator's own)",
+        min_length=1,
         max_length=63,
-        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
     )
     placement_policy: Literal["binpack", "spread"] = Field("binpack", alias="placementPolicy")
     refusal_ttl: float = Field(
@@ -81,6 +87,46 @@ class Settings(BaseModel):
         description="the least seconds between two status writes of one GPUNode or GPUClass "
         "(their figures change with every binding; 0 writes every change)",
     )
+
+    kubevirt_service_account: str = Field(
+        "system:serviceaccount:kubevirt:kubevirt-controller",
+        alias="kubevirtServiceAccount",
+        description="KubeVirt's controller (virt-controller) username: the only one that may "
+        "create pods requesting a class's resource, for a VMI that controls them",
+        pattern=r"^system:serviceaccount:[a-z0-9]([-a-z0-9]*[a-z0-9])?:[a-z0-9]([-.a-z0-9]*[a-z0-9])?$",
+    )
+    exempt_namespaces: tuple[str, ...] = Field(
+        (),
+        alias="exemptNamespaces",
+        description="namespaces the admission policies on GPU resources leave alone (the "
+        "hoster's own), comma-separated",
+    )
+    webhook_client_ca: str = Field(
+        "",
+        alias="webhookClientCA",
+        description="a PEM file of the CA that signs the API server's client certificate: with "
+        "it, the webhook server requires and verifies that certificate (empty: no client "
+        "certificate is asked for)",
+        max_length=4096,
+    )
+    gpu_hours_series: Literal["claim", "namespace"] = Field(
+        "claim",
+        alias="gpuHoursSeries",
+        description="the GPU-hours metrics' series: one per claim (namespace, claim, class) or "
+        "one per namespace and class",
+    )
+
+    @field_validator("exempt_namespaces", mode="before")
+    @classmethod
+    def _namespace_list(cls, value: object) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ValueError(f"{value!r} is not a comma-separated list of namespaces")
+        out = tuple(sorted({str(item).strip() for item in items if str(item).strip()}))
+        for item in out:
+            if not _DNS_LABEL.fullmatch(item):
+                raise ValueError(f"{item!r} is not a namespace name (a DNS label)")
+        return out
 
     @field_validator("refusal_ttl", mode="before")
     @classmethod

@@ -12,7 +12,23 @@ def test_defaults() -> None:
     assert s.placement_policy == "binpack"
     assert s.refusal_ttl == 600.0
     assert s.gpu_for_vms is True
-    assert s.license_namespace == ""
+    assert s.license_namespace == "gpu-licenses"
+    assert s.kubevirt_service_account == "system:serviceaccount:kubevirt:kubevirt-controller"
+    assert s.exempt_namespaces == ()
+    assert s.webhook_client_ca == ""
+    assert s.gpu_hours_series == "claim"
+
+
+def test_exempt_namespaces_are_a_comma_separated_set_of_names() -> None:
+    s = settings.load({"exemptNamespaces": " hoster, kube-system,,hoster"}, {}, {})
+    assert s.exempt_namespaces == ("hoster", "kube-system")
+    with pytest.raises(settings.SettingsError, match=r"exemptNamespaces=.*'Tenant_A' is not a"):
+        settings.load({"exemptNamespaces": "Tenant_A"}, {}, {})
+
+
+def test_the_license_namespace_cannot_be_empty() -> None:
+    with pytest.raises(settings.SettingsError, match=r"licenseNamespace=''"):
+        settings.load({"licenseNamespace": ""}, {}, {})
 
 
 def test_flags_override_environment_override_configmap() -> None:
