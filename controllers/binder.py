@@ -378,8 +378,9 @@ def register(
     )
     controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
     # A new leader first reads every claim afresh: the previous leader's last bindings may
-    # not have reached this replica's watch yet.
-    manager.on_leading(lambda: inventory.catch_up(manager.client.list(GPUClaim)[0]))
+    # not have reached this replica's watch yet. They are slimmed as the cache slims them.
+    slim = caches.claims.options.transform
+    manager.on_leading(lambda: inventory.catch_up(manager.client.list(GPUClaim, transform=slim)[0]))
 
     def every_class(_obj: Obj) -> list[Key]:
         return caches.class_keys()

@@ -17,6 +17,9 @@ that changes while it is being deleted does not repeat it). One exception
 claims (their ownerReference blocks its deletion), so once none of its pods is left, they are
 released rather than wait for each other.
 
+The cache keeps a slim copy of each claim (``model.slimming.slim_claim``): a finalizer write
+starts from the API server's copy, under the resourceVersion the cache showed.
+
 Before releasing a claim whose user the cache no longer shows, the VMI is read from the API
 server: a cache behind a VMI created a moment ago must not release that VMI's claim.
 """
@@ -24,6 +27,7 @@ server: a cache behind a VMI created a moment ago must not release that VMI's cl
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import structlog
 
@@ -64,10 +68,7 @@ class ClaimProtection:
         finalizers = list(meta.get("finalizers") or [])
         if not meta.get("deletionTimestamp"):
             if FINALIZER not in finalizers:
-                self.writer.replace(
-                    GPUClaim,
-                    {**claim, "metadata": {**meta, "finalizers": [*finalizers, FINALIZER]}},
-                )
+                self._write_finalizers(claim, lambda found: [*found, FINALIZER])
             return None
         if FINALIZER not in finalizers:
             return None
@@ -90,16 +91,31 @@ class ClaimProtection:
                 else:
                     log.debug("claim deletion still held", reason="UsedByLiveVMI", vmi=user.name)
                 return None  # the VMI's deletion enqueues this claim again
-        self.writer.replace(
-            GPUClaim,
-            {
-                **claim,
-                "metadata": {**meta, "finalizers": [f for f in finalizers if f != FINALIZER]},
-            },
-        )
+        if not self._write_finalizers(claim, lambda found: [f for f in found if f != FINALIZER]):
+            return None
         self._forget(key)
         log.info("claim released", reason="NoLiveVMI", vmi=user.name if user else None)
         return None
+
+    def _write_finalizers(self, claim: Obj, change: Callable[[list[str]], list[str]]) -> bool:
+        """Write ``change`` of the claim's finalizers; ``False`` when the claim changed since
+        the cached copy this was decided on (its next event decides again).
+
+        The cache keeps only the finalizer this controller owns, and neither the tenant's
+        labels and annotations (``model.slimming``): the write is the API server's copy with
+        the finalizers changed, under that copy's resourceVersion, and only while that copy
+        is the one the cache showed."""
+        meta = claim["metadata"]
+        stored = self.writer.get_or_none(GPUClaim, meta["name"], meta["namespace"])
+        stored_meta = (stored or {}).get("metadata") or {}
+        if stored is None or stored_meta.get("resourceVersion") != meta.get("resourceVersion"):
+            log.info("claim changed since the cache saw it; judging again", reason="Changed")
+            return False
+        found = [str(f) for f in stored_meta.get("finalizers") or []]
+        self.writer.replace(
+            GPUClaim, {**stored, "metadata": {**stored_meta, "finalizers": change(found)}}
+        )
+        return True
 
     def _report(self, key: Key, message: str) -> bool:
         """Whether ``message`` is news for the claim (then it is remembered)."""

@@ -45,6 +45,7 @@ class Caches:
     nodes: Informer
     pods: Informer
     classes: Informer
+    #: Claims as ``model.slimming.slim_claim`` keeps them: write from the API server's copy.
     claims: Informer
     gpunodes: Informer
     #: KubeVirt CRs (permittedHostDevices); optional: KubeVirt may not be installed.
@@ -52,7 +53,8 @@ class Caches:
     namespaces: Informer
     quotas: Informer
     workloads: Informer
-    #: VMIs (claim protection, placement); optional like the KubeVirt CR.
+    #: VMIs (claim protection, placement) as ``model.slimming.slim_vmi`` keeps them; optional
+    #: like the KubeVirt CR.
     vmis: Informer
 
     def class_keys(self) -> list[informing.Key]:
@@ -66,7 +68,8 @@ class Caches:
         return self.vmis.store.get((namespace, name)) if name else None
 
 
-#: Every kind cached whole is cached without its managedFields.
+#: Every kind cached whole is cached without its managedFields. Tenants write VMIs and claims:
+#: those keep only the fields the operator reads, bounded (``model.slimming``).
 lean = slimming.without_managed_fields
 
 
@@ -88,7 +91,7 @@ def register(manager: Manager) -> Caches:
         claims=manager.informer(
             GPUClaim,
             InformerOptions(
-                transform=lean,
+                transform=slimming.slim_claim,
                 indexers={
                     BY_NAMESPACE: informing.by_namespace,
                     BY_NODE: informing.by_field("status", "nodeName"),
@@ -112,7 +115,9 @@ def register(manager: Manager) -> Caches:
         vmis=manager.informer(
             VirtualMachineInstance,
             InformerOptions(
-                optional=True, transform=lean, indexers={BY_NAMESPACE: informing.by_namespace}
+                optional=True,
+                transform=slimming.slim_vmi,
+                indexers={BY_NAMESPACE: informing.by_namespace},
             ),
         ),
     )

@@ -24,6 +24,11 @@ Choices where DESIGN.md is silent:
   unbounded count would be an unbounded response); the class's maxCount is checked
   separately (:func:`gpuoperator.model.orders.max_count_refusal`).
 * A held claim may be referenced once per VMI; the same template may appear twice (two claims).
+* The value is at most :data:`MAX_ANNOTATION_LENGTH` characters. The longest list the grammar
+  accepts takes 1,745 in compact JSON (16 templates of a 63-character class and count 64) and
+  2,658 indented by four spaces; JSON allows any amount of whitespace, so without this bound a
+  valid value would have no size limit, and the operator keeps this annotation of every VMI
+  in memory (:mod:`gpuoperator.model.slimming`).
 
 Every function is pure and idempotent: no I/O, plain dicts in and out (inputs are never
 mutated), the same inputs give the same answer.
@@ -46,6 +51,8 @@ Obj = dict[str, Any]
 MAX_REFERENCES: Final = 16
 #: At most this many units one claimTemplate may order (see the module docstring).
 MAX_TEMPLATE_COUNT: Final = 64
+#: At most this many characters in the annotation's value (see the module docstring).
+MAX_ANNOTATION_LENGTH: Final = 4096
 
 CLAIM_KEY: Final = "claim"
 TEMPLATE_KEY: Final = "claimTemplate"
@@ -180,8 +187,9 @@ def _parse_template(at: str, template: Any) -> TemplateRef:
 def parse(annotation_value: str | None) -> list[Reference]:
     """The references of the annotation ``gpu.cozystack.io/claims``, in order.
 
-    Raises :class:`AnnotationError` when the value is missing, not JSON, not a list, empty,
-    longer than :data:`MAX_REFERENCES`, or an item is not an object with exactly one of
+    Raises :class:`AnnotationError` when the value is missing, longer than
+    :data:`MAX_ANNOTATION_LENGTH` characters, not JSON, not a list, empty, longer than
+    :data:`MAX_REFERENCES`, or an item is not an object with exactly one of
     ``claim`` (a DNS label) or ``claimTemplate`` (``{className: DNS label, count: 1..64}``),
     has unknown keys, or names a held claim already named by an earlier item.
     """
@@ -190,6 +198,11 @@ def parse(annotation_value: str | None) -> list[Reference]:
         raise AnnotationError(
             f"{where}: missing; an object labelled {names.CLAIMS_LABEL}={names.TRUE} must list "
             f"its GPU claim references here, e.g. {EXAMPLE}"
+        )
+    if len(annotation_value) > MAX_ANNOTATION_LENGTH:
+        raise AnnotationError(
+            f"{where}: longer than {MAX_ANNOTATION_LENGTH} characters; allowed: at most "
+            f"{MAX_ANNOTATION_LENGTH} characters of JSON such as {EXAMPLE}"
         )
     try:
         data = json.loads(

@@ -16,16 +16,41 @@ finds it, and an update that gives it a GPU request cannot happen (container res
 immutable; a resize of an extended resource is refused too), so a stub never hides a
 change capacity would need. At 40,000 pods of which a few hundred use GPUs, this is most of
 the operator's memory.
+
+**VMIs and GPUClaims are made by tenants**, who can give them any number of labels,
+annotations, finalizers and ownerReferences, and a VMI any spec, up to the API server's
+object size: cached whole, a tenant's objects would grow the operator's memory without bound
+(and the webhooks fail closed when it dies). :func:`slim_vmi` and :func:`slim_claim` keep
+only what a reader uses, and bound what the tenant still controls there:
+
+* a label, annotation or finalizer is kept only when it is one a reader looks up by name;
+* a string a tenant chooses is cut just past the longest value that can be valid
+  (:func:`clip`), so it still compares equal to exactly the valid names it equalled, and
+  is still refused by every length check that refused it (the claims annotation is refused
+  above ``references.MAX_ANNOTATION_LENGTH`` characters, with a message that does not
+  depend on how far above);
+* device lists keep at most :data:`MAX_DEVICE_ENTRIES` entries, the most the VMI webhook
+  writes, each with only its names.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import quantities
+from gpuoperator.model import quantities, references
 
 Obj = dict[str, Any]
+
+#: The longest DNS label (names of claims, classes, device entries, requests).
+MAX_LABEL: Final = 63
+#: The longest DNS subdomain (object names, node names).
+MAX_SUBDOMAIN: Final = 253
+#: The longest qualified name with a prefix (``domain/name``: resource names, kinds' groups).
+MAX_QUALIFIED: Final = MAX_SUBDOMAIN + 1 + MAX_LABEL
+#: Entries kept of a VMI's ``gpus`` and of its ``hostDevices``: the most the VMI webhook
+#: writes (one per unit, at most 16 references of at most 64 units).
+MAX_DEVICE_ENTRIES: Final = references.MAX_REFERENCES * references.MAX_TEMPLATE_COUNT
 
 _KEEP_ANNOTATION_PREFIXES = (names.DOMAIN + "/", names.KUBEVIRT_GROUP + "/")
 
@@ -181,3 +206,138 @@ def without_managed_fields(obj: Obj) -> Obj:
 def slim_metadata(obj: Obj) -> Obj:
     """Only the metadata (names, labels, ownership): enough for namespaces."""
     return {"metadata": _meta(obj.get("metadata") or {}, annotations=False)}
+
+
+def clip(value: Any, limit: int) -> Any:
+    """``value`` cut to ``limit + 1`` characters when it is a longer string (anything else
+    as it is). A cut value is still longer than ``limit``, so it equals no string of at most
+    ``limit`` characters and fails every check of "at most ``limit``" as the whole did."""
+    return value[: limit + 1] if isinstance(value, str) and len(value) > limit else value
+
+
+def _picked(meta: Obj, key: str, wanted: tuple[str, ...]) -> Obj:
+    found = meta.get(key)
+    if not isinstance(found, dict):
+        return {}
+    return {k: found[k] for k in wanted if k in found}
+
+
+_TENANT_META = ("name", "namespace", "uid", "resourceVersion", "generation")
+_TIMESTAMPS = ("creationTimestamp", "deletionTimestamp")
+_OWNER_LIMITS = (
+    ("apiVersion", MAX_QUALIFIED),
+    ("kind", MAX_LABEL),
+    ("name", MAX_SUBDOMAIN),
+    ("uid", MAX_LABEL),
+)
+
+
+def _tenant_meta(
+    meta: Any, *, labels: tuple[str, ...], annotations: tuple[str, ...], finalizers: tuple[str, ...]
+) -> Obj:
+    """The metadata of an object a tenant writes: the API server's own fields, the named
+    labels, annotations and finalizers, and the controller ownerReference, clipped."""
+    if not isinstance(meta, dict):
+        return {}
+    out: Obj = {k: meta[k] for k in (*_TENANT_META, *_TIMESTAMPS) if k in meta}
+    for key, wanted in (("labels", labels), ("annotations", annotations)):
+        picked = {
+            k: clip(v, references.MAX_ANNOTATION_LENGTH)
+            for k, v in _picked(meta, key, wanted).items()
+        }
+        if picked:
+            out[key] = picked
+    present = meta.get("finalizers")
+    kept = [f for f in finalizers if isinstance(present, list) and f in present]
+    if kept:
+        out["finalizers"] = kept
+    owners = meta.get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else ():
+        if isinstance(owner, dict) and owner.get("controller") is True:
+            # The API server allows one controller reference: the first is the one.
+            ref: Obj = {k: clip(owner[k], limit) for k, limit in _OWNER_LIMITS if k in owner}
+            out["ownerReferences"] = [{**ref, "controller": True}]
+            break
+    return out
+
+
+def _type(obj: Obj) -> Obj:
+    """``apiVersion`` and ``kind``, when the object carries them (the API server sets both)."""
+    return {k: obj[k] for k in ("apiVersion", "kind") if k in obj}
+
+
+_DEVICE_FIELDS = (
+    ("name", MAX_LABEL),
+    ("deviceName", MAX_QUALIFIED),
+    ("claimName", MAX_LABEL),
+    ("requestName", MAX_LABEL),
+)
+
+
+def _devices(entries: Any) -> list[Obj]:
+    if not isinstance(entries, list):
+        return []
+    return [
+        {k: clip(e[k], limit) for k, limit in _DEVICE_FIELDS if k in e}
+        for e in entries[:MAX_DEVICE_ENTRIES]
+        if isinstance(e, dict)
+    ]
+
+
+def slim_vmi(vmi: Obj) -> Obj:
+    """What the operator reads of a VirtualMachineInstance (see the module docstring).
+
+    Metadata: names, uid, resourceVersion, generation, creation and deletion timestamps, the
+    claims label and annotation, the ``foregroundDeletion`` finalizer (claim protection), the
+    controller ownerReference. Spec: the ``gpus`` and ``hostDevices`` entries (name,
+    deviceName, claimName, requestName). Status: phase and nodeName."""
+    meta = _tenant_meta(
+        vmi.get("metadata"),
+        labels=(names.CLAIMS_LABEL,),
+        annotations=(names.CLAIMS_ANNOTATION,),
+        finalizers=(names.FOREGROUND_DELETION_FINALIZER,),
+    )
+    spec = vmi.get("spec")
+    domain = spec.get("domain") if isinstance(spec, dict) else None
+    found = domain.get("devices") if isinstance(domain, dict) else None
+    devices: Obj = {}
+    for key in ("gpus", "hostDevices"):
+        if isinstance(found, dict) and key in found:
+            devices[key] = _devices(found[key])
+    status = vmi.get("status")
+    out_status: Obj = {}
+    for key, limit in (("phase", MAX_LABEL), ("nodeName", MAX_SUBDOMAIN)):
+        if isinstance(status, dict) and key in status:
+            out_status[key] = clip(status[key], limit)
+    return {
+        **_type(vmi),
+        "metadata": meta,
+        "spec": {"domain": {"devices": devices}} if devices else {},
+        "status": out_status,
+    }
+
+
+def slim_claim(claim: Obj) -> Obj:
+    """What the operator reads of a GPUClaim (see the module docstring).
+
+    Metadata: names, uid, resourceVersion, generation, creation and deletion timestamps, the
+    template-claim label, the claim-protection finalizer, the controller ownerReference.
+    Spec: className and count (the only fields the schema has). Status: whole; only the
+    operator writes it (tenants may read it), and the schema bounds every part of it."""
+    meta = _tenant_meta(
+        claim.get("metadata"),
+        labels=(names.TEMPLATE_CLAIM_LABEL,),
+        annotations=(),
+        finalizers=(names.CLAIM_PROTECTION_FINALIZER,),
+    )
+    spec = claim.get("spec")
+    out_spec: Obj = {}
+    if isinstance(spec, dict):
+        if "className" in spec:
+            out_spec["className"] = clip(spec["className"], MAX_LABEL)
+        if "count" in spec and not isinstance(spec["count"], dict | list | str):
+            out_spec["count"] = spec["count"]
+    out: Obj = {**_type(claim), "metadata": meta, "spec": out_spec}
+    if "status" in claim:
+        out["status"] = claim["status"]
+    return out

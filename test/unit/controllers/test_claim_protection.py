@@ -1,8 +1,9 @@
 """Claim protection over the fake API server and the product's caches, wired by its own
 ``register`` (what its VM-facing cases leave open; those are in test_controllers_vms.py): a
 claim that is not being deleted and already carries the finalizer is not written; one being
-deleted without it is left alone; a release removes only this finalizer, with the claim's
-resourceVersion as precondition, so a stale cache is a conflict, not a lost write; the VMI is
+deleted without it is left alone; a release removes only this finalizer, written from the API
+server's copy (the cache keeps a slim one) and only while that copy is the one the cache
+showed, so a stale cache writes nothing until it sees the newer version; the VMI is
 read from the API server only when the cache shows no live user; a hold told once is told
 again after the claim's deletion was cancelled."""
 
@@ -13,7 +14,6 @@ import pytest
 from controllers import claim_protection
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim
-from gpuoperator.runtime import errors
 from gpuoperator.runtime.controlling import Result
 from harness import objects
 from harness.objects import NS
@@ -82,13 +82,47 @@ def test_a_release_removes_only_this_finalizer(world: World) -> None:
     assert world.recorder.events == []
 
 
-def test_a_release_on_a_stale_cache_is_a_conflict_not_a_lost_write(world: World) -> None:
+def test_a_release_on_a_stale_cache_writes_nothing_until_the_newer_version_is_seen(
+    world: World,
+) -> None:
     world.put(world.caches.claims, objects.claim(deleting=True, finalizers=[FINALIZER]))
     world.api.add(GPUClaim, world.stored())  # someone else wrote it since: a newer version
 
-    with pytest.raises(errors.ConflictError):
-        world.reconcile()
+    assert world.reconcile() is None
+    assert world.api.writes() == []
     assert world.stored()["metadata"]["finalizers"] == [FINALIZER]
+
+    world.deliver(world.caches.claims, world.stored())  # the watch brings the newer version
+    assert world.reconcile() is None
+    assert world.stored()["metadata"]["finalizers"] == []
+
+
+def test_a_write_from_the_api_servers_copy_keeps_what_the_cache_does_not(world: World) -> None:
+    """The cache keeps none of a tenant's labels, annotations, other finalizers or owners
+    (``model.slimming``); the finalizer writes must not drop them from the claim."""
+    tenant_meta = {
+        "labels": {"team": "blue"},
+        "annotations": {"note": "x" * 10_000},
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "cm-uid"}
+        ],
+    }
+    claim = objects.claim(finalizers=["example.com/keep"])
+    claim["metadata"].update(tenant_meta)
+    world.put(world.caches.claims, claim)
+    cached = world.caches.claims.store.get((NS, "hold"))
+    assert cached is not None and "annotations" not in cached["metadata"]
+
+    assert world.reconcile() is None  # adds the finalizer
+    stored = world.stored()
+    assert stored["metadata"]["finalizers"] == ["example.com/keep", FINALIZER]
+
+    stored["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    world.put(world.caches.claims, stored)
+    assert world.reconcile() is None  # releases it
+    meta = world.stored()["metadata"]
+    assert meta["finalizers"] == ["example.com/keep"]
+    assert {k: meta[k] for k in tenant_meta} == tenant_meta
 
 
 def test_a_live_user_in_the_cache_is_not_read_again(world: World) -> None:
@@ -116,7 +150,7 @@ def test_a_user_the_cache_does_not_show_is_read_from_the_api_server_before_relea
 
     assert world.reconcile() is None
 
-    assert world.reads() == [("VirtualMachineInstance", "vm1")]
+    assert world.reads() == [("VirtualMachineInstance", "vm1"), ("GPUClaim", "hold")]
     assert world.stored()["metadata"]["finalizers"] == []
 
 

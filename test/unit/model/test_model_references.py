@@ -116,6 +116,25 @@ def test_parse_accepts_the_largest_count() -> None:
     assert references.parse(value) == [TemplateRef("a10", 64)]
 
 
+def test_parse_accepts_the_longest_list_indented_and_refuses_a_longer_value() -> None:
+    longest = [{"claimTemplate": {"className": "a" * 63, "count": 64}}] * 16
+    indented = json.dumps(longest, indent=4)
+    assert len(indented) <= references.MAX_ANNOTATION_LENGTH
+    assert len(references.parse(indented)) == 16
+    # Valid JSON, valid references, but padded with whitespace past the bound.
+    padded = indented + " " * (references.MAX_ANNOTATION_LENGTH - len(indented) + 1)
+    with pytest.raises(references.AnnotationError) as refused:
+        references.parse(padded)
+    assert str(refused.value) == (
+        f"{ANNOTATION}: longer than 4096 characters; allowed: at most 4096 characters of "
+        f"JSON such as {references.EXAMPLE}"
+    )
+    # The message does not depend on how much longer: a cut past the bound reads the same.
+    with pytest.raises(references.AnnotationError) as cut:
+        references.parse(padded + " " * 1_000_000)
+    assert str(cut.value) == str(refused.value)
+
+
 def seventeen() -> str:
     return json.dumps([{"claim": f"c{i}"} for i in range(17)])
 
@@ -131,7 +150,7 @@ def seventeen() -> str:
             ["not valid JSON", "NaN"],
             id="nan-is-not-json",
         ),
-        pytest.param("[" * 100_000 + "]" * 100_000, ["not valid JSON"], id="nested-too-deep"),
+        pytest.param("[" * 2000 + "]" * 2000, ["not valid JSON"], id="nested-too-deep"),
         pytest.param(
             '{"claim":"hold-a"}', ["must be a JSON list", "got an object", "allowed"], id="object"
         ),
