@@ -25,10 +25,21 @@ Why per claim, and why this stays a counter:
 * A replica's cache can be a moment behind a write that closed an interval; each series
   reported by this process is therefore never lower than it reported before (the next
   write catches up within that moment).
+
+The series name tenants' namespaces and claims: only the hoster's monitoring may read them
+(the metrics endpoint authorises every scrape; the ``gpu-operator-metrics-reader`` role is
+for the hoster's Prometheus alone). With the setting ``gpuHoursSeries: namespace`` the
+collector exports ``gpuoperator_claim_gpu_unit_seconds_total{namespace, gpuclass, state}``
+instead, one series per namespace and class: what the namespace's claims of the class
+accrued while this process watched (``model.gpu_hours.accrued``, read at each scrape), so a
+sum never drops when a claim goes, and it starts from zero in a new process, which
+Prometheus reads as a counter reset. As with the series per claim, what a claim accrues
+between the last scrape and its removal is not seen.
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Iterator
 from typing import Final
@@ -51,6 +62,12 @@ log = structlog.get_logger(__name__)
 
 NAME = "gpu-hours"
 LABELS: Final = ("namespace", "claim", "uid", "gpuclass", "state")
+#: The labels of the series summed per namespace and class (``gpuHoursSeries: namespace``).
+NAMESPACE_LABELS: Final = ("namespace", "gpuclass", "state")
+#: The values of the ``gpuHoursSeries`` setting.
+PER_CLAIM: Final = "claim"
+PER_NAMESPACE: Final = "namespace"
+FAMILY: Final = "gpuoperator_claim_gpu_unit_seconds"
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
 NOT_HELD: Final = "NotHeld"
@@ -126,7 +143,7 @@ class UnitSecondsCollector(Collector):
     @staticmethod
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily(
-            "gpuoperator_claim_gpu_unit_seconds",
+            FAMILY,
             "GPU unit-seconds held per claim: idle (Bound, its VM not running) and in_use "
             "(its VM instance running); derived from the claims' status.usage",
             labels=LABELS,
@@ -157,6 +174,72 @@ class UnitSecondsCollector(Collector):
         yield family
 
 
+class NamespaceUnitSecondsCollector(Collector):
+    """``gpuoperator_claim_gpu_unit_seconds_total{namespace, gpuclass, state}``: per
+    namespace and class, the unit-seconds the claims accrued while this process watched
+    (module docstring). Every sum only grows: a claim's readings count from its highest
+    earlier one, and a claim that goes leaves what it accrued in the sum."""
+
+    def __init__(self, caches: Caches, *, clock: Clock = SYSTEM) -> None:
+        self.caches = caches
+        self.clock = clock
+        self.started = clock.now()
+        self._lock = threading.Lock()
+        #: claim uid -> (namespace, class) and the highest totals counted for it
+        self._counted: dict[str, tuple[tuple[str, str], gpu_hours.Totals]] = {}
+        #: (namespace, class) -> unit-seconds idle and in use
+        self._sums: dict[tuple[str, str], gpu_hours.Totals] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            FAMILY,
+            "GPU unit-seconds held by the claims of a namespace, per class: idle (Bound, its "
+            "VM not running) and in_use (its VM instance running), accrued while this process "
+            "ran; derived from the claims' status.usage",
+            labels=NAMESPACE_LABELS,
+        )
+
+    def _count(self, claim: Obj, now: datetime.datetime) -> str | None:
+        """Add what ``claim`` accrued since it was last counted; its uid (None: never held)."""
+        usage = gpu_hours.read(claim)
+        if usage.since is None:
+            return None
+        meta = claim.get("metadata") or {}
+        uid = str(meta.get("uid") or "") or "/".join(key_of(claim))
+        group = (str(meta.get("namespace") or ""), orders.ordered_class(claim))
+        totals = gpu_hours.totals(usage, orders.ordered_count(claim), now)
+        known = self._counted.get(uid)
+        if known is not None:
+            before: gpu_hours.Totals | None = known[1]
+        else:
+            before = None if gpu_hours.bound_since(claim, self.started) else totals
+        added = gpu_hours.accrued(before, totals)
+        sums = self._sums.get(group, gpu_hours.Totals(0.0, 0.0))
+        self._sums[group] = gpu_hours.Totals(sums.idle + added.idle, sums.in_use + added.in_use)
+        self._counted[uid] = (group, gpu_hours.highest(before, totals))
+        return uid
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        now = self.clock.now()
+        with self._lock:
+            present = {
+                uid
+                for uid in (self._count(c, now) for c in self.caches.claims.store.values())
+                if uid is not None
+            }
+            for uid in set(self._counted) - present:
+                del self._counted[uid]  # gone: what it accrued stays in the sum
+            for (namespace, class_name), sums in sorted(self._sums.items()):
+                for state, value in (("idle", sums.idle), ("in_use", sums.in_use)):
+                    family.add_metric([namespace, class_name, state], value)
+        yield family
+
+
 def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
     """The claims of the VMI's namespace that name it as the VM instance they serve."""
     meta = vmi.get("metadata") or {}
@@ -173,9 +256,17 @@ def register(
     caches: Caches,
     statuses: ClaimStatus,
     registry: CollectorRegistry | None = None,
+    *,
+    series: str = PER_CLAIM,
 ) -> Controller[Key]:
-    """The controller (run while leading) and the collector (on every replica)."""
-    (registry or manager.registry).register(UnitSecondsCollector(caches, clock=manager.clock))
+    """The controller (run while leading) and the collector (on every replica): series per
+    claim, or per namespace and class (``series``: the ``gpuHoursSeries`` setting)."""
+    collector: Collector
+    if series == PER_NAMESPACE:
+        collector = NamespaceUnitSecondsCollector(caches, clock=manager.clock)
+    else:
+        collector = UnitSecondsCollector(caches, clock=manager.clock)
+    (registry or manager.registry).register(collector)
     controller = manager.controller(
         NAME,
         GpuHours(caches, statuses, clock=manager.clock),

@@ -136,6 +136,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-for-vms", dest="gpuForVMs", type=_bool, metavar="BOOL")
     s.add_argument("--drain-moves", dest="drainMoves", type=_bool, metavar="BOOL")
     s.add_argument("--status-interval", dest="statusInterval")
+    s.add_argument("--gpu-hours-series", dest="gpuHoursSeries", choices=("claim", "namespace"))
     return p
 
 
@@ -402,7 +403,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,
     # idle holds moved off cordoned nodes.
     quota_usage.register(manager, shared)
-    gpu_hours.register(manager, shared, statuses)
+    gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
     return shared, inventory
 

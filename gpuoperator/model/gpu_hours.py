@@ -30,6 +30,15 @@ Choices where the issue is silent:
 * Moments are whole seconds (the precision of the API's timestamps); a ``since`` in the
   future (a clock step) counts as now, so totals never go back.
 
+**Sums per namespace and class** (the ``namespace`` setting of the GPU-hours series, for
+metrics that must not name claims): a process adds up what each claim accrued while it
+watched (:func:`accrued` between two readings of the claim's totals, never negative), so a
+sum never drops when a claim goes, and starts again from zero when the process does, as any
+process's counter (Prometheus reads that as a reset and loses nothing but the restart's
+gap). A claim first seen after the process started is counted in full when its hold began
+since then (:func:`bound_since`): all its hours are new; any other claim first seen is
+counted from that sight on.
+
 Every function is pure and idempotent.
 """
 
@@ -190,3 +199,25 @@ def transition(
         return None
     bound_time = conditions.parse_stamp(_mapping(claim.get("status")).get("boundTime"))
     return usage, advance(usage, state, orders.ordered_count(claim), now, bound_time), state
+
+
+def accrued(before: Totals | None, after: Totals) -> Totals:
+    """Unit-seconds a claim accrued from the reading ``before`` (``None``: none, so all of
+    ``after``) to ``after``, per state; never negative (a reading from a cache behind a write
+    that closed an interval may be ahead of the next one)."""
+    if before is None:
+        return after
+    return Totals(max(0.0, after.idle - before.idle), max(0.0, after.in_use - before.in_use))
+
+
+def highest(before: Totals | None, after: Totals) -> Totals:
+    """The higher of two readings of one claim's totals, per state: what has been counted."""
+    if before is None:
+        return after
+    return Totals(max(before.idle, after.idle), max(before.in_use, after.in_use))
+
+
+def bound_since(claim: Mapping[str, Any], moment: datetime.datetime) -> bool:
+    """Whether the claim's hold began at or after ``moment`` (``status.boundTime``)."""
+    bound = conditions.parse_stamp(_mapping(claim.get("status")).get("boundTime"))
+    return bound is not None and bound >= _second(moment)

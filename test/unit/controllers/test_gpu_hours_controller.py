@@ -12,16 +12,17 @@ import copy
 import datetime
 from typing import Any, cast
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
 from controllers.claim_status import ClaimStatus
-from gpuoperator import names
+from gpuoperator import cli, names, settings
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.recording import Recorder
-from harness.offline import ClaimStore, offline_caches
+from harness.offline import ClaimStore, OfflineManager, offline_caches, put
 
 Obj = dict[str, Any]
 NS = "tenant-a"
@@ -206,3 +207,155 @@ def test_a_deleted_claim_ends_its_series_and_a_lost_hold_stops_counting() -> Non
     del api.claims["hold"]
     leader.sync()
     assert leader.hours("hold", "idle") is None
+
+
+# ---- series per namespace and class (gpuHoursSeries: namespace) ---------------------------
+class Summing:
+    """One process exporting the sums per namespace and class, wired by ``register``."""
+
+    def __init__(self, api: ClaimStore, clock: FakeClock) -> None:
+        self.api = api
+        self.manager = OfflineManager(clock=clock)
+        self.caches = offline_caches(self.manager)
+        statuses = ClaimStatus(
+            cast("Client", api),
+            Inventory(clock=clock),
+            cast("Recorder", NoEvents()),
+            registry=CollectorRegistry(),
+        )
+        gpuhoursmod.register(
+            self.manager.as_manager(), self.caches, statuses, series=gpuhoursmod.PER_NAMESPACE
+        )
+        self.registry = self.manager.registry
+
+    def sync(self) -> None:
+        for key in list(self.caches.claims.store):
+            if key[1] not in self.api.claims:
+                self.caches.claims.store.remove(key)
+        for stored in self.api.claims.values():
+            put(self.caches.claims, stored)
+
+    def hours(self, state: str, gpuclass: str = "a10", namespace: str = NS) -> float | None:
+        value = self.registry.get_sample_value(
+            "gpuoperator_claim_gpu_unit_seconds_total",
+            {"namespace": namespace, "gpuclass": gpuclass, "state": state},
+        )
+        return None if value is None else value / HOUR
+
+    def series_labels(self) -> list[dict[str, str]]:
+        return [
+            s.labels
+            for family in self.registry.collect()
+            if family.name == "gpuoperator_claim_gpu_unit_seconds"
+            for s in family.samples
+        ]
+
+
+def claim_in(namespace: str, name: str, count: int, gpuclass: str = "a10", **status: Any) -> Obj:
+    claim = bound_claim(name, count, **status)
+    claim["metadata"]["namespace"] = namespace
+    claim["metadata"]["uid"] = f"uid-{namespace}-{name}"
+    claim["spec"]["className"] = gpuclass
+    return claim
+
+
+def idle_since(moment: str) -> Obj:
+    return {
+        "usage": {"idleUnitSeconds": 0, "inUseUnitSeconds": 0, "state": "Idle", "since": moment}
+    }
+
+
+def test_namespace_series_sum_the_claims_of_a_class_and_name_no_claim() -> None:
+    clock = FakeClock(START)  # the process starts at 08:00, when the claims are bound
+    api = ClaimStore()
+    api.store(claim_in(NS, "a", 1, **idle_since("2026-03-01T08:00:00Z")))
+    api.store(claim_in(NS, "b", 2, **idle_since("2026-03-01T08:00:00Z")))
+    api.store(claim_in(NS, "c", 1, gpuclass="l40s", **idle_since("2026-03-01T08:00:00Z")))
+    api.store(claim_in("tenant-b", "d", 4, **idle_since("2026-03-01T08:00:00Z")))
+    process = Summing(api, clock)
+    process.sync()
+    clock.advance(1 * HOUR)
+
+    assert process.hours("idle") == 3.0  # 1 h x 1 unit + 1 h x 2 units
+    assert process.hours("in_use") == 0.0
+    assert process.hours("idle", gpuclass="l40s") == 1.0
+    assert process.hours("idle", namespace="tenant-b") == 4.0
+    assert all(
+        set(labels) == {"namespace", "gpuclass", "state"} for labels in process.series_labels()
+    )
+    assert len(process.series_labels()) == 3 * 2
+
+
+def test_a_namespace_sum_does_not_drop_when_a_claim_goes() -> None:
+    clock = FakeClock(START)
+    api = ClaimStore()
+    api.store(claim_in(NS, "a", 1, **idle_since("2026-03-01T08:00:00Z")))
+    api.store(claim_in(NS, "b", 2, **idle_since("2026-03-01T08:00:00Z")))
+    process = Summing(api, clock)
+    process.sync()
+    clock.advance(1 * HOUR)
+    assert process.hours("idle") == 3.0
+
+    del api.claims["b"]  # 09:00: b's 2 unit-hours stay in the sum
+    process.sync()
+    assert process.hours("idle") == 3.0
+    clock.advance(1 * HOUR)
+    assert process.hours("idle") == 4.0  # + a's second hour
+
+    del api.claims["a"]  # the last claim of the namespace and class: the series stays
+    process.sync()
+    clock.advance(1 * HOUR)
+    assert process.hours("idle") == 4.0
+
+
+def test_a_new_process_counts_from_zero_and_a_hold_begun_since_in_full() -> None:
+    clock = FakeClock(START)
+    api = ClaimStore()
+    api.store(claim_in(NS, "old", 1, **idle_since("2026-03-01T08:00:00Z")))
+    clock.advance(2 * HOUR)  # 10:00 the process starts; "old" has held 2 h already
+    process = Summing(api, clock)
+    process.sync()
+    assert process.hours("idle") == 0.0
+
+    clock.advance(0.5 * HOUR)  # 10:30 a claim is bound
+    api.store(
+        claim_in(
+            NS, "new", 2, boundTime="2026-03-01T10:30:00Z", **idle_since("2026-03-01T10:30:00Z")
+        )
+    )
+    clock.advance(0.5 * HOUR)  # 11:00, the first scrape that sees it
+    process.sync()
+    assert process.hours("idle") == 1.0 + 1.0  # old: 10:00-11:00; new: 10:30-11:00 x 2
+
+
+def test_a_namespace_sum_never_goes_back_while_the_cache_is_behind_a_write() -> None:
+    clock = FakeClock(START)
+    api = ClaimStore()
+    api.store(claim_in(NS, "hold", 1, **idle_since("2026-03-01T08:00:00Z")))
+    process = Summing(api, clock)
+    process.sync()
+    clock.advance(1.5 * HOUR)
+    assert process.hours("idle") == 1.5  # its copy says idle since 08:00
+    # The stored truth, written at 09:00: 1 h idle, then in use.
+    stored = api.claims["hold"]
+    usage = {"idleUnitSeconds": 3600, "inUseUnitSeconds": 0, "state": "InUse"}
+    api.store(
+        {
+            **stored,
+            "status": {**stored["status"], "usage": {**usage, "since": "2026-03-01T09:00:00Z"}},
+        }
+    )
+    process.sync()
+    assert (process.hours("idle"), process.hours("in_use")) == (1.5, 0.5)
+    clock.advance(0.5 * HOUR)
+    assert (process.hours("idle"), process.hours("in_use")) == (1.5, 1.0)
+
+
+def test_the_gpu_hours_series_setting_is_a_flag_and_a_configmap_key() -> None:
+    args = cli.parser().parse_args(["run", "--gpu-hours-series", "namespace"])
+    flags = {key: getattr(args, key, None) for key in settings.OVERRIDES}
+    assert settings.load(None, {}, flags).gpu_hours_series == "namespace"
+    assert settings.load({"gpuHoursSeries": "namespace"}, {}, {}).gpu_hours_series == "namespace"
+    assert settings.load(None, {}, {}).gpu_hours_series == "claim"
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["run", "--gpu-hours-series", "pod"])

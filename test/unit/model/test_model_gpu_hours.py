@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuoperator.model import gpu_hours
-from gpuoperator.model.gpu_hours import State, Usage
+from gpuoperator.model.gpu_hours import State, Totals, Usage
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
@@ -155,3 +155,26 @@ def test_status_round_trip() -> None:
 def test_unreadable_usage_reads_as_never_held() -> None:
     bad = {"status": {"usage": {"idleUnitSeconds": -4, "inUseUnitSeconds": "x", "state": "Up"}}}
     assert gpu_hours.read(bad) == Usage()
+
+
+def test_accrued_is_the_growth_per_state_and_never_negative() -> None:
+    assert gpu_hours.accrued(None, Totals(5.0, 7.0)) == Totals(5.0, 7.0)
+    assert gpu_hours.accrued(Totals(5.0, 7.0), Totals(8.0, 7.0)) == Totals(3.0, 0.0)
+    # A reading from a cache behind a write may be ahead of the next one in a state.
+    assert gpu_hours.accrued(Totals(9.0, 0.0), Totals(6.0, 3.0)) == Totals(0.0, 3.0)
+    assert gpu_hours.highest(Totals(9.0, 0.0), Totals(6.0, 3.0)) == Totals(9.0, 3.0)
+    assert gpu_hours.highest(None, Totals(6.0, 3.0)) == Totals(6.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("bound", "expected"),
+    [
+        ("2026-01-01T00:00:10Z", True),
+        ("2026-01-01T00:00:09Z", False),
+        (None, False),
+        ("not a time", False),
+    ],
+)
+def test_bound_since_reads_the_bound_time(bound: str | None, expected: bool) -> None:
+    claim = held_claim(boundTime=bound) if bound is not None else held_claim()
+    assert gpu_hours.bound_since(claim, at(10.4)) is expected
