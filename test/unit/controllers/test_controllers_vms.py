@@ -93,20 +93,22 @@ class World:
     def put_claim(self, obj: Obj) -> Obj:
         """The claim as the API server and the caches (and so the inventory) have it."""
         stored = self.api.add(GPUClaim, obj)
-        self.caches.claims.store.put(stored)
-        self.inventory.apply_claim(stored)
+        cached = slimming.slim_claim(stored)
+        self.caches.claims.store.put(cached)
+        self.inventory.apply_claim(cached)
         return stored
 
     def sync_claim(self, name: str) -> Obj:
         """Deliver the API server's current claim to the cache, as a watch would."""
         stored = copy.deepcopy(self.api.objects[("GPUClaim", NS, name)])
-        self.caches.claims.store.put(stored)
-        self.inventory.apply_claim(stored)
+        cached = slimming.slim_claim(stored)
+        self.caches.claims.store.put(cached)
+        self.inventory.apply_claim(cached)
         return stored
 
     def put_vmi(self, obj: Obj) -> Obj:
         stored = self.api.add(VirtualMachineInstance, obj)
-        self.caches.vmis.store.put(stored)
+        self.caches.vmis.store.put(slimming.slim_vmi(stored))
         return stored
 
     def put_pod(self, obj: Obj) -> Obj:
@@ -185,7 +187,9 @@ def test_template_claim_is_created_once_marked_and_owned_by_the_vmi(world: World
     assert world.recorder.events[-1]["apiVersion"] == "kubevirt.io/v1"
 
     # The watch delivers the claim: the next passes create nothing.
-    world.caches.claims.store.put(world.api.objects[("GPUClaim", NS, "vm1-gpu-1")])
+    world.caches.claims.store.put(
+        slimming.slim_claim(world.api.objects[("GPUClaim", NS, "vm1-gpu-1")])
+    )
     assert controller.reconcile((NS, "vm1")) is None
     assert controller.reconcile((NS, "vm1")) is None
     assert len([c for c in world.api.calls if c[0] == "create"]) == 1
