@@ -246,7 +246,7 @@ def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
 def is_waiting(claim: Obj) -> bool:
     """Whether the claim waits for a node: phase ``Pending``, ``Lost`` or none yet, and not
     being deleted (a claim on its way out is not given units)."""
-    return claims.phase(claim) in claims.WAITING_PHASES and orders.charged(claim)
+    return claims.phase(claim) in claims.WAITING_PHASES and not claims.is_deleting(claim)
 
 
 def pending_in_order(claims: Iterable[Obj]) -> list[Obj]:

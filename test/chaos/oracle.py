@@ -278,8 +278,8 @@ def _order(claim: Obj) -> tuple[str, str, str]:
     return (str(meta.get("creationTimestamp")), str(meta.get("namespace")), str(meta["name"]))
 
 
-def _charged(claim: Obj) -> bool:
-    return not (claim.get("metadata") or {}).get("deletionTimestamp")
+def _deleting(claim: Obj) -> bool:
+    return bool((claim.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def budget_holds(claim: Obj, snap: Snapshot) -> bool:
@@ -292,7 +292,6 @@ def budget_holds(claim: Obj, snap: Snapshot) -> bool:
         c
         for c in snap.claims
         if c["metadata"]["namespace"] == ns
-        and _charged(c)
         and key(c) != key(claim)
         and (holds(c) or _order(c) < mine)
     ]
@@ -347,7 +346,7 @@ def fitting_nodes(
 
 
 def waiting(claim: Obj) -> bool:
-    return phase(claim) in ("", PENDING) and _charged(claim)
+    return phase(claim) in ("", PENDING) and not _deleting(claim)
 
 
 def stuck_claims(snap: Snapshot, now: datetime.datetime | None = None) -> list[str]:

@@ -139,18 +139,20 @@ def test_budgets_count_the_claims_bound_or_ordered_before() -> None:
     assert not oracle.budget_holds(second, s)
 
 
-def test_bound_claims_over_a_budget_are_caught_per_key_and_deleting_ones_are_not_charged() -> None:
+def test_bound_claims_over_a_budget_are_caught_per_key_and_deleting_ones_are_charged() -> None:
     quota = {
         "metadata": {"namespace": "t", "name": "gpus"},
         "spec": {
-            "hard": {"gpuclass.cozystack.io/devices": "3", "a.gpuclass.cozystack.io/devices": "2"}
+            "hard": {"gpuclass.cozystack.io/devices": "4", "a.gpuclass.cozystack.io/devices": "2"}
         },
     }
     within = [claim("a", 2, "Bound", "n1"), claim("b", 1, "Pending")]
+    s = oracle.Snapshot("1", within, [], [node("n1", 4)], [cls()], [quota])
+    assert oracle.overbudgets(s) == []
     leaving = claim("c", 1, "Bound", "n1")
     leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:05Z"
     s = oracle.Snapshot("1", [*within, leaving], [], [node("n1", 4)], [cls()], [quota])
-    assert oracle.overbudgets(s) == []
+    assert oracle.overbudgets(s) == ["t/gpus a.gpuclass.cozystack.io/devices: 3 bound of 2"]
 
     over = [*within, claim("d", 1, "Bound", "n1")]
     s = oracle.Snapshot("1", over, [], [node("n1", 4)], [cls()], [quota])

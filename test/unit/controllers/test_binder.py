@@ -181,6 +181,31 @@ def test_a_budget_counts_the_claims_bound_a_pass_ago_while_the_cache_still_shows
     assert "2 are held" in waiting["message"]
 
 
+def test_a_claim_being_deleted_keeps_its_budget_until_it_is_gone(world: World) -> None:
+    """A budget of 2 used by a bound claim the tenant deleted (a finalizer keeps it, its
+    units are still held): a new order waits with BudgetExceeded until the claim is gone."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n1", 8))
+    world.caches.quotas.store.put(objects.quota({names.QUOTA_TOTAL_KEY: "2"}))
+    world.put_claim(
+        claim("leaving", count=2, created=at(1), phase="Bound", node="n1", deleting=True)
+    )
+    world.put_claim(claim("next", count=1, created=at(2)))
+    world.reconcile("a10")
+
+    waiting = next(c for c in world.status("next")["conditions"] if c["type"] == "Bound")
+    assert (world.status("next")["phase"], waiting["reason"]) == ("Pending", "BudgetExceeded")
+    assert "2 by claims being deleted" in waiting["message"]
+
+    gone = world.caches.claims.store.remove((NS, "leaving"))
+    assert gone is not None
+    world.inventory.delete_claim(gone)
+    world.api.remove(GPUClaim, "leaving", NS)
+    world.sync("next")
+    world.reconcile("a10")
+    assert world.status("next")["phase"] == "Bound"
+
+
 # -- defect: the pass leaves its lock with writes in flight -----------------------------------
 
 
