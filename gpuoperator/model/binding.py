@@ -350,7 +350,8 @@ def _nominated(base: Waiting, nomination: Nomination) -> Waiting:
 def _kept(cls: Obj, need: int, nomination: Nomination) -> Waiting:
     return Waiting(
         WaitReason.QUEUED,
-        f"{_units(need, 'free')} of {gpuclasses.resource_name(cls)} are left only on node "
+        f"{_units(need, 'free')} of {gpuclasses.resource_name(cls)} "
+        f"{'is' if need == 1 else 'are'} left only on node "
         f"{nomination.node}, kept for an older claim of class {gpuclasses.name(cls)} that "
         "waits for room there (claims of a class are served in order of creation)",
     )

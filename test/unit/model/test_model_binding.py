@@ -530,7 +530,7 @@ def queue_with_big_head(smalls: int, need: int = 4) -> list[Obj]:
 
 
 KEPT_N1 = (
-    "Queued: 1 free unit of nvidia.com/GA102GL_A10 are left only on node n1, kept for an "
+    "Queued: 1 free unit of nvidia.com/GA102GL_A10 is left only on node n1, kept for an "
     "older claim of class a10 that waits for room there (claims of a class are served in "
     "order of creation)"
 )
@@ -645,7 +645,7 @@ def test_a_younger_claim_refused_elsewhere_is_queued_behind_the_kept_units() -> 
     result = binding.plan(claims, A10, nodes, ledger, "binpack", NOW)
     assert result.nomination == binding.Nomination(key("big"), "n1", need=4, missing=2)
     assert str(result.waiting[key("small")]) == (
-        "Queued: 1 free unit of nvidia.com/GA102GL_A10 are left only on node n1, kept for "
+        "Queued: 1 free unit of nvidia.com/GA102GL_A10 is left only on node n1, kept for "
         "an older claim of class a10 that waits for room there (claims of a class are served "
         "in order of creation)"
     )
