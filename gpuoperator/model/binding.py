@@ -119,10 +119,6 @@ class Plan(NamedTuple):
     nomination: Nomination | None
 
 
-def _key_text(key: Key) -> str:
-    return f"{key[0]}/{key[1]}"
-
-
 # -- refused nodes ---------------------------------------------------------------------------
 
 
