@@ -431,7 +431,8 @@ def test_a_big_order_does_not_block_younger_small_orders_and_binds_once_its_node
     # Tenant B's namespace sorts after A's, so a tie in creation seconds still puts her
     # orders behind A's big one.
     other = f"u-{namespace}"[:63]
-    pykube.Namespace(api, {"metadata": {"name": other}}).create()
+    labels = {"gpuoperator.test/e2e": "true"}
+    pykube.Namespace(api, {"metadata": {"name": other, "labels": labels}}).create()
     try:
         b = edit_tenant(api, kubeconfig, other)
         for i in range(10):
