@@ -1,11 +1,13 @@
 """The binder: binds Pending (and Lost) claims of a class to one eligible node each.
 
 Key = class name, one worker: a class's claims are decided together, in order of creation
-(``model.binding.plan``: FIFO with a bounded bypass, binpack or spread, unexpired
-``refusedNodes`` skipped), on the inventory's current figures, and each binding is written
-to the claim's status with its resourceVersion as precondition (``claim_status``). Budgets
-and the vGPU entitlement are re-checked at bind time (two orders can pass the webhook
-together; template claims never met it).
+(``model.binding.plan``: FIFO with backfill, binpack or spread, unexpired ``refusedNodes``
+skipped: the oldest claim that fits nowhere nominates the node it will fit on soonest, and
+younger claims are bound anywhere else), on the inventory's current figures, and each
+binding is written to the claim's status with its resourceVersion as precondition
+(``claim_status``). Budgets and the vGPU entitlement are re-checked at bind time (two orders
+can pass the webhook together; template claims never met it). The class's nomination is
+logged when it changes; each waiting claim's ``Bound`` condition says why it waits.
 
 A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is planned again
 in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
@@ -101,7 +103,8 @@ class Binder:
         self.settings = settings
         self.clock = clock
         self._metrics = _metrics(registry)
-        self._bypass: dict[str, dict[binding.Key, int]] = {}
+        #: class name -> the nomination last logged (a line is logged when it changes)
+        self._nominations: dict[str, binding.Nomination | None] = {}
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
@@ -146,10 +149,8 @@ class Binder:
             else:
                 candidates.append(claim)
         now = self.clock.now()
-        plan = self.inventory.plan(
-            candidates, cls, self.settings.placement_policy, now, self._bypass.get(class_name, {})
-        )
-        self._bypass[class_name] = plan.bypass_counts
+        plan = self.inventory.plan(candidates, cls, self.settings.placement_policy, now)
+        self._log_nomination(class_name, plan.nomination)
         by_key = {gpuclaims.key(c): c for c in candidates}
         self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
@@ -163,6 +164,25 @@ class Binder:
         elif unconfirmed:
             looks.append(UNCONFIRMED_RECHECK)  # another controller's write is in flight
         return Result(requeue_after=min(looks)) if looks else None
+
+    def _log_nomination(self, class_name: str, nomination: binding.Nomination | None) -> None:
+        """One line when the class's nomination changes (claim, node, or units missing): the
+        claim's own condition says the same to its tenant."""
+        if self._nominations.get(class_name) == nomination:
+            return
+        self._nominations[class_name] = nomination
+        if nomination is None:
+            log.info("nomination cleared", reason="NoNomination", gpuclass=class_name)
+            return
+        log.info(
+            "node nominated",
+            reason="Nominated",
+            gpuclass=class_name,
+            claim=f"{nomination.claim[0]}/{nomination.claim[1]}",
+            node=nomination.node,
+            need=nomination.need,
+            missing=nomination.missing,
+        )
 
     def _claims(self, class_name: str) -> tuple[list[Obj], bool]:
         """The class's claims as counted, leaving out those whose last write is not

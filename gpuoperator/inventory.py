@@ -484,13 +484,10 @@ class Inventory:
         cls: Obj,
         policy: binding.Policy,
         now: datetime.datetime,
-        bypass: dict[binding.Key, int],
     ) -> binding.Plan:
         """A binding plan for ``cls`` on the current figures (see ``model.binding.plan``)."""
         with self._lock:
-            return binding.plan(
-                claims, cls, self._nodes.values(), self._ledger, policy, now, bypass
-            )
+            return binding.plan(claims, cls, self._nodes.values(), self._ledger, policy, now)
 
     def candidates(self, claim: Obj, cls: Obj, now: datetime.datetime) -> list[tuple[str, int]]:
         """The nodes ``claim`` could be bound to now (``model.binding.candidates``: eligible,

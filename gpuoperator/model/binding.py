@@ -9,33 +9,51 @@ chooses: ``binpack`` takes the node with the least free that fits (large blocks 
 large orders), ``spread`` the most free; ties go to the smallest node name, so the choice is
 deterministic and two replicas (or a replica after a leader change) decide alike.
 
-**Order: strict FIFO per class with bounded bypass.** Claims of one class are considered in
-order of creation (:func:`orders.creation_order`). A claim that fits nowhere does not stop
-the queue at once: later claims may be bound past it (a small order should not idle while
-capacity for a big one accumulates). But each such binding counts as one *bypass* of every
-older claim still waiting, and once a waiting claim has been bypassed ``max_bypass`` times
-(default :data:`DEFAULT_MAX_BYPASS`) it *blocks the head of the line*: nothing of that class
-behind it is bound until it fits, so the capacity that frees goes to it. That is how "a small
-order must not starve a big one forever" is kept. ``max_bypass=0`` is plain strict FIFO.
+**Order: FIFO per class with backfill, not head-of-line blocking.** Claims of one class are
+considered in order of creation (:func:`orders.creation_order`) and each is bound as soon as
+a node fits it. The oldest waiting claim that fits nowhere *nominates* the node where it will
+fit soonest: among the nodes it may be bound to (serving the class, not in its unexpired
+``refusedNodes``, with ``allocatable >= spec.count``), the one with the fewest units missing
+(``spec.count - free``), ties to the smallest name. Younger claims of the class are then
+bound anywhere except into the units that nomination needs — all of the nominated node's
+free units, since fewer are free there than it needs — so a small order never idles while a
+big one waits elsewhere, and the big one is never starved: the units that free on its node
+stay free until it fits (:class:`Nomination`).
 
 Choices where DESIGN.md is silent:
 
-* Bypass counts are plain data the caller keeps between passes (a dict claim key -> count,
-  passed in and returned updated). Losing them (restart, leader change) only restarts the
-  counting: fairness is delayed, never capacity over-allocated.
-* A claim that cannot fit on any eligible node even when that node is empty (``spec.count``
-  above the largest allocatable) never blocks the line and is not counted: it would otherwise
-  stop its class forever. Template claims skip the order webhook, so they can be like that.
+* One nomination per class: only the oldest waiting claim that can ever fit nominates; a
+  younger claim that fits nowhere else just waits (``NoCapacity``, or ``Queued`` when it
+  would fit only into the kept units). Several nominations would let a burst of big orders
+  keep every node's units idle.
+* The nomination is not remembered: every pass nominates afresh on the figures it reads, so
+  a nominated node that becomes ineligible (NotReady, cordoned, an untolerated taint) or
+  gone, or that the claim's launcher pod was refused on (``refusedNodes``), is replaced at
+  the next pass by the next nearest node, and a restart or a leader change loses nothing.
+  Between passes the nomination cannot drift away from a node that is freeing up: younger
+  claims never take its units, so the fewest units missing only ever goes down as units
+  free; it moves only to a node that is nearer still.
+* The nominated node is chosen by distance only, whatever ``placementPolicy`` says; the
+  policy still picks, among the nodes that fit, where each claim (the nominating one once it
+  fits, and every younger one outside the nominated node) is bound.
+* A claim that cannot fit even on an empty node (``spec.count`` above the allocatable of
+  every node it may be bound to) nominates nothing and keeps nothing: it would stop its
+  class forever. Template claims skip the order webhook, so they can be like that.
+* Nominations are per class. Classes that share one resource name have queues of their own:
+  a claim of another class may take units a nomination keeps (as may a pod outside the
+  holds); the nomination then moves or waits longer, it is never over-allocated.
 * Budgets and the vGPU entitlement are not judged here: the caller drops the claims that
   :func:`orders.binding_refusal` refuses before planning (they wait with ``BudgetExceeded``
-  or ``NotEntitled``), so such a claim never blocks the line either.
+  or ``NotEntitled``), so such a claim never nominates.
+* Messages name nodes and the class, never another claim: the claims of a class belong to
+  many tenants, and a ``Bound`` condition is read by the claim's own tenant.
 * One plan simulates its bindings on a local copy of the free units, so two claims of one
   plan never both take the last units of a node. The Ledger is only read.
 * ``status.refusedNodes`` keeps at most :data:`MAX_REFUSED_NODES` entries, one per node; an
   entry whose ``until`` cannot be read counts as expired.
 
-Every function is pure and idempotent: the same claims, nodes, figures, time and counts give
-the same plan.
+Every function is pure and idempotent: the same claims, nodes, figures and time give the same
+plan.
 """
 
 from __future__ import annotations
@@ -58,8 +76,6 @@ BINPACK: Final = "binpack"
 SPREAD: Final = "spread"
 #: The most ``status.refusedNodes`` entries a claim keeps (the CRD's maxItems).
 MAX_REFUSED_NODES: Final = 16
-#: How often a waiting claim may be bypassed before it blocks its class's line.
-DEFAULT_MAX_BYPASS: Final = 8
 
 
 class WaitReason(enum.StrEnum):
@@ -82,17 +98,25 @@ class Waiting:
         return f"{self.reason.value}: {self.message}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Nomination:
+    """The node the oldest waiting claim of a class that fits nowhere will fit on soonest:
+    ``missing`` more units must free on ``node`` for its ``need``; younger claims of the
+    class are not bound there meanwhile."""
+
+    claim: Key
+    node: str
+    need: int
+    missing: int
+
+
 class Plan(NamedTuple):
-    """The outcome of :func:`plan`: the bindings to write in order, the bypass counts to keep
-    for the next pass, and why every other waiting claim waits."""
+    """The outcome of :func:`plan`: the bindings to write in order, why every other waiting
+    claim waits, and the class's nomination (``None`` when no claim waits for one)."""
 
     bindings: list[tuple[Key, str]]
-    bypass_counts: dict[Key, int]
     waiting: dict[Key, Waiting]
-
-
-def _key_text(key: Key) -> str:
-    return f"{key[0]}/{key[1]}"
+    nomination: Nomination | None
 
 
 # -- refused nodes ---------------------------------------------------------------------------
@@ -246,21 +270,13 @@ def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
 def is_waiting(claim: Obj) -> bool:
     """Whether the claim waits for a node: phase ``Pending``, ``Lost`` or none yet, and not
     being deleted (a claim on its way out is not given units)."""
-    return claims.phase(claim) in claims.WAITING_PHASES and orders.charged(claim)
+    return claims.phase(claim) in claims.WAITING_PHASES and not claims.is_deleting(claim)
 
 
 def pending_in_order(claims: Iterable[Obj]) -> list[Obj]:
     """The waiting claims (:func:`is_waiting`) in order of creation, then namespace/name:
     the FIFO queue of one class when given one class's claims."""
     return sorted((c for c in claims if is_waiting(c)), key=orders.creation_order)
-
-
-def head_of_line_blocks(
-    bypass_counts: Mapping[Key, int], key: Key, max_bypass: int = DEFAULT_MAX_BYPASS
-) -> bool:
-    """Whether the waiting claim ``key`` has been bypassed ``max_bypass`` times: then nothing
-    of its class behind it is bound until it fits."""
-    return bypass_counts.get(key, 0) >= max_bypass
 
 
 def _units(n: int, adjective: str = "") -> str:
@@ -297,6 +313,46 @@ def _no_capacity(
     return Waiting(WaitReason.NO_CAPACITY, message)
 
 
+def nominate(
+    need: int,
+    frees: Mapping[str, int],
+    allocatables: Mapping[str, int],
+    refused: set[str],
+) -> tuple[str, int] | None:
+    """The node a claim of ``need`` units that fits nowhere now will fit on soonest, with the
+    units missing there: among the nodes of ``frees`` not in ``refused`` whose allocatable
+    is at least ``need``, the fewest units missing (``need - free``), ties to the smallest
+    name. ``None`` when no such node exists (it cannot fit even on an empty node)."""
+    nearest = min(
+        (
+            (max(0, need - frees[n]), n)
+            for n in frees
+            if n not in refused and allocatables.get(n, 0) >= need
+        ),
+        default=None,
+    )
+    return None if nearest is None else (nearest[1], nearest[0])
+
+
+def _nominated(base: Waiting, nomination: Nomination) -> Waiting:
+    return Waiting(
+        base.reason,
+        f"{base.message}; waiting for {_units(nomination.missing, 'more')} on node "
+        f"{nomination.node}, kept for this claim (younger claims of the class are not "
+        "bound there)",
+    )
+
+
+def _kept(cls: Obj, need: int, nomination: Nomination) -> Waiting:
+    return Waiting(
+        WaitReason.QUEUED,
+        f"{_units(need, 'free')} of {gpuclasses.resource_name(cls)} "
+        f"{'is' if need == 1 else 'are'} left only on node "
+        f"{nomination.node}, kept for an older claim of class {gpuclasses.name(cls)} that "
+        "waits for room there (claims of a class are served in order of creation)",
+    )
+
+
 def plan(
     claims_of_class: Iterable[Obj],
     cls: Obj,
@@ -304,61 +360,52 @@ def plan(
     ledger: capacity.Ledger,
     policy: Policy,
     now: datetime.datetime,
-    bypass_counts: Mapping[Key, int],
-    *,
-    max_bypass: int = DEFAULT_MAX_BYPASS,
 ) -> Plan:
-    """Plan one pass of the binder for class ``cls``: the bindings to write, in order, the
-    updated bypass counts, and why each other waiting claim waits.
+    """Plan one pass of the binder for class ``cls``: the bindings to write, in order, why
+    each other waiting claim waits, and the class's nomination (module docstring).
 
     ``claims_of_class`` may include bound claims and claims of other classes: only waiting
     claims (:func:`is_waiting`) of ``cls`` are planned. Each binding is simulated on a local
-    copy of the free units, so the plan never places more on a node than its free units. The
-    returned counts keep only claims still waiting; the caller passes them back next pass.
+    copy of the free units, so the plan never places more on a node than its free units.
     """
     name = gpuclasses.name(cls)
     resource = gpuclasses.resource_name(cls)
     serving = _serving(cls, nodes, ledger)
     frees = {n: ledger.free(n, resource) for n in serving}
+    allocatables = {n: ledger.allocatable(n, resource) for n in serving}
     by_free = _FreeIndex(frees)
-    largest = max((ledger.allocatable(n, resource) for n in serving), default=0)
+    largest = max(allocatables.values(), default=0)
     queue = [c for c in pending_in_order(claims_of_class) if orders.ordered_class(c) == name]
 
     bindings: list[tuple[Key, str]] = []
-    counts: dict[Key, int] = {}
     waiting: dict[Key, Waiting] = {}
-    passed: list[Key] = []  # older claims that wait and may still be bypassed
-    blocker: Key | None = None
+    nomination: Nomination | None = None
     for claim in queue:
         key = claims.key(claim)
         need = orders.ordered_count(claim)
-        if blocker is not None:
-            waiting[key] = Waiting(
-                WaitReason.QUEUED, f"waiting behind older claim {_key_text(blocker)}"
-            )
-            if key in bypass_counts:
-                counts[key] = bypass_counts[key]
-            continue
         if need < 1:
             waiting[key] = Waiting(
                 WaitReason.INVALID_COUNT, "spec.count must be a whole number of at least 1"
             )
             continue
         refused = unexpired_refusals(claim, now)
-        node = by_free.choose(need, refused, policy)
+        kept = {nomination.node} if nomination is not None else set()
+        node = by_free.choose(need, refused | kept, policy)
         if node is not None:
             by_free.take(node, need)
             bindings.append((key, node))
-            for older in passed:
-                counts[older] += 1
-            blocker = next((k for k in passed if counts[k] >= max_bypass), None)
             continue
-        waiting[key] = _no_capacity(cls, need, frees, refused, largest)
-        if need > largest:
-            continue  # fits nowhere even when empty: never blocks the line
-        counts[key] = bypass_counts.get(key, 0)
-        if head_of_line_blocks(counts, key, max_bypass):
-            blocker = key
+        if nomination is None:
+            nearest = nominate(need, frees, allocatables, refused)
+            base = _no_capacity(cls, need, frees, refused, largest)
+            if nearest is None:
+                waiting[key] = base  # cannot fit even when empty: keeps nothing
+            else:
+                nomination = Nomination(key, nearest[0], need, nearest[1])
+                waiting[key] = _nominated(base, nomination)
+            continue
+        if nomination.node not in refused and frees[nomination.node] >= need:
+            waiting[key] = _kept(cls, need, nomination)
         else:
-            passed.append(key)
-    return Plan(bindings, counts, waiting)
+            waiting[key] = _no_capacity(cls, need, frees, refused, largest)
+    return Plan(bindings, waiting, nomination)

@@ -87,6 +87,12 @@ def is_bound(claim: Mapping[str, Any]) -> bool:
     return phase(claim) == Phase.BOUND and bool(node_name(claim))
 
 
+def is_deleting(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim is being deleted (``metadata.deletionTimestamp``): it still exists,
+    holds what it holds and is charged, but is never given units again."""
+    return bool(_meta(claim).get("deletionTimestamp"))
+
+
 def is_vmi_final(vmi: Mapping[str, Any] | None) -> bool:
     """Whether the VMI reached a phase after which it never runs again."""
     return _status(vmi).get("phase") in VMI_FINAL_PHASES

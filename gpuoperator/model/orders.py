@@ -24,10 +24,12 @@ All applicable refusals are returned (a tenant fixes them at once), not only the
 Budgets: every ``ResourceQuota`` of the namespace that has a budget key must hold on its own;
 the keys that concern a claim are its class's ``<class>.gpuclass.cozystack.io/devices`` and the
 total ``gpuclass.cozystack.io/devices`` (keys of other classes and every other key are not
-read). Usage is the sum of ``spec.count`` over the namespace's *charged* claims: every claim
-not being deleted, held and template claims alike, bound or not (a hold is charged whether or
-not its VM runs). Usage is attributed through the class each claim names, never through
-resource names (classes may share one).
+read). Usage is the sum of ``spec.count`` over the namespace's GPUClaims that exist, a claim
+being deleted included until it is gone (:func:`usage`): held and template claims alike,
+bound or not (a hold is charged whether or not its VM runs, and as long as it holds units: a
+claim being deleted keeps its node until its finalizers are gone, so releasing it must not
+free budget for a new order first). Usage is attributed through the class each claim names,
+never through resource names (classes may share one).
 
 Choices where DESIGN.md is silent:
 
@@ -124,18 +126,12 @@ def is_template_claim(claim: Mapping[str, Any]) -> bool:
     return isinstance(labels, Mapping) and labels.get(names.TEMPLATE_CLAIM_LABEL) == names.TRUE
 
 
-def charged(claim: Mapping[str, Any]) -> bool:
-    """Whether the claim counts against budgets: every claim not being deleted
-    (``metadata.deletionTimestamp``), held and template claims alike, bound or not."""
-    return not _meta(claim).get("deletionTimestamp")
-
-
 def usage(claims: Iterable[Mapping[str, Any]], class_name: str | None = None) -> int:
-    """The sum of ``spec.count`` over the charged claims (of class ``class_name`` if given)."""
+    """The sum of ``spec.count`` over ``claims`` (of class ``class_name`` if given): every
+    claim that exists is charged, held and template claims alike, bound or not, and a claim
+    being deleted (``metadata.deletionTimestamp``) until it is gone."""
     return sum(
-        ordered_count(c)
-        for c in claims
-        if charged(c) and (class_name is None or ordered_class(c) == class_name)
+        ordered_count(c) for c in claims if class_name is None or ordered_class(c) == class_name
     )
 
 
@@ -174,8 +170,11 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _held(n: int) -> str:
-    return f"{n} {'is' if n == 1 else 'are'} held"
+def _held(n: int, leaving: int = 0) -> str:
+    held = f"{n} {'is' if n == 1 else 'are'} held"
+    if leaving:
+        held += f" ({leaving} by claims being deleted, charged until they are gone)"
+    return held
 
 
 def _ordered(n: int) -> str:
@@ -192,13 +191,14 @@ def budget_refusals(
     ``quotas`` are the ResourceQuotas of the claim's namespace and ``namespace_claims`` its
     GPUClaims (the claim itself may be among them: it is not counted twice). For each quota
     (sorted by name) the claim's class key, then the total key, is checked when present:
-    refused when the other charged claims' usage plus ``spec.count`` exceeds the limit.
+    refused when the other claims' usage (:func:`usage`) plus ``spec.count`` exceeds the limit.
     Usage follows each claim's ``spec.className``, so no class object is needed.
     """
     own_key = claims.key(claim)
     own_class = ordered_class(claim)
     ordered = ordered_count(claim)
     others = [c for c in namespace_claims if not _same(own_key, c)]
+    leaving = [c for c in others if claims.is_deleting(c)]
     refusals: list[str] = []
     for rq in sorted(quotas, key=objects.key):
         hard = _spec(rq).get("hard")
@@ -211,6 +211,7 @@ def budget_refusals(
             if key not in hard or parsed is None:
                 continue
             used = usage(others, parsed[1])
+            held = _held(used, usage(leaving, parsed[1]))
             raw = hard[key]
             limit = quantities.parse_whole(raw)
             if limit is None:
@@ -218,12 +219,12 @@ def budget_refusals(
                     f"spec.count: budget exceeded: ResourceQuota {where} has an invalid value "
                     f"{echo.clip(repr(raw))} for "
                     f"{key} (a whole number of GPUs is allowed), so it allows 0; "
-                    f"{_held(used)}, {_ordered(ordered)}"
+                    f"{held}, {_ordered(ordered)}"
                 )
             elif used + ordered > limit:
                 refusals.append(
                     f"spec.count: budget exceeded: ResourceQuota {where} allows {limit} of {key}, "
-                    f"{_held(used)}, {_ordered(ordered)}"
+                    f"{held}, {_ordered(ordered)}"
                 )
     return refusals
 

@@ -4,11 +4,11 @@ quota's GPU budget keys should say, so ``kubectl describe quota`` prints it besi
 For every budget key in ``spec.hard`` (:func:`quota.parse_key`: the per-class
 ``<class>.gpuclass.cozystack.io/devices`` and the total ``gpuclass.cozystack.io/devices``) the
 used value is the budget usage the order webhook and the binder judge by
-(:func:`orders.usage`: ``spec.count`` summed over the namespace's claims not being deleted,
-held and template claims alike, bound or not). Nothing else is read or written: every other
-key of ``status.used`` is Kubernetes' own (the quota controller and quota admission keep
-them), and a budget key no longer in ``spec.hard`` is removed by the quota controller itself
-(it masks ``used`` to the hard keys).
+(:func:`orders.usage`: ``spec.count`` summed over the namespace's claims that exist, a claim
+being deleted included until it is gone, held and template claims alike, bound or not).
+Nothing else is read or written: every other key of ``status.used`` is Kubernetes' own (the
+quota controller and quota admission keep them), and a budget key no longer in ``spec.hard``
+is removed by the quota controller itself (it masks ``used`` to the hard keys).
 
 Values are written as whole-number quantity strings (``"3"``); a stored value that already
 means the same number (``"3"``, ``3``) is not rewritten.

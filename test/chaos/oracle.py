@@ -13,15 +13,18 @@ describe the same instant.
   VMI's claims bound on the pod's node (attached held claims, owned template claims), up to
   the units they hold; anything beyond counts like any pod's.
 * **Over-budget**: for every ResourceQuota and each of its GPU keys, the units of the
-  namespace's Bound claims it charges (not being deleted) are at most its hard limit.
+  namespace's Bound claims it charges (a claim being deleted included, until it is gone) are
+  at most its hard limit.
 * **Stuck claims**, once the load is over and the operator had time to converge: a Bound
   claim on a node that no longer exists; a claim still Lost; a waiting claim (Pending or
   no status) that fits — an eligible node (Ready, not cordoned, no NoSchedule/NoExecute
   taint the class does not tolerate) has free units for it and is not among its unexpired
   refusedNodes, and its budgets hold (the claims bound or ordered before it plus itself
-  stay within every ResourceQuota key) — unless it waits behind an older claim of its class
-  that does not fit (FIFO per class); a waiting claim without a reason (a ``Bound``
-  condition with status False and a reason).
+  stay within every ResourceQuota key) — unless the only nodes it fits on are the one the
+  oldest waiting claim of its class that fits nowhere nominated (FIFO with backfill: the
+  eligible, not refused node with allocatable for it and the fewest units missing, ties by
+  name; a claim that fits on no such node nominates nothing); a waiting claim without a
+  reason (a ``Bound`` condition with status False and a reason).
 """
 
 from __future__ import annotations
@@ -278,8 +281,8 @@ def _order(claim: Obj) -> tuple[str, str, str]:
     return (str(meta.get("creationTimestamp")), str(meta.get("namespace")), str(meta["name"]))
 
 
-def _charged(claim: Obj) -> bool:
-    return not (claim.get("metadata") or {}).get("deletionTimestamp")
+def _deleting(claim: Obj) -> bool:
+    return bool((claim.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def budget_holds(claim: Obj, snap: Snapshot) -> bool:
@@ -292,7 +295,6 @@ def budget_holds(claim: Obj, snap: Snapshot) -> bool:
         c
         for c in snap.claims
         if c["metadata"]["namespace"] == ns
-        and _charged(c)
         and key(c) != key(claim)
         and (holds(c) or _order(c) < mine)
     ]
@@ -347,7 +349,7 @@ def fitting_nodes(
 
 
 def waiting(claim: Obj) -> bool:
-    return phase(claim) in ("", PENDING) and _charged(claim)
+    return phase(claim) in ("", PENDING) and not _deleting(claim)
 
 
 def stuck_claims(snap: Snapshot, now: datetime.datetime | None = None) -> list[str]:
@@ -370,25 +372,39 @@ def stuck_claims(snap: Snapshot, now: datetime.datetime | None = None) -> list[s
         if key(claim) in fits:
             by_class[str(claim["spec"]["className"])].append(claim)
     for queue in by_class.values():
-        blocked_by = ""
+        kept = ""  # the node nominated by the oldest claim of the class that fits nowhere
         for claim in queue:
             k = key(claim)
             cond = bound_condition(claim)
             if cond.get("status") != "False" or not cond.get("reason"):
                 out.append(f"{k}: waits with no reason (Bound condition {cond or 'missing'})")
-            if fits[k] and not blocked_by:
-                where = fitting_nodes(claim, snap, free, now)
+            where = [n for n in fitting_nodes(claim, snap, free, now) if n != kept]
+            if fits[k] and where:
                 out.append(
                     f"{k}: fits on {where} and waits ({cond.get('reason')}: {cond.get('message')})"
                 )
-            if (
-                not fits[k]
-                and not blocked_by
-                and bound_condition(claim).get("reason") != "BudgetExceeded"
-            ):
-                # It waits for capacity: claims of its class behind it may queue (FIFO).
-                blocked_by = k
+            if not fits[k] and not kept and cond.get("reason") != "BudgetExceeded":
+                # It waits for capacity: younger claims of its class stay off its node.
+                kept = nearest_node(claim, snap, free, now)
     return out
+
+
+def nearest_node(claim: Obj, snap: Snapshot, free: dict[Spot, int], now: datetime.datetime) -> str:
+    """The eligible node not refused for ``claim`` whose allocatable holds its count and
+    where the fewest units are missing (ties by name); "" when there is none."""
+    classes = {c["metadata"]["name"]: c for c in snap.classes}
+    cls = classes.get(str(claim["spec"]["className"]))
+    if cls is None:
+        return ""
+    res = resource_of(cls)
+    need = int(claim["spec"]["count"])
+    refused = refused_now(claim, now)
+    reachable = sorted(
+        (need - max(0, free.get((n["metadata"]["name"], res), 0)), n["metadata"]["name"])
+        for n in snap.nodes
+        if eligible(n, cls) and n["metadata"]["name"] not in refused and allocatable(n, res) >= need
+    )
+    return reachable[0][1] if reachable else ""
 
 
 #: What the order webhook says for each refusal of DESIGN.md §5 (for the figures).

@@ -15,6 +15,7 @@ from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from harness import claims
 from harness.claims import claim_status, create_claim
+from harness.edit_tenant import edit_tenant
 from harness.fleet import Fleet
 from harness.kube import Obj, mutate, replace
 from harness.operator import Deployed, OperatorProcess, Start
@@ -396,3 +397,72 @@ def test_an_order_is_protected_at_admission_and_its_first_write_by_the_operator_
     assert not owners, owners
     assert {e.get("subresource", "") for e in stored.get("managedFields", [])} == {"", "status"}
     assert stored["finalizers"] == [names.CLAIM_PROTECTION_FINALIZER]
+
+
+def test_a_big_order_does_not_block_younger_small_orders_and_binds_once_its_node_frees(
+    api: pykube.HTTPClient,
+    fleet: Fleet,
+    namespace: str,
+    kubeconfig: Path,
+    start_operator: Start,
+) -> None:
+    """Tenant A (``edit`` in her namespace) orders 4 units that fit only on the empty 4-unit
+    node, where she already holds 1. Tenant B then orders ten single units: nine bind on the
+    three 3-unit nodes — more than the eight bypasses that used to stop the class while
+    units sat free — and none on the node A's order nominated; the tenth waits, told that
+    the room left is kept for an older claim, without naming it. A releases her hold and the
+    big order binds there."""
+    start_operator()
+    cls = fleet.gpu_class()
+    a = edit_tenant(api, kubeconfig, namespace)
+    big_node = fleet.node(4)
+    create_claim(a.api, namespace, "hold", cls, 1)
+    assert bound_node(api, namespace, "hold") == big_node
+    small_nodes = {fleet.node(3) for _ in range(3)}
+    create_claim(a.api, namespace, "big", cls, 4)
+    nominated = wait_for(
+        "the big order to nominate its node",
+        lambda: bound_condition(claim_status(api, namespace, "big")),
+        until=lambda c: c.get("reason") == "NoCapacity" and "more unit" in c.get("message", ""),
+        timeout=CONVERGE,
+    )
+    assert f"waiting for 1 more unit on node {big_node}" in nominated["message"], nominated
+
+    # Tenant B's namespace sorts after A's, so a tie in creation seconds still puts her
+    # orders behind A's big one.
+    other = f"u-{namespace}"[:63]
+    labels = {"gpuoperator.test/e2e": "true"}
+    pykube.Namespace(api, {"metadata": {"name": other, "labels": labels}}).create()
+    try:
+        b = edit_tenant(api, kubeconfig, other)
+        for i in range(10):
+            create_claim(b.api, other, f"small-{i}", cls, 1)
+
+        def placed() -> dict[str, str]:
+            return {
+                c.name: (c.obj.get("status") or {}).get("nodeName", "")
+                for c in GPUClaim.objects(api, namespace=other)
+            }
+
+        where = wait_for(
+            "nine small orders bound",
+            placed,
+            until=lambda p: sum(1 for n in p.values() if n) == 9,
+            timeout=CONVERGE,
+        )
+        assert set(where.values()) - {""} == small_nodes, where
+        waiting = next(name for name, node in where.items() if not node)
+        condition = wait_for(
+            "the tenth to say why it waits",
+            lambda: bound_condition(claim_status(api, other, waiting)),
+            until=lambda c: c.get("reason") == "Queued",
+            timeout=CONVERGE,
+        )
+        assert f"left only on node {big_node}, kept for an older claim" in condition["message"]
+        assert namespace not in condition["message"] and "big" not in condition["message"]
+        assert claim_status(api, namespace, "big").get("phase") == "Pending"
+
+        GPUClaim.objects(a.api, namespace=namespace).get(name="hold").delete()
+        assert bound_node(api, namespace, "big") == big_node
+    finally:
+        pykube.Namespace.objects(api).get(name=other).delete()

@@ -3,6 +3,7 @@ refusal of DESIGN.md §5 with its message, dry runs, and template claims passing
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim
 from harness import kube
+from harness.edit_tenant import edit_tenant
 from harness.fleet import Fleet, published
 from harness.kube import refused
 from harness.operator import Deployed
@@ -184,3 +186,80 @@ def test_template_claims_are_not_judged_they_wait_for_capacity(
     operator = kube.client(deployed.kubeconfig)
     claim = order(operator, ns, cls, 6, name="vm-template", **{names.TEMPLATE_CLAIM_LABEL: "true"})
     assert claim.obj["spec"]["count"] == 6
+
+
+KEEP = "gpuoperator.test/keep"  # the test's own finalizer: keeps a deleted claim around
+
+
+def test_a_claim_being_deleted_is_charged_until_it_is_gone(
+    api: pykube.HTTPClient, hooks: WebhookOperator, fleet: Fleet, kubeconfig: Path
+) -> None:
+    """A tenant with ``edit`` uses her whole budget, then deletes the claim while something
+    keeps it (here a finalizer the admin adds, as a running VM keeps a claim): she cannot
+    order the units again until the claim is gone, whatever she does to her own objects."""
+    cls = fleet.gpu_class()
+    fleet.node(4)
+    published(api, cls, 4)
+    ns = hooks.tenant(api)
+    tenant = edit_tenant(api, kubeconfig, ns)
+    quota(api, ns, "gpus", {names.quota_key(cls): "2"})
+    first = order(tenant.api, ns, cls, 2, name="first")
+    wait_for(
+        "the first order bound",
+        lambda: GPUClaim.objects(api, namespace=ns).get(name="first").obj.get("status"),
+        until=lambda s: bool(s) and s.get("phase") == "Bound",
+        timeout=15,
+    )
+    kept = GPUClaim.objects(api, namespace=ns).get(name="first")
+    kube.mutate(kept, lambda c: c["metadata"].setdefault("finalizers", []).append(KEEP))
+    first.delete()  # as the tenant
+    # The operator has seen the deletion once it released its own finalizer (no VM uses the
+    # claim): the webhook reads the same caches.
+    leaving = wait_for(
+        "the operator to release its finalizer of the deleted claim",
+        lambda: GPUClaim.objects(api, namespace=ns).get(name="first").obj["metadata"],
+        until=lambda m: m.get("deletionTimestamp") and m.get("finalizers") == [KEEP],
+        timeout=15,
+    )
+    assert leaving["deletionTimestamp"]
+    with refused(403) as r:
+        order(tenant.api, ns, cls, 1, name="again")
+    assert (
+        f"GPUClaim {ns}/again: spec.count: budget exceeded: ResourceQuota {ns}/gpus allows 2 "
+        f"of {names.quota_key(cls)}, 2 are held (2 by claims being deleted, charged until "
+        "they are gone), 1 was ordered"
+    ) in r[0].message, r[0].message
+    wait_for(
+        "the quota to show the deleted claim as used",
+        lambda: pykube.ResourceQuota.objects(api, namespace=ns).get(name="gpus").obj,
+        until=lambda q: (q.get("status") or {}).get("used", {}).get(names.quota_key(cls)) == "2",
+        timeout=15,
+    )
+
+    kube.mutate(kept, lambda c: c["metadata"].update(finalizers=[]))
+    wait_for(
+        "the deleted claim to be gone",
+        lambda: GPUClaim.objects(api, namespace=ns).get_or_none(name="first"),
+        until=lambda c: c is None,
+        timeout=15,
+    )
+
+    def dry_run_refusal() -> str:
+        r = tenant.api.post(
+            version=names.API_VERSION,
+            namespace=ns,
+            url=names.GPU_CLAIMS,
+            params={"dryRun": "All"},
+            data=json.dumps(
+                {
+                    "apiVersion": names.API_VERSION,
+                    "kind": names.GPU_CLAIM,
+                    "metadata": {"name": "again", "namespace": ns},
+                    "spec": {"className": cls, "count": 2},
+                }
+            ),
+        )
+        return "" if r.ok else str(r.json().get("message", r.text))
+
+    wait_for("the webhook to admit the order again", dry_run_refusal, until=lambda m: m == "")
+    assert order(tenant.api, ns, cls, 2, name="again").obj["spec"]["count"] == 2

@@ -143,8 +143,8 @@ def overbudgets(claims: list[Obj], quotas: list[Obj]) -> list[str]:
     """Every budget the Bound claims overrun, described: for each ResourceQuota and each of
     its GPU keys (``gpuclass.cozystack.io/devices`` for all classes,
     ``<class>.gpuclass.cozystack.io/devices`` for one), the units of the namespace's Bound
-    claims it charges (those not being deleted) are at most its hard limit (DESIGN.md §5
-    "Budgets")."""
+    claims it charges (a claim being deleted included, until it is gone) are at most its hard
+    limit (DESIGN.md §3)."""
     out = []
     for quota in quotas:
         meta = quota.get("metadata") or {}
@@ -154,7 +154,6 @@ def overbudgets(claims: list[Obj], quotas: list[Obj]) -> list[str]:
             for c in claims
             if (c.get("metadata") or {}).get("namespace") == ns
             and (c.get("status") or {}).get("phase") == "Bound"
-            and not (c.get("metadata") or {}).get("deletionTimestamp")
         ]
         for key, hard in sorted(((quota.get("spec") or {}).get("hard") or {}).items()):
             if key == names.QUOTA_TOTAL_KEY:

@@ -113,6 +113,25 @@ def test_a_waiting_claim_that_fits_is_stuck_unless_it_queues_behind_one_that_doe
     assert any("no reason" in s for s in oracle.stuck_claims(snap([holder, big, bare]), NOW))
 
 
+def test_behind_a_claim_that_fits_nowhere_only_its_nominated_node_is_kept() -> None:
+    """Backfill: the big claim keeps the node nearest to fitting it (n1, 1 unit missing);
+    a younger claim that fits on another node and waits is stuck."""
+    holder = claim("h", 1, "Bound", "n1", "Bound")
+    other = claim("o", 3, "Bound", "n2", "Bound")
+    big = claim("big", 4, "Pending", reason="NoCapacity", created="2026-01-01T00:00:01Z")
+    small = claim("small", 1, "Pending", reason="Queued", created="2026-01-01T00:00:02Z")
+    nodes = [node("n1", 4), node("n2", 4)]
+    s = oracle.Snapshot("1", [holder, other, big, small], [], nodes, [cls()], [])
+    assert oracle.stuck_claims(s, NOW) == ["t/small: fits on ['n2'] and waits (Queued: m)"]
+    full = claim("o", 4, "Bound", "n2", "Bound")
+    s = oracle.Snapshot("1", [holder, full, big, small], [], nodes, [cls()], [])
+    assert oracle.stuck_claims(s, NOW) == []  # it fits only into the kept n1
+    # A claim that could never fit keeps nothing: behind it, fitting and waiting is stuck.
+    huge = claim("big", 9, "Pending", reason="NoCapacity", created="2026-01-01T00:00:01Z")
+    s = oracle.Snapshot("1", [holder, full, huge, small], [], nodes, [cls()], [])
+    assert oracle.stuck_claims(s, NOW) == ["t/small: fits on ['n1'] and waits (Queued: m)"]
+
+
 def test_a_refused_node_does_not_count_as_fitting_and_lost_or_vanished_holds_are_stuck() -> None:
     refused = claim(
         "r",
@@ -139,18 +158,20 @@ def test_budgets_count_the_claims_bound_or_ordered_before() -> None:
     assert not oracle.budget_holds(second, s)
 
 
-def test_bound_claims_over_a_budget_are_caught_per_key_and_deleting_ones_are_not_charged() -> None:
+def test_bound_claims_over_a_budget_are_caught_per_key_and_deleting_ones_are_charged() -> None:
     quota = {
         "metadata": {"namespace": "t", "name": "gpus"},
         "spec": {
-            "hard": {"gpuclass.cozystack.io/devices": "3", "a.gpuclass.cozystack.io/devices": "2"}
+            "hard": {"gpuclass.cozystack.io/devices": "4", "a.gpuclass.cozystack.io/devices": "2"}
         },
     }
     within = [claim("a", 2, "Bound", "n1"), claim("b", 1, "Pending")]
+    s = oracle.Snapshot("1", within, [], [node("n1", 4)], [cls()], [quota])
+    assert oracle.overbudgets(s) == []
     leaving = claim("c", 1, "Bound", "n1")
     leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:05Z"
     s = oracle.Snapshot("1", [*within, leaving], [], [node("n1", 4)], [cls()], [quota])
-    assert oracle.overbudgets(s) == []
+    assert oracle.overbudgets(s) == ["t/gpus a.gpuclass.cozystack.io/devices: 3 bound of 2"]
 
     over = [*within, claim("d", 1, "Bound", "n1")]
     s = oracle.Snapshot("1", over, [], [node("n1", 4)], [cls()], [quota])

@@ -81,6 +81,45 @@ def test_an_order_over_its_namespaces_budget_is_refused_counting_only_its_namesp
     assert f"ResourceQuota {NS}/gpus allows 3" in refused.message
 
 
+def test_a_claim_being_deleted_is_charged_until_it_is_gone() -> None:
+    """The tenant deletes a claim her VM keeps (its finalizer holds it): the budget it uses
+    is not free for a new order until the claim is gone from the cache."""
+    leaving = objects.claim("leaving", count=2, phase="Bound", node="n1", deleting=True)
+    hook = webhook(claims=(objects.claim("held", count=1, phase="Bound", node="n1"), leaving))
+    hook.caches.quotas.store.put(objects.quota({names.QUOTA_TOTAL_KEY: "3"}))
+
+    refused = judge(hook, order("again", count=2))
+    assert not refused.allowed
+    assert refused.message == (
+        f"GPUClaim {NS}/again: spec.count: budget exceeded: ResourceQuota {NS}/gpus allows 3 "
+        "of gpuclass.cozystack.io/devices, 3 are held (2 by claims being deleted, charged "
+        "until they are gone), 2 were ordered"
+    )
+    hook.caches.claims.store.remove((NS, "leaving"))
+    assert judge(hook, order("again", count=2)).allowed
+
+
+def test_a_refusal_names_only_the_requests_own_namespaces_objects() -> None:
+    """A review for namespace A (forged or not) reads A's quotas and claims only: another
+    namespace's claims, quotas and usage never reach the message."""
+    hook = webhook(
+        claims=(
+            objects.claim("mine", count=2, phase="Bound", node="n1"),
+            objects.claim("secret-project", namespace="other", count=3, phase="Bound", node="n1"),
+        )
+    )
+    hook.caches.quotas.store.put(objects.quota({names.QUOTA_TOTAL_KEY: "2"}))
+    hook.caches.quotas.store.put(
+        objects.quota({names.QUOTA_TOTAL_KEY: "7"}, name="other-budget", namespace="other")
+    )
+    refused = judge(hook, order(class_name="h100", count=5))
+    assert not refused.allowed
+    for foreign in ("other", "secret-project", "7", "3 are held"):
+        assert foreign not in refused.message, (foreign, refused.message)
+    assert f"ResourceQuota {NS}/gpus allows 2" in refused.message
+    assert "2 are held" in refused.message
+
+
 def test_a_vgpu_order_needs_the_namespaces_entitlement() -> None:
     vgpu = objects.gpuclass("l40s", mode="vgpu", status=dict(FIGURES), profile="NVIDIA L40S-24Q")
     refused = judge(webhook(vgpu), order(class_name="l40s"))

@@ -181,6 +181,77 @@ def test_a_budget_counts_the_claims_bound_a_pass_ago_while_the_cache_still_shows
     assert "2 are held" in waiting["message"]
 
 
+def test_a_claim_being_deleted_keeps_its_budget_until_it_is_gone(world: World) -> None:
+    """A budget of 2 used by a bound claim the tenant deleted (a finalizer keeps it, its
+    units are still held): a new order waits with BudgetExceeded until the claim is gone."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n1", 8))
+    world.caches.quotas.store.put(objects.quota({names.QUOTA_TOTAL_KEY: "2"}))
+    world.put_claim(
+        claim("leaving", count=2, created=at(1), phase="Bound", node="n1", deleting=True)
+    )
+    world.put_claim(claim("next", count=1, created=at(2)))
+    world.reconcile("a10")
+
+    waiting = next(c for c in world.status("next")["conditions"] if c["type"] == "Bound")
+    assert (world.status("next")["phase"], waiting["reason"]) == ("Pending", "BudgetExceeded")
+    assert "2 by claims being deleted" in waiting["message"]
+
+    gone = world.caches.claims.store.remove((NS, "leaving"))
+    assert gone is not None
+    world.inventory.delete_claim(gone)
+    world.api.remove(GPUClaim, "leaving", NS)
+    world.sync("next")
+    world.reconcile("a10")
+    assert world.status("next")["phase"] == "Bound"
+
+
+# -- backfill, not head-of-line blocking ------------------------------------------------------
+
+
+def test_a_claim_that_fits_only_on_an_empty_node_does_not_block_younger_claims(
+    world: World,
+) -> None:
+    """A template claim of 4 on 4-unit nodes, each partly held: younger claims of other
+    tenants keep binding (more than the eight bypasses that used to block the class), never
+    on the node it nominated; it binds there once that node's hold goes."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_node(node("n1", 4))
+    world.put_node(node("n2", 8))
+    world.put_claim(claim("h1", count=1, created=at(0), phase="Bound", node="n1"))
+    world.put_claim(claim("h2", count=7, created=at(0), phase="Bound", node="n2"))
+    world.put_claim(claim("big", count=4, created=at(1), owner_uid="vmi-uid"))
+    world.reconcile("a10")
+    waiting = next(c for c in world.status("big")["conditions"] if c["type"] == "Bound")
+    assert waiting["reason"] == "NoCapacity"
+    assert "waiting for 1 more unit on node n1" in waiting["message"]
+
+    for i in range(12):  # each young claim: its own tenant, its own pass
+        stored = world.api.add(
+            GPUClaim, claim(f"young-{i:02d}", namespace=f"tenant-{i:02d}", created=at(2 + i))
+        )
+        world.caches.claims.store.put(stored)
+        world.inventory.apply_claim(stored)
+        world.reconcile("a10")
+    young = [
+        world.api.stored(GPUClaim, f"young-{i:02d}", f"tenant-{i:02d}") or {} for i in range(12)
+    ]
+    assert [(c.get("status") or {}).get("nodeName") for c in young] == ["n2"] + [None] * 11
+    kept = next(c for c in young[1]["status"]["conditions"] if c["type"] == "Bound")
+    assert kept["reason"] == "Queued"
+    assert "kept for an older claim of class a10" in kept["message"]
+    assert "big" not in kept["message"] and NS not in kept["message"]
+    assert world.held("n1") == 1, "a younger claim took the units the nomination keeps"
+
+    world.api.remove(GPUClaim, "h1", NS)
+    gone = world.caches.claims.store.remove((NS, "h1"))
+    assert gone is not None
+    world.inventory.delete_claim(gone)
+    world.sync("big")
+    world.reconcile("a10")
+    assert (world.status("big")["phase"], world.status("big")["nodeName"]) == ("Bound", "n1")
+
+
 # -- defect: the pass leaves its lock with writes in flight -----------------------------------
 
 

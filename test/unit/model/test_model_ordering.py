@@ -1,8 +1,8 @@
 """An order is refused exactly as DESIGN.md §5 "Ordering a claim" says (unknown class,
 count above maxCount, count above maxFreePerNode, a budget, missing vGPU entitlement), in that
 order and with messages naming the field, the value and what is allowed; budgets (§3) charge
-every claim not being deleted, each quota must hold, and the binder's re-check only judges
-budgets, the older of two racing orders winning."""
+every claim that exists, one being deleted until it is gone, each quota must hold, and the
+binder's re-check only judges budgets, the older of two racing orders winning."""
 
 from __future__ import annotations
 
@@ -99,29 +99,30 @@ def test_is_template_claim(obj: Obj, expected: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("obj", "expected"),
+    "obj",
     [
-        pytest.param(claim(), True, id="held"),
-        pytest.param(claim(template=True), True, id="template"),
-        pytest.param(claim(phase="Bound"), True, id="bound"),
-        pytest.param(claim(phase="Pending"), True, id="pending"),
-        pytest.param(claim(deleting=True), False, id="deleting"),
-        pytest.param(claim(template=True, deleting=True), False, id="template-deleting"),
+        pytest.param(claim(), id="held"),
+        pytest.param(claim(template=True), id="template"),
+        pytest.param(claim(phase="Bound"), id="bound"),
+        pytest.param(claim(phase="Pending"), id="pending"),
+        pytest.param(claim(deleting=True), id="deleting"),
+        pytest.param(claim(phase="Bound", deleting=True), id="bound-deleting"),
+        pytest.param(claim(template=True, deleting=True), id="template-deleting"),
     ],
 )
-def test_charged(obj: Obj, expected: bool) -> None:
-    assert orders.charged(obj) is expected
+def test_every_claim_that_exists_is_charged_its_count(obj: Obj) -> None:
+    assert orders.usage([obj]) == obj["spec"]["count"]
 
 
-def test_usage_sums_charged_claims_per_class_and_in_total() -> None:
+def test_usage_sums_every_existing_claim_per_class_and_in_total() -> None:
     claims = [
         claim("a", "a10", 2),
         claim("b", "a10", 3, template=True),
         claim("c", "l40s-24q", 1, phase="Bound"),
         claim("d", "a10", 8, deleting=True),
     ]
-    assert orders.usage(claims) == 6
-    assert orders.usage(claims, "a10") == 5
+    assert orders.usage(claims) == 2 + 3 + 1 + 8
+    assert orders.usage(claims, "a10") == 2 + 3 + 8
     assert orders.usage(claims, class_name="l40s-24q") == 1
     assert orders.usage(claims, "h100") == 0
     assert orders.usage([]) == 0
@@ -276,8 +277,19 @@ BUDGET_CASES = [
         claim(count=2),
         [rq("gpus", {A10_KEY: "4"})],
         [claim("h1", count=3, deleting=True)],
+        [
+            "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+            "a10.gpuclass.cozystack.io/devices, 3 are held (3 by claims being deleted, "
+            "charged until they are gone), 2 were ordered"
+        ],
+        id="deleting-charged-until-gone",
+    ),
+    pytest.param(
+        claim(count=2),
+        [rq("gpus", {A10_KEY: "4"})],
+        [claim("h1", count=1, deleting=True), claim("h2", count=1, phase="Bound")],
         [],
-        id="deleting-not-charged",
+        id="deleting-charged-within-budget",
     ),
     pytest.param(
         claim(count=2),
@@ -706,8 +718,12 @@ YOUNGER = "2024-05-01T10:00:05Z"
             claim("a", count=4, phase="Pending", created=YOUNGER),
             [claim("b", count=4, phase="Bound", created=OLDER, deleting=True)],
             [rq("gpus", {TOTAL: "4"})],
-            [],
-            id="deleting-not-charged",
+            [
+                "spec.count: budget exceeded: ResourceQuota tenant-a/gpus allows 4 of "
+                "gpuclass.cozystack.io/devices, 4 are held (4 by claims being deleted, "
+                "charged until they are gone), 4 were ordered"
+            ],
+            id="deleting-charged-until-gone",
         ),
         pytest.param(
             claim("t", count=2, phase="Pending", created=YOUNGER, template=True),

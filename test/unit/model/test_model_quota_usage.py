@@ -30,14 +30,24 @@ CLAIMS = [
     claim("a", "a10", 2),
     claim("b", "a10", 1, labels={"gpu.cozystack.io/template-claim": "true"}),
     claim("c", "l40s", 4),
-    claim("gone", "a10", 8, deletionTimestamp="2026-01-01T00:00:00Z"),
 ]
+LEAVING = claim("leaving", "a10", 8, deletionTimestamp="2026-01-01T00:00:00Z")
 
 
 def test_each_budget_key_shows_the_charged_units_of_its_class_or_of_all() -> None:
-    # a10: 2 + 1 (template claims are charged alike); the claim being deleted is not.
+    # a10: 2 + 1 (template claims are charged alike).
     hard = {A10: "4", L40S: "4", TOTAL: "10", "pods": "10", "requests.cpu": "4"}
     assert quota_usage.desired_used(rq(hard), CLAIMS) == {A10: "3", L40S: "4", TOTAL: "7"}
+
+
+def test_a_claim_being_deleted_shows_as_used_until_it_is_gone() -> None:
+    hard = {A10: "4", TOTAL: "10"}
+    leaving = [*CLAIMS, LEAVING]
+    assert quota_usage.desired_used(rq(hard), leaving) == {A10: "11", TOTAL: "15"}
+    assert quota_usage.used_patch(rq(hard, {A10: "11", TOTAL: "15"}), CLAIMS) == {
+        A10: "3",
+        TOTAL: "7",
+    }
 
 
 def test_keys_kubernetes_computes_are_never_written() -> None:
