@@ -434,7 +434,8 @@ def load_settings(client: Client, namespace: str, args: argparse.Namespace) -> s
             reason="Forbidden",
             error=exc.message,
         )
-    flags = {key: getattr(args, key) for key in settings.OVERRIDES}
+    # A setting without a flag of its own yet is read from the ConfigMap and environment.
+    flags = {key: getattr(args, key, None) for key in settings.OVERRIDES}
     return settings.load(
         (cm or {}).get("data"),
         os.environ,

@@ -1,23 +1,26 @@
-"""The license copier on the real control plane (DESIGN.md §5 "Licenses"): a vGPU class's
-license Secret is copied into every namespace that holds a claim of the class, follows its
-source and featureType, goes when no longer needed, and never touches a Secret it did not
-make.
+"""The license copier on the real control plane: a vGPU class's license token is copied, with
+a generated ``gridd.conf`` and nothing else of its source, into every vGPU-entitled namespace
+that holds a Bound claim of the class; it follows its source and featureType, goes when no
+longer needed, and never touches a Secret it did not make. Sources are only the license
+namespace's Secrets labelled ``gpu.cozystack.io/license-source: "true"``: a class naming
+anything else gets ``LicenseReady=False`` saying why.
 
-The copier runs in-process on its own ``Manager`` (no leader election, no servers) beside the
-claim-protection controller (claims are deleted here, and each carries its finalizer from
-admission), with the default settings, so the license namespace is the operator's own: a
-namespace of this module.
-Each test uses classes of its own (cluster-scoped), removed afterwards.
+The copier runs in-process on its own ``Manager`` (no leader election, no servers) with the
+token of the operator's rendered ServiceAccount (so its RBAC and the Secret-writes policy
+apply, and the suite's audit check sees any 403), beside the claim-protection controller
+(claims are deleted here). No binder runs: a claim's phase is written by the test, as the
+binder would. Tenants act as a user holding only the built-in ``edit`` role in their
+namespace. Each test uses classes, sources and namespaces of its own, removed afterwards.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pykube
@@ -28,33 +31,43 @@ from controllers import claim_protection, license_copier
 from gpuoperator import caches, names, settings
 from gpuoperator.caches import Caches
 from gpuoperator.kinds import GPUClaim, GPUClass
-from gpuoperator.model import licensing
+from gpuoperator.model import conditions, licensing
 from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.informing import Informer
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
-from harness.kube import Obj, replace
+from harness.kube import Obj, mutate, replace
+from harness.operator import Deployed
+from harness.tenancy import as_tenant
 from harness.waiting import wait_for
 
-TOKEN_KEY = "client_configuration_token.tok"
+TOKEN_KEY = licensing.TOKEN_KEY
+LICENSE_NS = names.DEFAULT_LICENSE_NAMESPACE
 CONVERGE = 20.0  # seconds: a copy must follow a change well within this
+#: The node a claim is "bound" to here: no such node exists, so the suite's after-test
+#: over-allocation check (which reads the nodes) counts nothing of it.
+NO_NODE = "no-such-node-licenses"
 
 
 @dataclass
 class Copier:
-    """The running copier: its license (= operator) namespace and the caches it reads."""
+    """The running copier: its license namespace, the operator's, and the caches it reads."""
 
     license_namespace: str
+    operator_namespace: str
     caches: Caches
+    copies: Informer
 
 
 @pytest.fixture(scope="module")
-def copier(kubeconfig: Path, api: pykube.HTTPClient) -> Iterator[Copier]:
-    ns = f"gpu-operator-lic-{uuid.uuid4().hex[:5]}"
-    pykube.Namespace(api, {"metadata": {"name": ns}}).create()
+def copier(deployed: Deployed, api: pykube.HTTPClient) -> Iterator[Copier]:
+    made_license_ns = pykube.Namespace.objects(api).get_or_none(name=LICENSE_NS) is None
+    if made_license_ns:
+        pykube.Namespace(api, {"metadata": {"name": LICENSE_NS}}).create()
     manager = Manager(
-        Client(lambda: load_config(str(kubeconfig))),
+        Client(lambda: load_config(str(deployed.kubeconfig))),  # the operator's token
         ManagerOptions(
-            namespace=ns,
+            namespace=deployed.namespace,
             identity="license-copier-e2e",
             leader_election=False,
             health_address=None,
@@ -64,20 +77,24 @@ def copier(kubeconfig: Path, api: pykube.HTTPClient) -> Iterator[Copier]:
     )
     shared = caches.register(manager)
     recorder = Recorder(manager.writer, api_version=names.API_VERSION)
-    license_copier.register(manager, shared, recorder, settings.load(None, {}, {}), ns)
+    license_copier.register(
+        manager, shared, recorder, settings.load(None, {}, {}), deployed.namespace
+    )
     # Claims carry the protection finalizer from their admission; deleting one waits for
     # this controller to release it.
     claim_protection.register(manager, shared, recorder)
+    copies = manager.informer(pykube.Secret, name=license_copier.COPIES_INFORMER)
     stop = threading.Event()
     thread = threading.Thread(target=manager.run, args=(stop,), name="copier", daemon=True)
     thread.start()
     try:
         wait_for("the copier to sync and start", manager.is_leader, timeout=60)
-        yield Copier(ns, shared)
+        yield Copier(LICENSE_NS, deployed.namespace, shared, copies)
     finally:
         stop.set()
         thread.join(20)
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+        if made_license_ns:
+            pykube.Namespace(api, {"metadata": {"name": LICENSE_NS}}).delete()
     assert not thread.is_alive(), "the manager did not stop"
 
 
@@ -88,31 +105,41 @@ def b64(text: str) -> str:
 class Licenses:
     """Sources, classes, claims and namespaces of one test; removed afterwards."""
 
-    def __init__(self, api: pykube.HTTPClient, copier: Copier) -> None:
+    def __init__(self, api: pykube.HTTPClient, deployed: Deployed, copier: Copier) -> None:
         self.api = api
+        self.deployed = deployed
         self.copier = copier
         self.tag = uuid.uuid4().hex[:6]
         self.classes: list[str] = []
         self.namespaces: list[str] = []
+        self.sources: list[pykube.Secret] = []
 
     # ---- making things --------------------------------------------------------------
-    def source(self, token: str, name: str | None = None) -> pykube.Secret:
+    def source(
+        self,
+        token: str,
+        name: str | None = None,
+        *,
+        labelled: bool = True,
+        data: dict[str, str] | None = None,
+    ) -> pykube.Secret:
+        meta: Obj = {"name": name or f"nls-{self.tag}", "namespace": LICENSE_NS}
+        if labelled:
+            meta["labels"] = {names.LICENSE_SOURCE_LABEL: names.TRUE}
         secret = pykube.Secret(
             self.api,
-            {
-                "metadata": {
-                    "name": name or f"nls-{self.tag}",
-                    "namespace": self.copier.license_namespace,
-                },
-                "type": "Opaque",
-                "data": {TOKEN_KEY: b64(token)},
-            },
+            {"metadata": meta, "type": "Opaque", "data": data or {TOKEN_KEY: b64(token)}},
         )
         secret.create()
+        self.sources.append(secret)
         return secret
 
+    def next_class(self) -> str:
+        """The name the next :meth:`gpu_class` gets."""
+        return f"lic-{self.tag}-{len(self.classes)}"
+
     def gpu_class(self, secret_name: str, feature_type: int | None = None) -> str:
-        name = f"lic-{self.tag}-{len(self.classes)}"
+        name = self.next_class()
         license_: Obj = {"secretName": secret_name}
         if feature_type is not None:
             license_["featureType"] = feature_type
@@ -135,19 +162,41 @@ class Licenses:
         self.classes.append(name)
         return name
 
-    def namespace(self) -> str:
+    def namespace(self, *, entitled: bool = True) -> str:
         name = f"t-lic-{self.tag}-{len(self.namespaces)}"
-        pykube.Namespace(self.api, {"metadata": {"name": name}}).create()
+        labels = {names.VGPU_ENTITLED_LABEL: names.TRUE} if entitled else {}
+        pykube.Namespace(self.api, {"metadata": {"name": name, "labels": labels}}).create()
         self.namespaces.append(name)
         return name
 
-    def claim(self, namespace: str, class_name: str, name: str = "hold") -> GPUClaim:
-        # Entitled, so an order webhook (when one is deployed) admits the vGPU claim.
-        ns = pykube.Namespace.objects(self.api).get(name=namespace)
-        ns.obj["metadata"].setdefault("labels", {})[names.VGPU_ENTITLED_LABEL] = names.TRUE
-        replace(ns)
+    def entitle(self, namespace: str, entitled: bool) -> None:
+        """The hoster grants or takes back the vGPU entitlement."""
+
+        def change(obj: Obj) -> None:
+            labels = obj["metadata"].setdefault("labels", {})
+            if entitled:
+                labels[names.VGPU_ENTITLED_LABEL] = names.TRUE
+            else:
+                labels.pop(names.VGPU_ENTITLED_LABEL, None)
+
+        mutate(pykube.Namespace.objects(self.api).get(name=namespace), change)
+
+    def tenant(self, namespace: str) -> pykube.HTTPClient:
+        """The namespace's tenant: ``edit`` there, nothing else."""
+        return as_tenant(self.deployed.admin_kubeconfig, self.api, namespace)
+
+    def claim(
+        self,
+        namespace: str,
+        class_name: str,
+        name: str = "hold",
+        *,
+        by: pykube.HTTPClient | None = None,
+        bound: bool = True,
+    ) -> GPUClaim:
+        """A claim ordered by ``by`` (the admin when None); bound as the binder would."""
         claim = GPUClaim(
-            self.api,
+            by or self.api,
             {
                 "apiVersion": names.API_VERSION,
                 "kind": names.GPU_CLAIM,
@@ -156,11 +205,32 @@ class Licenses:
             },
         )
         claim.create()
+        if bound:
+            self.set_phase(claim, "Bound")
         return claim
+
+    def set_phase(self, claim: GPUClaim, phase: str) -> None:
+        def change(obj: Obj) -> None:
+            status = obj.setdefault("status", {})
+            status["phase"] = phase
+            if phase == "Bound":
+                status["nodeName"] = NO_NODE
+                status["boundTime"] = datetime.datetime.now(datetime.UTC).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                )
+            else:
+                status.pop("nodeName", None)
+                status.pop("boundTime", None)
+
+        mutate(
+            GPUClaim.objects(self.api, namespace=claim.namespace).get(name=claim.name),
+            change,
+            subresource="status",
+        )
 
     def delete_claim(self, claim: GPUClaim) -> None:
         """Delete and wait until the copier's cache no longer has it."""
-        claim.delete()
+        GPUClaim.objects(self.api, namespace=claim.namespace).get(name=claim.name).delete()
         key = (claim.namespace, claim.name)
         wait_for(
             f"claim {'/'.join(key)} gone from the copier's cache",
@@ -170,12 +240,14 @@ class Licenses:
 
     def edit_class(self, name: str, **license_: Any) -> None:
         """Set ``spec.license`` to ``license_`` (none given: remove it)."""
-        cls = GPUClass.objects(self.api).get(name=name)
-        if license_:
-            cls.obj["spec"]["license"] = license_
-        else:
-            cls.obj["spec"].pop("license", None)
-        replace(cls)
+
+        def change(obj: Obj) -> None:
+            if license_:
+                obj["spec"]["license"] = license_
+            else:
+                obj["spec"].pop("license", None)
+
+        mutate(GPUClass.objects(self.api).get(name=name), change)
 
     # ---- reading --------------------------------------------------------------------
     def copy(self, namespace: str, class_name: str) -> Obj | None:
@@ -218,6 +290,20 @@ class Licenses:
             timeout=CONVERGE,
         )
 
+    def license_ready(self, class_name: str) -> Obj | None:
+        cls = GPUClass.objects(self.api).get(name=class_name).obj
+        return conditions.find((cls.get("status") or {}).get("conditions"), "LicenseReady")
+
+    def wait_license_ready(self, class_name: str, status: str, reason: str) -> Obj:
+        found = wait_for(
+            f"LicenseReady={status} ({reason}) on class {class_name}",
+            lambda: self.license_ready(class_name),
+            until=lambda c: c is not None and (c["status"], c["reason"]) == (status, reason),
+            timeout=CONVERGE,
+        )
+        assert found is not None
+        return found
+
     def events(self, class_name: str, reason: str) -> list[Obj]:
         """Events about the class (cluster-scoped objects' Events live in ``default``)."""
         return [
@@ -247,40 +333,47 @@ class Licenses:
             cls.delete()
         for name in self.namespaces:
             pykube.Namespace(self.api, {"metadata": {"name": name}}).delete()
+        for secret in self.sources:
+            if secret.exists():
+                secret.delete()
 
 
 @pytest.fixture
-def licenses(api: pykube.HTTPClient, copier: Copier) -> Iterator[Licenses]:
-    lic = Licenses(api, copier)
+def licenses(api: pykube.HTTPClient, deployed: Deployed, copier: Copier) -> Iterator[Licenses]:
+    lic = Licenses(api, deployed, copier)
     yield lic
     lic.cleanup()
 
 
-def test_a_claim_brings_a_copy_with_the_token_and_gridd_conf(
-    licenses: Licenses, namespace: str
+# ---- the legitimate path ----------------------------------------------------------------
+def test_a_bound_claim_brings_a_copy_with_the_token_key_and_gridd_conf_only(
+    licenses: Licenses,
 ) -> None:
-    source = licenses.source("token-one")
+    source = licenses.source(
+        "token-one",
+        data={TOKEN_KEY: b64("token-one"), "ca.key": b64("private"), "notes": b64("x")},
+    )
     cls = licenses.gpu_class(source.name)
-    licenses.claim(namespace, cls)
+    namespace = licenses.namespace()
+    licenses.claim(namespace, cls, by=licenses.tenant(namespace))
 
     copy = licenses.wait_copy(namespace, cls, "token-one", feature_type=1)
     meta = copy["metadata"]
     assert copy["type"] == "Opaque"
     assert meta["labels"][names.LICENSE_OF_LABEL] == cls
     assert set(copy["data"]) == {TOKEN_KEY, licensing.GRIDD_CONF_KEY}
-    assert meta["annotations"][licensing.SOURCE_ANNOTATION] == (
-        f"{licenses.copier.license_namespace}/{source.name}"
-    )
+    assert meta["annotations"][licensing.SOURCE_ANNOTATION] == f"{LICENSE_NS}/{source.name}"
     event = licenses.wait_event(cls, license_copier.COPIED, f"{namespace}/gpu-license-{cls}")
     assert event["type"] == "Normal"
     assert event["involvedObject"]["kind"] == names.GPU_CLASS
+    ready = licenses.wait_license_ready(cls, "True", licensing.SOURCE_READY)
+    assert f"{LICENSE_NS}/{source.name}" in ready["message"]
 
 
-def test_the_copy_follows_the_source_token_and_the_feature_type(
-    licenses: Licenses, namespace: str
-) -> None:
+def test_the_copy_follows_the_source_token_and_the_feature_type(licenses: Licenses) -> None:
     source = licenses.source("token-one")
     cls = licenses.gpu_class(source.name)
+    namespace = licenses.namespace()
     licenses.claim(namespace, cls)
     licenses.wait_copy(namespace, cls, "token-one")
 
@@ -289,7 +382,7 @@ def test_the_copy_follows_the_source_token_and_the_feature_type(
     copy = licenses.wait_copy(namespace, cls, "token-two", feature_type=1)
     assert (
         copy["metadata"]["annotations"][licensing.SOURCE_VERSION_ANNOTATION]
-        == (source.obj["metadata"]["resourceVersion"])
+        == source.obj["metadata"]["resourceVersion"]
     )
 
     licenses.edit_class(cls, secretName=source.name, featureType=4)
@@ -298,12 +391,12 @@ def test_the_copy_follows_the_source_token_and_the_feature_type(
     licenses.wait_event(cls, license_copier.COPIED, "FeatureType=4")
 
 
-def test_a_copy_stays_while_a_claim_remains_and_goes_with_the_last(
-    licenses: Licenses, namespace: str
+def test_a_copy_stays_while_a_bound_claim_remains_and_goes_with_the_last(
+    licenses: Licenses,
 ) -> None:
     source = licenses.source("token-one")
     cls = licenses.gpu_class(source.name)
-    other = licenses.namespace()
+    namespace, other = licenses.namespace(), licenses.namespace()
     first = licenses.claim(namespace, cls, "first")
     last = licenses.claim(namespace, cls, "last")
     licenses.claim(other, cls)
@@ -326,34 +419,142 @@ def test_a_copy_stays_while_a_claim_remains_and_goes_with_the_last(
 
 
 def test_switching_the_license_off_losing_the_source_or_the_class_removes_copies(
-    licenses: Licenses, namespace: str
+    licenses: Licenses,
 ) -> None:
     source = licenses.source("token-one")
     cls = licenses.gpu_class(source.name)
+    namespace = licenses.namespace()
     licenses.claim(namespace, cls)
     licenses.wait_copy(namespace, cls, "token-one")
 
     licenses.edit_class(cls)  # spec.license removed
     licenses.wait_no_copy(namespace, cls)
+    wait_for(
+        f"no LicenseReady condition on {cls}",
+        lambda: licenses.license_ready(cls),
+        until=lambda c: c is None,
+        timeout=CONVERGE,
+    )
     licenses.edit_class(cls, secretName=source.name)
     licenses.wait_copy(namespace, cls, "token-one")
 
     source.delete()
     licenses.wait_no_copy(namespace, cls)
-    licenses.wait_event(cls, license_copier.SOURCE_MISSING, source.name)
+    licenses.wait_license_ready(cls, "False", licensing.SOURCE_NOT_FOUND)
+    licenses.wait_event(cls, license_copier.SOURCE_REFUSED, source.name)
     licenses.source("token-three", name=source.name)
     licenses.wait_copy(namespace, cls, "token-three")
+    licenses.wait_license_ready(cls, "True", licensing.SOURCE_READY)
 
     GPUClass.objects(licenses.api).get(name=cls).delete()
     licenses.wait_no_copy(namespace, cls)
 
 
-def test_a_secret_the_copier_did_not_make_is_left_alone(licenses: Licenses, namespace: str) -> None:
+# ---- the attacks, as a tenant with edit -------------------------------------------------
+def test_a_bound_claim_in_a_namespace_without_the_entitlement_gets_no_copy(
+    licenses: Licenses,
+) -> None:
+    source = licenses.source("token-one")
+    cls = licenses.gpu_class(source.name)
+    plain = licenses.namespace(entitled=False)
+    entitled = licenses.namespace()
+    # The tenant's claim (as a marked template claim would be) got bound without the order
+    # webhook's entitlement check; an entitled tenant's claim beside it.
+    licenses.claim(plain, cls, by=licenses.tenant(plain))
+    licenses.claim(entitled, cls)
+
+    licenses.wait_copy(entitled, cls, "token-one")
+    # That pass judged both namespaces: the one without the entitlement has no copy.
+    assert licenses.copy(plain, cls) is None
+
+    licenses.entitle(plain, True)
+    licenses.wait_copy(plain, cls, "token-one")
+    licenses.entitle(plain, False)
+    licenses.wait_no_copy(plain, cls)
+    licenses.wait_event(cls, license_copier.REMOVED, "not entitled to vGPU")
+    assert licenses.copy(entitled, cls) is not None
+
+
+def test_a_copy_goes_when_the_claim_is_no_longer_bound(licenses: Licenses) -> None:
+    source = licenses.source("token-one")
+    cls = licenses.gpu_class(source.name)
+    namespace = licenses.namespace()
+    claim = licenses.claim(namespace, cls, by=licenses.tenant(namespace), bound=False)
+    other = licenses.namespace()
+    licenses.claim(other, cls)
+    licenses.wait_copy(other, cls, "token-one")
+    assert licenses.copy(namespace, cls) is None  # Pending: no copy
+
+    licenses.set_phase(claim, "Bound")
+    licenses.wait_copy(namespace, cls, "token-one")
+    licenses.set_phase(claim, "Lost")  # its node went: no unit held, no VM runs
+    licenses.wait_no_copy(namespace, cls)
+    licenses.wait_event(cls, license_copier.REMOVED, "no Bound claim")
+
+
+@pytest.mark.parametrize(
+    ("secret_name", "make", "reason"),
+    [
+        pytest.param(
+            names.WEBHOOK_CERT_SECRET, None, licensing.SOURCE_NOT_FOUND, id="webhook-cert"
+        ),
+        pytest.param(None, "unlabelled", licensing.SOURCE_NOT_LABELLED, id="unlabelled"),
+        pytest.param(None, "no-token", licensing.NO_TOKEN_KEY, id="no-token-key"),
+    ],
+)
+def test_a_class_naming_anything_but_a_labelled_source_gets_no_copy_and_a_condition(
+    licenses: Licenses, secret_name: str | None, make: str | None, reason: str
+) -> None:
+    if secret_name == names.WEBHOOK_CERT_SECRET:
+        # The operator's own certificate Secret exists, with its CA key.
+        assert (
+            pykube.Secret.objects(
+                licenses.api, namespace=licenses.copier.operator_namespace
+            ).get_or_none(name=secret_name)
+            is not None
+        )
+    if make == "unlabelled":
+        secret_name = licenses.source("token-one", labelled=False).name
+    elif make == "no-token":
+        secret_name = licenses.source("x", data={"token": b64("token-one")}).name
+    assert secret_name is not None
+    namespace = licenses.namespace()
+    # The tenant's claim is Bound (and cached) before the class exists.
+    claim = licenses.claim(namespace, licenses.next_class(), by=licenses.tenant(namespace))
+    wait_for(
+        "the copier's cache to see the claim Bound",
+        lambda: licenses.copier.caches.claims.store.get((namespace, claim.name)),
+        until=lambda c: c is not None and (c.get("status") or {}).get("phase") == "Bound",
+        timeout=CONVERGE,
+    )
+    cls = licenses.gpu_class(secret_name)
+
+    cond = licenses.wait_license_ready(cls, "False", reason)
+    assert cond["message"].startswith(f"spec.license.secretName={secret_name!r}: ")
+    assert f"labelled {names.LICENSE_SOURCE_LABEL}" in cond["message"]
+    event = licenses.wait_event(cls, license_copier.SOURCE_REFUSED, secret_name)
+    assert event["type"] == "Warning"
+    # The claim was Bound and cached before the class existed, so the pass that wrote the
+    # condition judged its namespace: no copy.
+    assert licenses.copy(namespace, cls) is None
+
+    if make == "unlabelled":
+        # Labelling it is the hoster's act that makes it a source.
+        secret = pykube.Secret.objects(licenses.api, namespace=LICENSE_NS).get(name=secret_name)
+        secret.obj["metadata"]["labels"] = {names.LICENSE_SOURCE_LABEL: names.TRUE}
+        replace(secret)
+        licenses.wait_copy(namespace, cls, "token-one")
+        licenses.wait_license_ready(cls, "True", licensing.SOURCE_READY)
+
+
+def test_a_secret_the_copier_did_not_make_is_left_alone(licenses: Licenses) -> None:
     source = licenses.source("token-one")
     cls = licenses.gpu_class(source.name)
     copy_name = names.license_secret_name(cls)
+    namespace = licenses.namespace()
+    tenant = licenses.tenant(namespace)
     foreign = pykube.Secret(
-        licenses.api,
+        tenant,
         {
             "metadata": {"name": copy_name, "namespace": namespace},
             "type": "Opaque",
@@ -365,7 +566,7 @@ def test_a_secret_the_copier_did_not_make_is_left_alone(licenses: Licenses, name
     # class is in its namespace.
     bystander_ns = licenses.namespace()
     bystander = pykube.Secret(
-        licenses.api,
+        licenses.tenant(bystander_ns),
         {
             "metadata": {
                 "name": "not-a-copy",
@@ -377,7 +578,7 @@ def test_a_secret_the_copier_did_not_make_is_left_alone(licenses: Licenses, name
     )
     bystander.create()
     other = licenses.namespace()
-    claim = licenses.claim(namespace, cls)
+    claim = licenses.claim(namespace, cls, by=tenant)
     licenses.claim(other, cls)
 
     event = licenses.wait_event(cls, license_copier.CONFLICT, f"{namespace}/{copy_name}")
@@ -397,3 +598,69 @@ def test_a_secret_the_copier_did_not_make_is_left_alone(licenses: Licenses, name
     assert names.LICENSE_OF_LABEL not in (after["metadata"].get("labels") or {})
     kept = pykube.Secret.objects(licenses.api, namespace=bystander_ns).get(name="not-a-copy").obj
     assert kept["metadata"]["resourceVersion"] == bystander.obj["metadata"]["resourceVersion"]
+
+
+def test_a_copy_whose_annotations_a_tenant_edited_is_rewritten(licenses: Licenses) -> None:
+    source = licenses.source("token-one")
+    cls = licenses.gpu_class(source.name)
+    namespace = licenses.namespace()
+    tenant = licenses.tenant(namespace)
+    licenses.claim(namespace, cls, by=tenant)
+    licenses.wait_copy(namespace, cls, "token-one")
+
+    mine = pykube.Secret.objects(tenant, namespace=namespace).get(
+        name=names.license_secret_name(cls)
+    )
+    mine.obj["data"]["extra"] = b64("x")
+    mine.obj["metadata"]["annotations"][licensing.DIGEST_ANNOTATION] = "sha256:forged"
+    replace(mine)
+
+    wait_for(
+        f"the copy of {cls} in {namespace} restored",
+        lambda: licenses.copy(namespace, cls),
+        until=lambda c: c is not None and set(c["data"]) == {TOKEN_KEY, licensing.GRIDD_CONF_KEY},
+        timeout=CONVERGE,
+    )
+
+
+def test_many_labelled_large_secrets_do_not_fill_the_copiers_cache(licenses: Licenses) -> None:
+    """~1,100 labelled 1 MiB Secrets would exhaust the operator's 1 GiB: the copies' cache
+    keeps their metadata only."""
+    source = licenses.source("token-one")
+    cls = licenses.gpu_class(source.name)
+    namespace = licenses.namespace()
+    tenant = licenses.tenant(namespace)
+    blob = base64.b64encode(b"\0" * 512 * 1024).decode()
+    count = 24
+    for i in range(count):
+        pykube.Secret(
+            tenant,
+            {
+                "metadata": {
+                    "name": f"junk-{i}",
+                    "namespace": namespace,
+                    "labels": {names.LICENSE_OF_LABEL: cls},
+                    "annotations": {"pad": "p" * 64 * 1024},
+                },
+                "data": {"blob": blob},
+            },
+        ).create()
+    licenses.claim(namespace, cls, by=tenant)
+    licenses.wait_copy(namespace, cls, "token-one")  # the copier still works
+
+    store = licenses.copier.copies.store
+    keys = [(namespace, f"junk-{i}") for i in range(count)]
+    keys.append((namespace, names.license_secret_name(cls)))
+    cached = wait_for(
+        f"the copier's cache to hold the {count} labelled Secrets and the copy",
+        lambda: [store.get(key) for key in keys],
+        until=all,
+        timeout=CONVERGE,
+    )
+    for obj in cached:
+        assert obj is not None
+        assert "data" not in obj
+        assert "pad" not in (obj["metadata"].get("annotations") or {})
+    held = sum(len(repr(o)) for o in cached)
+    print(f"copies cache: {count} Secrets of 512 KiB data + 64 KiB annotations held in {held} B")
+    assert held < count * 2048

@@ -1,6 +1,8 @@
-"""License copies (DESIGN.md §5 "Licenses"): which classes are licensed, what a copy holds
-(the source's token as it is plus a ``gridd.conf`` with the featureType), which namespaces
-need one, and when a copy must be rewritten or re-made."""
+"""License copies: which classes are licensed, which Secrets may be sources (the license
+namespace's labelled ones with the token key), what a copy holds (the source's token key as
+it is plus a ``gridd.conf`` with the featureType, nothing else), which namespaces need one
+(entitled, with a Bound claim), what the copies' cache keeps, and when a copy must be
+rewritten or re-made."""
 
 from __future__ import annotations
 
@@ -26,19 +28,41 @@ def gpu_class(name: str = "l40s", mode: str = "vgpu", **license_: Any) -> Obj:
     return objects.gpuclass(name, mode=mode, **extra)
 
 
-def source(data: Obj | None = None, *, type_: str = "Opaque", rv: str = "41") -> Obj:
+LICENSE_NS = "gpu-licenses"
+SOURCE_LABELS = {names.LICENSE_SOURCE_LABEL: names.TRUE}
+
+
+def source(
+    data: Obj | None = None,
+    *,
+    type_: str = "Opaque",
+    rv: str = "41",
+    namespace: str = LICENSE_NS,
+    labels: Obj | None = None,
+) -> Obj:
     return objects.secret(
         "nls-token",
-        "gpu-operator",
+        namespace,
         data={"client_configuration_token.tok": TOKEN} if data is None else data,
         rv=rv,
         type_=type_,
+        labels=SOURCE_LABELS if labels is None else labels,
     )
 
 
-def claim(namespace: str, class_name: str = "l40s", *, deleting: bool = False) -> Obj:
+def claim(
+    namespace: str,
+    class_name: str = "l40s",
+    *,
+    phase: str | None = "Bound",
+    deleting: bool = False,
+) -> Obj:
     return objects.claim(
-        f"c-{namespace}", namespace=namespace, class_name=class_name, deleting=deleting
+        f"c-{namespace}",
+        namespace=namespace,
+        class_name=class_name,
+        phase=phase,
+        deleting=deleting,
     )
 
 
@@ -112,17 +136,17 @@ def test_gridd_conf_sets_only_the_feature_type(feature_type: int) -> None:
         ),
         pytest.param(
             gpu_class(secretName="nls-token"),
-            source({"a.tok": TOKEN, "b": OTHER}),
-            {"a.tok": TOKEN, "b": OTHER},
+            source({"client_configuration_token.tok": TOKEN, "ca.key": OTHER, "b": OTHER}),
+            {"client_configuration_token.tok": TOKEN},
             1,
-            id="every-key-copied",
+            id="only-the-token-key-copied",
         ),
         pytest.param(
             gpu_class(secretName="nls-token"),
-            source({"token": TOKEN, "gridd.conf": SOURCE_CONF}),
-            {"token": TOKEN},
+            source({"client_configuration_token.tok": TOKEN, "gridd.conf": SOURCE_CONF}),
+            {"client_configuration_token.tok": TOKEN},
             1,
-            id="source-gridd-conf-replaced",
+            id="source-gridd-conf-not-copied",
         ),
         pytest.param(
             gpu_class(secretName="nls-token"),
@@ -147,9 +171,10 @@ def test_desired_copy(cls: Obj, src: Obj, data_keys: Obj, feature_type: int) -> 
     assert (meta["name"], meta["namespace"]) == ("gpu-license-l40s", "tenant-a")
     assert meta["labels"] == {names.LICENSE_OF_LABEL: "l40s"}
     assert meta["annotations"] == {
-        licensing.SOURCE_ANNOTATION: "gpu-operator/nls-token",
+        licensing.SOURCE_ANNOTATION: "gpu-licenses/nls-token",
         licensing.SOURCE_VERSION_ANNOTATION: "41",
         licensing.FEATURE_TYPE_ANNOTATION: str(feature_type),
+        licensing.DIGEST_ANNOTATION: licensing.data_digest(out["data"]),
     }
     assert {k: v for k, v in out["data"].items() if k != "gridd.conf"} == data_keys
     assert decoded_conf(out) == licensing.gridd_conf(feature_type)
@@ -166,21 +191,126 @@ def test_desired_copy_is_idempotent_and_does_not_alias_the_source() -> None:
 
 
 # ---- who needs a copy -----------------------------------------------------------------------
+NAMESPACES = {
+    "a": objects.namespace("a", entitled=True),
+    "b": objects.namespace("b", entitled=True),
+    "plain": objects.namespace("plain"),
+    "other-value": objects.namespace("other-value", labels={names.VGPU_ENTITLED_LABEL: "yes"}),
+}
+
+
 @pytest.mark.parametrize(
     ("claims", "expected"),
     [
         pytest.param([], set(), id="no-claims"),
         pytest.param([claim("a")], {"a"}, id="one"),
         pytest.param([claim("a"), claim("a"), claim("b")], {"a", "b"}, id="one-per-namespace"),
-        pytest.param([claim("a", deleting=True)], set(), id="being-deleted"),
-        pytest.param([claim("a", deleting=True), claim("a")], {"a"}, id="another-claim-keeps-it"),
+        pytest.param([claim("a", deleting=True)], {"a"}, id="bound-being-deleted-still-holds"),
+        pytest.param([claim("a", phase="Pending")], set(), id="pending"),
+        pytest.param([claim("a", phase="Lost")], set(), id="lost"),
+        pytest.param([claim("a", phase=None)], set(), id="no-status"),
+        pytest.param([claim("a", phase="Pending"), claim("a")], {"a"}, id="another-bound-keeps-it"),
+        pytest.param([claim("plain")], set(), id="not-entitled"),
+        pytest.param([claim("other-value")], set(), id="entitlement-label-not-true"),
+        pytest.param([claim("unknown")], set(), id="namespace-unknown"),
         pytest.param([claim("a", "other")], set(), id="other-class"),
         pytest.param([{"metadata": {"namespace": "a"}}], set(), id="no-spec"),
-        pytest.param([{"metadata": {}, "spec": {"className": "l40s"}}], set(), id="no-namespace"),
+        pytest.param(
+            [{"metadata": {}, "spec": {"className": "l40s"}, "status": {"phase": "Bound"}}],
+            set(),
+            id="no-namespace",
+        ),
     ],
 )
 def test_namespaces_needing(claims: list[Obj], expected: set[str]) -> None:
-    assert licensing.namespaces_needing(gpu_class(secretName="s"), claims) == expected
+    assert (
+        licensing.namespaces_needing(gpu_class(secretName="s"), claims, NAMESPACES.get) == expected
+    )
+
+
+# ---- which Secrets may be sources -----------------------------------------------------------
+CLS = gpu_class(secretName="nls-token")
+
+
+@pytest.mark.parametrize(
+    ("src", "reason", "fragments"),
+    [
+        pytest.param(
+            None,
+            licensing.SOURCE_NOT_FOUND,
+            [
+                "spec.license.secretName='nls-token'",
+                "no Secret 'nls-token' in the license namespace gpu-licenses",
+            ],
+            id="missing",
+        ),
+        pytest.param(
+            source(namespace="gpu-operator"),
+            licensing.SOURCE_OUTSIDE_LICENSE_NAMESPACE,
+            ["Secret gpu-operator/nls-token is not in the license namespace"],
+            id="other-namespace",
+        ),
+        pytest.param(
+            source(labels={}),
+            licensing.SOURCE_NOT_LABELLED,
+            ["(it has no such label)"],
+            id="unlabelled",
+        ),
+        pytest.param(
+            source(labels={names.LICENSE_SOURCE_LABEL: "True"}),
+            licensing.SOURCE_NOT_LABELLED,
+            ["(it has the value 'True')"],
+            id="label-not-true",
+        ),
+        pytest.param(
+            source({"token": TOKEN}),
+            licensing.NO_TOKEN_KEY,
+            ["has no non-empty key client_configuration_token.tok"],
+            id="no-token-key",
+        ),
+        pytest.param(
+            source({"client_configuration_token.tok": ""}),
+            licensing.NO_TOKEN_KEY,
+            ["has no non-empty key"],
+            id="empty-token",
+        ),
+    ],
+)
+def test_source_refusal_names_the_field_the_value_and_what_is_allowed(
+    src: Obj | None, reason: str, fragments: list[str]
+) -> None:
+    refusal = licensing.source_refusal(CLS, src, license_namespace=LICENSE_NS)
+    assert refusal is not None
+    assert refusal.reason == reason
+    assert refusal.message.startswith("spec.license.secretName='nls-token': ")
+    for fragment in fragments:
+        assert fragment in refusal.message
+    assert (
+        "a license source must be a Secret in the license namespace gpu-licenses, labelled "
+        'gpu.cozystack.io/license-source: "true", holding the token under the key '
+        "client_configuration_token.tok" in refusal.message
+    )
+
+
+def test_a_labelled_source_of_the_license_namespace_with_the_token_is_accepted() -> None:
+    assert licensing.source_refusal(CLS, source(), license_namespace=LICENSE_NS) is None
+
+
+@pytest.mark.parametrize(
+    ("license_ns", "operator_ns", "refused"),
+    [
+        ("gpu-licenses", "gpu-operator-system", False),
+        ("gpu-operator-system", "gpu-operator-system", True),
+    ],
+)
+def test_the_license_namespace_is_never_the_operators(
+    license_ns: str, operator_ns: str, refused: bool
+) -> None:
+    refusal = licensing.license_namespace_refusal(license_ns, operator_ns)
+    assert (refusal is not None) is refused
+    if refusal is not None:
+        assert refusal.startswith("licenseNamespace='gpu-operator-system' is the operator's own")
+        assert "gpu-licenses" in refusal
 
 
 # ---- which Secrets are copies ---------------------------------------------------------------
@@ -241,22 +371,21 @@ LABELS = DESIRED["metadata"]["labels"]
             existing(annotations={**ANN, "note": "x"}), False, id="foreign-annotation-kept"
         ),
         pytest.param(
-            existing(data={**DESIRED["data"], "client_configuration_token.tok": OTHER}),
+            existing(annotations={**ANN, licensing.DIGEST_ANNOTATION: "sha256:0"}),
             True,
-            id="token-changed",
-        ),
-        pytest.param(
-            existing(data={**DESIRED["data"], "stale": OTHER}), True, id="extra-key-removed"
+            id="digest-differs",
         ),
         pytest.param(
             existing(
-                data={
-                    **DESIRED["data"],
-                    "gridd.conf": base64.b64encode(b"FeatureType=4\n").decode(),
-                }
+                annotations={k: v for k, v in ANN.items() if k != licensing.DIGEST_ANNOTATION}
             ),
             True,
-            id="gridd-conf-changed",
+            id="made-by-a-release-without-digest",
+        ),
+        pytest.param(
+            existing(data={**DESIRED["data"], "stale": OTHER}),
+            False,
+            id="data-is-not-read-from-the-cache",
         ),
         pytest.param(
             existing(annotations={**ANN, licensing.SOURCE_VERSION_ANNOTATION: "40"}),
@@ -274,6 +403,39 @@ LABELS = DESIRED["metadata"]["labels"]
 )
 def test_copy_outdated(current: Obj, outdated: bool) -> None:
     assert licensing.copy_outdated(current, DESIRED) is outdated
+    assert licensing.copy_outdated(licensing.slim_copy(current), DESIRED) is outdated
+
+
+def test_a_copy_is_judged_the_same_from_its_slim_cached_form() -> None:
+    assert not licensing.copy_outdated(licensing.slim_copy(existing()), DESIRED)
+
+
+# ---- what the copies' cache keeps -----------------------------------------------------------
+def test_slim_copy_keeps_identity_class_label_own_annotations_and_type_only() -> None:
+    big = "A" * 100_000
+    tenant_made = existing(
+        data={"blob": big},
+        labels={**LABELS, "pad": "x" * 63, "more": "y"},
+        annotations={**ANN, "pad": big, licensing.SOURCE_ANNOTATION: big},
+        immutable=True,
+    )
+    tenant_made["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f": big}}]
+
+    slim = licensing.slim_copy(tenant_made)
+
+    assert set(slim) == {"metadata", "type", "immutable"}
+    assert set(slim["metadata"]) == {
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "labels",
+        "annotations",
+    }
+    assert slim["metadata"]["labels"] == LABELS
+    assert set(slim["metadata"]["annotations"]) == set(ANN)
+    assert len(repr(slim)) < 2_000
+    assert licensing.is_copy(slim, "l40s")
 
 
 @pytest.mark.parametrize(
