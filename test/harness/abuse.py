@@ -200,6 +200,7 @@ class Abusers:
                     sock.sendall(b"x")
                 except OSError:
                     self.slow.remove(sock)
+                    sock.close()
                     self.closed_by_server += 1
 
     @property
