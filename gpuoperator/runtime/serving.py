@@ -53,7 +53,8 @@ A connection's life, with the :class:`Limits` that bound it:
    sent. When the queue is full, the newest request of the source with the most waiting
    (the new one when its source has as many) is answered 429 with ``Retry-After``
    (client-go's REST client, which the API server calls webhooks with, retries such an
-   answer): a flood refuses its own requests. The handler runs on the server's thread
+   answer), held ``throttle_hold`` before it is sent so that a client ignoring it costs
+   one cheap request per connection per hold: a flood refuses its own requests. The handler runs on the server's thread
    pool (``workers``) with the whole request, so it never waits on a peer; an answer not
    ready within ``handler_timeout`` of the request's arrival is a 503.
    Paths the server is told are ``inline`` (handlers that only read memory and answer in
@@ -216,6 +217,10 @@ class Limits:
     max_queued: int = 64
     #: Seconds a 429 (queue full) asks the client to wait before retrying.
     retry_after: int = 1
+    #: Seconds a 429 is held before it is sent: a client that ignores ``Retry-After`` gets
+    #: one refusal per connection per hold, and costs the server one cheap request for it
+    #: (at most half of ``handler_timeout``).
+    throttle_hold: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -242,6 +247,8 @@ class Limits:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name}: {getattr(self, name)!r} is not ≥ 1")
+        if not self.throttle_hold >= 0:
+            raise ValueError(f"Limits.throttle_hold: {self.throttle_hold!r} is not ≥ 0")
         if self.max_body > self.max_buffered_bytes:
             raise ValueError(
                 f"Limits.max_body ({self.max_body}) exceeds max_buffered_bytes "
@@ -1040,17 +1047,17 @@ class Server:
                 limit=lane.capacity,
                 reason="QueueFull",
             )
-        job.answer.set_result(
-            Response(
-                429,
-                (
-                    f"too many requests are waiting for this server's handlers (the limit is "
-                    f"{lane.capacity}; {lane.waiting(job.source)} of them from "
-                    f"{echo.clip(job.source, 64)}); retry after {limits.retry_after}s\n"
-                ).encode(),
-                headers=(("Retry-After", str(limits.retry_after)),),
-            )
+        refusal = Response(
+            429,
+            (
+                f"too many requests are waiting for this server's handlers (the limit is "
+                f"{lane.capacity}; {lane.waiting(job.source)} of them from "
+                f"{echo.clip(job.source, 64)}); retry after {limits.retry_after}s\n"
+            ).encode(),
+            headers=(("Retry-After", str(limits.retry_after)),),
         )
+        hold = min(limits.throttle_hold, limits.handler_timeout / 2)
+        asyncio.get_running_loop().call_later(hold, _settle, job.answer, refusal)
 
     def _dequeued(self, lane: _FairQueue, job: _Job) -> None:
         key = (lane.name, job.source)
@@ -1195,6 +1202,11 @@ def _raw_answer(response: Response) -> bytes:
         f"Content-Length: {len(response.body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode("latin-1") + response.body
+
+
+def _settle(answer: asyncio.Future[Response], response: Response) -> None:
+    if not answer.done():
+        answer.set_result(response)
 
 
 #: OpenSSL's reasons for a handshake that failed on the client's certificate (none sent,
