@@ -54,9 +54,10 @@ A connection's life, with the :class:`Limits` that bound it:
    (the new one when its source has as many) is answered 429 with ``Retry-After``
    (client-go's REST client, which the API server calls webhooks with, retries such an
    answer), held ``throttle_hold`` before it is sent so that a client ignoring it costs
-   one cheap request per connection per hold: a flood refuses its own requests. The handler runs on the server's thread
-   pool (``workers``) with the whole request, so it never waits on a peer; an answer not
-   ready within ``handler_timeout`` of the request's arrival is a 503.
+   one cheap request per connection per hold: a flood refuses its own requests. The
+   handler runs on the server's thread pool (``workers``) with the whole request, so it
+   never waits on a peer; an answer not ready within ``handler_timeout`` of the request's
+   arrival is a 503.
    Paths the server is told are ``inline`` (handlers that only read memory and answer in
    well under a millisecond, such as webhooks deciding on caches) are answered on the event
    loop itself when their body is at most ``small_body`` bytes (from a queue of their own,
