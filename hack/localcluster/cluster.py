@@ -405,7 +405,7 @@ class LocalCluster:
         URL whose port is chosen at each start). A webhook server asks for a client
         certificate only with a client CA, so the others see no difference."""
         p = self.pki
-        kubeconfig = self.dir / "webhook-client.kubeconfig"
+        kubeconfig = (self.dir / "webhook-client.kubeconfig").resolve()  # absolute, as required
         kubeconfig.write_text(
             yaml.safe_dump(
                 {
@@ -415,8 +415,8 @@ class LocalCluster:
                         {
                             "name": "*",
                             "user": {
-                                "client-certificate": str(p.webhook_client_cert),
-                                "client-key": str(p.webhook_client_key),
+                                "client-certificate": str(p.webhook_client_cert.resolve()),
+                                "client-key": str(p.webhook_client_key.resolve()),
                             },
                         }
                     ],
@@ -424,7 +424,7 @@ class LocalCluster:
             )
         )
         kubeconfig.chmod(0o600)
-        path = self.dir / "admission-configuration.yaml"
+        path = (self.dir / "admission-configuration.yaml").resolve()
         path.write_text(yaml.safe_dump(admission_configuration(kubeconfig)))
         return path
 
