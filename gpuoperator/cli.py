@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     if args.webhook_address:
         routes = admitting.app(
             # The VMI webhook's attachment writes go through a rate bucket of their own: a
-            # flood of reviews must not spend the controllers' budget, nor theirs its own.
+            # flood of reviews must not spend the controllers' budget, nor they the webhook's.
             webhooks(shared, inventory, operator_settings, client.own_limit()),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
