@@ -18,6 +18,7 @@ from typing import Any
 
 import pykube
 import structlog
+from prometheus_client import CollectorRegistry
 
 from admission import orders, pods, vmis
 from controllers import (
@@ -56,6 +57,13 @@ WEBHOOK_LIMITS = serving.Limits(max_body=admitting.MAX_BODY, workers=8)
 #: decide on the caches alone. The VMI webhook writes claim attachments, so it stays on the
 #: handler pool.
 INLINE_WEBHOOKS = (orders.PATH, pods.PATH)
+#: The largest review each webhook accepts (413 beyond, naming the limit). A claim's review
+#: is well under a KiB (its spec is a class name and a count): 64 KiB leaves room for tens
+#: of KiB of labels, annotations and managedFields and keeps every claim's body within the
+#: server's ``small_body`` (never waiting for the memory budget). A VMI's or launcher pod's
+#: review is a few KiB to some tens: 1 MiB holds the API server's ceiling of 256 KiB of
+#: annotations (KubeVirt copies a VMI's onto its pods) three times over.
+WEBHOOK_BODY_LIMITS = {orders.PATH: 64 * 1024, vmis.PATH: 1024 * 1024, pods.PATH: 1024 * 1024}
 #: The interpreter's switch interval in the operator process, in seconds (CPython's default
 #: is 5 ms). A thread that wakes for an admission request or a watch event waits for the
 #: GIL up to this long while another thread computes (a controller's reconcile, an informer
@@ -137,6 +145,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--drain-moves", dest="drainMoves", type=_bool, metavar="BOOL")
     s.add_argument("--status-interval", dest="statusInterval")
     s.add_argument("--gpu-hours-series", dest="gpuHoursSeries", choices=("claim", "namespace"))
+    s.add_argument("--webhook-client-ca", dest="webhookClientCA")
     return p
 
 
@@ -309,20 +318,14 @@ def run(args: argparse.Namespace) -> int:
     shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
         routes = admitting.app(
-            webhooks(shared, inventory, operator_settings, client),
+            # The VMI webhook's attachment writes go through a rate bucket of their own: a
+            # flood of reviews must not spend the controllers' budget, nor they the webhook's.
+            webhooks(shared, inventory, operator_settings, client.own_limit()),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
-        certs = webhook_tls(args)
-        server = serving.Server(
-            "webhooks",
-            args.webhook_address,
-            routes,
-            tls=certs,
-            limits=WEBHOOK_LIMITS,
-            registry=manager.registry,
-            inline=INLINE_WEBHOOKS,
-        )
+        certs = webhook_tls(args, client_ca(operator_settings))
+        server = webhook_server(args.webhook_address, routes, certs, manager.registry)
         manager.options.extra_servers.append(server)
         if isinstance(certs, servercerts.MemoryCertificates):
             self_managed_certificates(args, manager, namespace, certs.reload)
@@ -339,15 +342,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def webhook_tls(args: argparse.Namespace) -> servercerts.CertificateSource | tuple[Path, Path]:
+def webhook_server(
+    address: str,
+    routes: serving.App,
+    certs: servercerts.CertificateSource,
+    registry: CollectorRegistry,
+    limits: serving.Limits = WEBHOOK_LIMITS,
+) -> serving.Server:
+    """The webhook server as it ships: its limits, inline paths and body limits."""
+    return serving.Server(
+        "webhooks",
+        address,
+        routes,
+        tls=certs,
+        limits=limits,
+        registry=registry,
+        inline=INLINE_WEBHOOKS,
+        body_limits=WEBHOOK_BODY_LIMITS,
+    )
+
+
+def client_ca(operator_settings: settings.Settings) -> servercerts.ClientCA | None:
+    """The CA the API server's client certificate must be signed by (the setting
+    ``webhookClientCA``; re-read when the file changes), or None: no certificate asked."""
+    path = operator_settings.webhook_client_ca
+    if not path:
+        return None
+    ca = servercerts.ClientCA(Path(path))
+    log.info(
+        "webhooks require a client certificate signed by the client CA",
+        ca=path,
+        reason="ClientCA",
+    )
+    return ca
+
+
+def webhook_tls(
+    args: argparse.Namespace, ca: servercerts.ClientCA | None = None
+) -> servercerts.CertificateSource:
     """What the webhook server starts with: the mounted pair (re-read when it rotates), or
     (self-managed) a throwaway pair in memory that it never serves while ready, replaced
-    from the Secret."""
+    from the Secret; with ``ca``, requiring client certificates it signed."""
     if args.certificates == "mounted":
         cert_dir = args.webhook_cert_dir or Path(names.WEBHOOK_CERT_DIR)
-        return cert_dir / "tls.crt", cert_dir / "tls.key"
+        return servercerts.FileCertificates(
+            cert_dir / "tls.crt", cert_dir / "tls.key", client_ca=ca
+        )
     cert, key = servercerts.self_signed()
-    return servercerts.MemoryCertificates(cert.read_bytes(), key.read_bytes())
+    return servercerts.MemoryCertificates(cert.read_bytes(), key.read_bytes(), client_ca=ca)
 
 
 def self_managed_certificates(

@@ -17,29 +17,51 @@ the sockets and the clock. Behaviour under abuse is measured by the slow-client 
 A connection's life, with the :class:`Limits` that bound it:
 
 1. accepted within ``max_connections`` in all and ``max_connections_per_source`` per
-   source address. At a limit, the oldest connection (of that source, or of any) that is
-   not being answered (waiting for its handshake, its next request or the rest of one)
-   is closed to make room; only when all are being answered is the new one closed at
-   once. So a flood from one address churns its own idle sockets and cannot lock out a
-   client that shares the address;
+   source address, making room as follows (a connection is *waiting* while it waits for
+   its handshake, its next request or the rest of one, *busy* while it is being answered):
+
+   * at its source's limit, the oldest waiting connection of that source is closed; when
+     all of them are busy, the new one is closed at once. A flood from one address churns
+     its own sockets;
+   * at the server's limit, the source holding the most connections gives one up (the
+     newest-connected source among equals): its oldest waiting connection, or, when all of
+     its connections are busy and it holds two or more beyond the newcomer's source, its
+     oldest busy one (that request is dropped unanswered). A newcomer whose source holds
+     as many as any makes room with its own oldest waiting connection, or is closed at
+     once. So no set of busy connections from a few sources can hold every slot against
+     a source that holds fewer (the API server's), and the source holding the most cannot
+     push out anyone else's;
 2. TLS handshake within ``handshake_timeout`` of the accept (a socket that never starts
-   one costs its slot for that long, and nobody else anything);
+   one costs its slot for that long, and nobody else anything). With a client CA
+   (:class:`servercerts.ClientCA` on the certificate source) the peer must present a
+   certificate it signed, or the connection ends at the handshake;
 3. each request's head (request line and headers, at most ``max_header_bytes``) within
    ``header_timeout``: from the handshake for the first request, from its first byte for
    the next ones; between requests a kept-alive connection may stay idle ``idle_timeout``;
-4. the body (at most ``max_body`` bytes, 413 beyond; ``Content-Length`` or chunked) within
-   ``body_timeout`` from the end of the head. Each body's first ``small_body`` bytes are
+4. the body (at most ``max_body`` bytes, or the path's own limit in ``body_limits``; 413
+   naming the limit beyond; ``Content-Length`` or chunked) within ``body_timeout`` from
+   the end of the head. Each body's first ``small_body`` bytes are
    its own; a larger body takes room for the rest (its ``Content-Length``, or
    ``max_body`` when chunked) from ``max_buffered_bytes`` for all bodies together, all
    at once before reading it, and holds it until its answer is ready (a body that finds
    no room waits, its bytes left in the kernel, until its deadline; then 503). So large
    bodies, sent or held half-sent, cannot stall small ones (the API server's), cannot
    deadlock each other, and memory stays bounded whatever peers send;
-5. the handler runs on the server's thread pool (``workers``) with the whole request, so
-   it never waits on a peer; an answer not ready within ``handler_timeout`` is a 503.
+5. the whole request waits for its handler in a queue of at most ``max_queued`` requests,
+   served round-robin by source address (one request of each waiting source in turn), so
+   a request waits for one request of each other source, not for everything one source
+   sent. When the queue is full, the newest request of the source with the most waiting
+   (the new one when its source has as many) is answered 429 with ``Retry-After``
+   (client-go's REST client, which the API server calls webhooks with, retries such an
+   answer), held ``throttle_hold`` before it is sent so that a client ignoring it costs
+   one cheap request per connection per hold: a flood refuses its own requests. The
+   handler runs on the server's thread pool (``workers``) with the whole request, so it
+   never waits on a peer; an answer not ready within ``handler_timeout`` of the request's
+   arrival is a 503.
    Paths the server is told are ``inline`` (handlers that only read memory and answer in
    well under a millisecond, such as webhooks deciding on caches) are answered on the event
-   loop itself when their body is at most ``small_body`` bytes: the hop to a pool thread
+   loop itself when their body is at most ``small_body`` bytes (from a queue of their own,
+   so they never wait for a pool thread): the hop to a pool thread
    and back costs two GIL hand-offs, each of which waits up to the interpreter's switch
    interval while another thread of the process computes, which is more than such a
    handler takes. An inline handler holds up the loop while it runs, so one that may wait
@@ -71,6 +93,7 @@ resident size under abuse is the baseline plus what the limits allow:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import socket
 import ssl
@@ -80,6 +103,7 @@ import traceback
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import h11
@@ -190,6 +214,14 @@ class Limits:
     max_connections_per_source: int = 128
     max_requests: int = 1000
     workers: int = 4
+    #: Complete requests waiting for a handler, per queue (the event loop's, the pool's).
+    max_queued: int = 64
+    #: Seconds a 429 (queue full) asks the client to wait before retrying.
+    retry_after: int = 1
+    #: Seconds a 429 is held before it is sent: a client that ignores ``Retry-After`` gets
+    #: one refusal per connection per hold, and costs the server one cheap request for it
+    #: (at most half of ``handler_timeout``).
+    throttle_hold: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -211,9 +243,13 @@ class Limits:
             "max_connections_per_source",
             "max_requests",
             "workers",
+            "max_queued",
+            "retry_after",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name}: {getattr(self, name)!r} is not ≥ 1")
+        if not self.throttle_hold >= 0:
+            raise ValueError(f"Limits.throttle_hold: {self.throttle_hold!r} is not ≥ 0")
         if self.max_body > self.max_buffered_bytes:
             raise ValueError(
                 f"Limits.max_body ({self.max_body}) exceeds max_buffered_bytes "
@@ -237,6 +273,8 @@ class _Metrics:
     open: Gauge
     refused: PromCounter
     dropped: PromCounter
+    throttled: PromCounter
+    queued: Gauge
 
 
 @per_registry
@@ -258,6 +296,19 @@ def _metrics(registry: CollectorRegistry) -> _Metrics:
             "gpuoperator_http_connections_dropped_total",
             "Connections closed by the server before a complete exchange, by reason",
             ["server", "reason"],
+            registry=registry,
+        ),
+        throttled=PromCounter(
+            "gpuoperator_http_requests_throttled_total",
+            "Requests answered 429 because their handler queue was full, by queue "
+            "(loop: handlers answered on the event loop; pool: on the handler threads)",
+            ["server", "queue"],
+            registry=registry,
+        ),
+        queued=Gauge(
+            "gpuoperator_http_queued_requests",
+            "Complete requests waiting for a handler, by queue",
+            ["server", "queue"],
             registry=registry,
         ),
     )
@@ -295,6 +346,80 @@ class _DropError(Exception):
         self.answer = answer
 
 
+@dataclass(eq=False)
+class _Job:
+    """A complete request waiting for its handler, and where its answer goes."""
+
+    source: str
+    request: Request
+    answer: asyncio.Future[Response]
+
+
+class _FairQueue:
+    """Requests waiting for a handler, at most ``capacity``, served round-robin by source
+    address (one request of each source with requests waiting, in turn), so however many
+    requests one source queues, another's waits for one request of each source only.
+
+    When it is full, the request refused is the newest of the source with the most
+    requests waiting (the arriving one when its source has as many): a flood refuses
+    its own requests, never those of a source that queues fewer.
+    """
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        #: Waiting requests per source; the dict's order is the round-robin turn.
+        self._by_source: dict[str, collections.deque[_Job]] = {}
+        self._size = 0
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def waiting(self, source: str) -> int:
+        return len(self._by_source.get(source, ()))
+
+    def push(self, job: _Job) -> _Job | None:
+        """Queue ``job``; return the job refused to make room (maybe ``job``), or None."""
+        refused: _Job | None = None
+        if self._size >= self.capacity:
+            heaviest = max(self._by_source.values(), key=len)
+            if self.waiting(job.source) >= len(heaviest):
+                return job
+            refused = heaviest.pop()
+            self._size -= 1
+            if not heaviest:
+                del self._by_source[refused.source]
+        self._by_source.setdefault(job.source, collections.deque()).append(job)
+        self._size += 1
+        self._ready.set()
+        return refused
+
+    def discard(self, job: _Job) -> None:
+        """Forget ``job`` (its connection stopped waiting for it)."""
+        queue = self._by_source.get(job.source)
+        if queue is None:
+            return
+        with contextlib.suppress(ValueError):
+            queue.remove(job)
+            self._size -= 1
+        if not queue:
+            del self._by_source[job.source]
+
+    async def get(self) -> _Job:
+        """The next job in round-robin order, waiting for one."""
+        while not self._by_source:
+            self._ready.clear()
+            await self._ready.wait()
+        source = next(iter(self._by_source))
+        queue = self._by_source.pop(source)
+        job = queue.popleft()
+        self._size -= 1
+        if queue:
+            self._by_source[source] = queue  # to the end of the turn
+        return job
+
+
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -330,17 +455,26 @@ class Server:
         limits: Limits | None = None,
         registry: CollectorRegistry = REGISTRY,
         inline: Collection[str] = (),
+        body_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.name = name
         self._address = parse_address(address)
         self._handler = handler
         #: Paths answered on the event loop (small bodies only; see the module docstring).
         self._inline = frozenset(inline)
+        self.limits = limits or Limits()
+        #: The largest body accepted per path (``max_body`` for the others).
+        self.body_limits = dict(body_limits or {})
+        for path, limit in self.body_limits.items():
+            if not 1 <= limit <= self.limits.max_body:
+                raise ValueError(
+                    f"body_limits[{path!r}]: {limit!r} is not between 1 and Limits.max_body "
+                    f"({self.limits.max_body})"
+                )
         self.certificates: servercerts.CertificateSource | None = (
             servercerts.FileCertificates(*tls) if isinstance(tls, tuple) else tls
         )
         self.tls = tls is not None
-        self.limits = limits or Limits()
         self._metrics = _metrics(registry)
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -354,6 +488,15 @@ class Server:
         self._buffered = 0
         self._budget: asyncio.Condition | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Requests waiting for a handler on the event loop, and for a pool thread.
+        self._loop_queue: _FairQueue | None = None
+        self._pool_queue: _FairQueue | None = None
+        #: (queue, source) pairs whose requests are being refused with 429 (logged once).
+        self._throttled: set[tuple[str, str]] = set()
+        #: Sources that gave up connections at the server's limit (logged once).
+        self._crowding: set[str] = set()
+        #: When each source was last logged for a refused client certificate.
+        self._uncertified: dict[str, float] = {}
         self._log = log.bind(server=name)
 
     @property
@@ -405,13 +548,21 @@ class Server:
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         self._budget = asyncio.Condition()
+        self._loop_queue = _FairQueue("loop", self.limits.max_queued)
+        self._pool_queue = _FairQueue("pool", self.limits.max_queued)
+        for lane in (self._loop_queue, self._pool_queue):
+            self._metrics.queued.labels(self.name, lane.name).set_function(partial(len, lane))
         accepting = loop.create_task(self._accept(loop))
+        dispatching = [
+            loop.create_task(self._run_inline(self._loop_queue)),
+            loop.create_task(self._run_pooled(loop, self._pool_queue)),
+        ]
         started.set()
         await self._stopped.wait()
         accepting.cancel()
         if self._sock is not None:
             self._sock.close()
-        tasks = [accepting, *self._tasks]
+        tasks = [accepting, *dispatching, *self._tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -438,7 +589,7 @@ class Server:
                 await asyncio.sleep(0.1)
                 continue
             source = str(address[0]) if isinstance(address, tuple) and address else "unknown"
-            if self._open >= limits.max_connections and not self._evict(None):
+            if self._open >= limits.max_connections and not self._make_room(source):
                 self._refuse(conn, source, "TooManyConnections")
                 continue
             mine = self._by_source.get(source, {})
@@ -455,6 +606,45 @@ class Server:
             state.task = loop.create_task(self._connection(loop, conn, state))
             self._tasks.add(state.task)
             state.task.add_done_callback(self._tasks.discard)
+
+    def _make_room(self, newcomer: str) -> bool:
+        """At the server's limit: the source holding the most connections (the
+        newest-connected among equals) gives one up: its oldest waiting connection, or,
+        when it holds two or more beyond ``newcomer``'s source and all of its connections
+        are busy, its oldest busy one. A newcomer whose source holds as many as any makes
+        room with its own oldest waiting connection only. False when nothing may be
+        closed."""
+        pools = self._by_source
+        own = pools.get(newcomer, {})
+        if not pools:
+            return False
+        heaviest = max(
+            pools, key=lambda s: (len(pools[s]), next(reversed(pools[s].values())).since)
+        )
+        pool = pools[heaviest]
+        if heaviest == newcomer or len(pool) <= len(own):
+            victim = next((c for c in own.values() if not c.busy), None)
+        else:
+            victim = next((c for c in pool.values() if not c.busy), None)
+            if victim is None and len(pool) > len(own) + 1:
+                victim = next(iter(pool.values()))
+        if victim is None or victim.task is None:
+            return False
+        if victim.source not in self._crowding:
+            self._crowding.add(victim.source)
+            self._log.info(
+                "server at its connection limit; the source holding the most connections "
+                "gives up its oldest to make room",
+                peer=victim.source,
+                connections=len(pools[victim.source]),
+                limit=self.limits.max_connections,
+                reason="EvictedHeaviestSource",
+            )
+        victim.evicted = True
+        self._forget(victim)
+        victim.task.cancel()
+        self._metrics.refused.labels(self.name, "EvictedHeaviestSource").inc()
+        return True
 
     def _evict(self, source: str | None) -> bool:
         """Make room by closing the oldest connection (of ``source``, or of any source) that
@@ -489,6 +679,7 @@ class Server:
         pool.pop(id(state), None)
         if not pool:
             self._by_source.pop(state.source, None)
+            self._crowding.discard(state.source)
         self._metrics.open.labels(self.name).dec()
         if state.source in self._limited and (
             len(pool) < self.limits.max_connections_per_source // 2
@@ -529,7 +720,7 @@ class Server:
             if self.certificates is None:
                 transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
             else:
-                transport = await self._handshake(loop, conn, protocol)
+                transport = await self._handshake(loop, conn, protocol, source)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             await self._exchanges(reader, writer, state)
         except _DropError as drop:
@@ -562,6 +753,7 @@ class Server:
         loop: asyncio.AbstractEventLoop,
         conn: socket.socket,
         protocol: asyncio.StreamReaderProtocol,
+        peer: str,
     ) -> asyncio.Transport:
         """The TLS handshake, within ``handshake_timeout`` of the accept. Its state (asyncio
         gives each TLS connection a 256 KiB read buffer) is made only once the peer has
@@ -579,9 +771,32 @@ class Server:
                 )
         except TimeoutError:
             raise _DropError("HandshakeTimeout") from None
-        except (ssl.SSLError, OSError) as exc:
+        except ssl.SSLError as exc:
+            if getattr(self.certificates, "client_ca", None) is not None and (
+                exc.reason in _CLIENT_CERTIFICATE_ERRORS
+            ):
+                self._note_uncertified(peer, exc.reason or "")
+                raise _DropError("ClientCertificateRefused") from exc
+            raise _DropError("HandshakeFailed") from exc
+        except OSError as exc:
             raise _DropError("HandshakeFailed") from exc
         return transport
+
+    def _note_uncertified(self, peer: str, why: str) -> None:
+        """One info line per source and minute for handshakes refused for want of a valid
+        client certificate (the metric counts each)."""
+        now = time.monotonic()
+        if now - self._uncertified.get(peer, -60.0) < 60.0:
+            return
+        if len(self._uncertified) > 1024:
+            self._uncertified = {p: t for p, t in self._uncertified.items() if now - t < 60.0}
+        self._uncertified[peer] = now
+        self._log.info(
+            "connection refused at the handshake: no client certificate signed by the client CA",
+            peer=peer,
+            error=why,
+            reason="ClientCertificateRefused",
+        )
 
     async def _exchanges(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Conn
@@ -607,13 +822,14 @@ class Server:
             request = await self._read_head(conn, reader, head_deadline, seen_bytes=served > 0)
             if request is None:
                 return
-            declared = self._declared_length(request)
+            limit = self.body_limits.get(_path_of(request), limits.max_body)
+            declared = self._declared_length(request, limit)
             # A body's bytes beyond ``small_body`` count against the memory budget until its
             # answer is ready.
             held = _Held()
             try:
                 body = await self._read_body(
-                    conn, reader, loop.time() + limits.body_timeout, held, declared
+                    conn, reader, loop.time() + limits.body_timeout, held, declared, limit
                 )
                 served += 1
                 state.busy = True
@@ -671,23 +887,24 @@ class Server:
                 message = f"malformed HTTP request: {echo.clip(str(exc), 200)}"
             raise _DropError("BadRequest", text(status, message)) from None
 
-    def _declared_length(self, request: h11.Request) -> int | None:
-        """The body's ``Content-Length`` (``None`` when chunked); 413 beyond ``max_body``,
+    def _declared_length(self, request: h11.Request, limit: int) -> int | None:
+        """The body's ``Content-Length`` (``None`` when chunked); 413 beyond ``limit``,
         before reading any of it."""
         for name, value in request.headers:
             if name == b"content-length":
                 declared = int(value)  # h11 has checked it is a non-negative integer
-                if declared > self.limits.max_body:
+                if declared > limit:
                     raise _DropError(
                         "BodyTooLarge",
-                        text(
-                            413,
-                            f"a body of {declared} bytes exceeds the limit of "
-                            f"{self.limits.max_body}",
-                        ),
+                        text(413, self._too_large_body(request, f"{declared} bytes", limit)),
                     )
                 return declared
         return None
+
+    def _too_large_body(self, request: h11.Request, size: str, limit: int) -> str:
+        method = request.method.decode("latin-1")
+        path = echo.clip(_path_of(request), 100)
+        return f"a body of {size} exceeds the limit of {limit} bytes for {method} {path}"
 
     def _too_large_head(self) -> str:
         return f"the request head exceeds {self.limits.max_header_bytes} bytes"
@@ -699,6 +916,7 @@ class Server:
         body_deadline: float,
         held: _Held,
         declared: int | None,
+        limit: int,
     ) -> bytes:
         limits = self.limits
         chunks: list[bytes] = []
@@ -722,16 +940,16 @@ class Server:
                         continue
                     if isinstance(event, h11.Data):
                         size += len(event.data)
-                        if size > limits.max_body:
+                        if size > limit:
                             raise _DropError(
                                 "BodyTooLarge",
-                                text(413, f"the body exceeds the limit of {limits.max_body} bytes"),
+                                text(413, f"the body exceeds the limit of {limit} bytes"),
                             )
                         chunks.append(bytes(event.data))
                         if size > limits.small_body and not held.taken:
                             # A chunked body grew large: room for the largest it may be.
                             waiting = True
-                            await self._take(limits.max_body - limits.small_body, held)
+                            await self._take(limit - limits.small_body, held)
                             waiting = False
                         continue
                     if isinstance(event, h11.EndOfMessage):
@@ -791,17 +1009,18 @@ class Server:
             peer=source,
             query=query,
         )
-        if path in self._inline and len(body) <= self.limits.small_body:
-            try:
-                return self._handler(request)
-            except Exception as exc:  # a handler not wrapped by app(): still an answer
-                return self._failed(path, exc)
-        assert self._executor is not None
-        future = loop.run_in_executor(self._executor, self._handler, request)
+        inline = path in self._inline and len(body) <= self.limits.small_body
+        lane = self._loop_queue if inline else self._pool_queue
+        assert lane is not None
+        job = _Job(source, request, loop.create_future())
+        refused = lane.push(job)
+        if refused is not None:
+            self._throttle(lane, refused)
         try:
             async with asyncio.timeout(self.limits.handler_timeout):
-                return await future
+                return await job.answer
         except TimeoutError:
+            lane.discard(job)
             self._log.warning(
                 "request not answered in time",
                 path=path,
@@ -809,8 +1028,95 @@ class Server:
                 seconds=self.limits.handler_timeout,
             )
             return text(503, "the server did not answer in time; retry shortly")
-        except Exception as exc:  # a handler not wrapped by app(): still an answer
-            return self._failed(path, exc)
+        except BaseException:
+            lane.discard(job)  # evicted or stopping: nobody waits for the answer any more
+            raise
+
+    def _throttle(self, lane: _FairQueue, job: _Job) -> None:
+        """Answer ``job`` 429: its queue is full and its source has the most waiting."""
+        limits = self.limits
+        self._metrics.throttled.labels(self.name, lane.name).inc()
+        key = (lane.name, job.source)
+        if key not in self._throttled:
+            self._throttled.add(key)
+            self._log.info(
+                "handler queue full; the requests of the source with the most waiting are "
+                "answered 429",
+                peer=job.source,
+                queue=lane.name,
+                waiting=lane.waiting(job.source),
+                limit=lane.capacity,
+                reason="QueueFull",
+            )
+        refusal = Response(
+            429,
+            (
+                f"too many requests are waiting for this server's handlers (the limit is "
+                f"{lane.capacity}; {lane.waiting(job.source)} of them from "
+                f"{echo.clip(job.source, 64)}); retry after {limits.retry_after}s\n"
+            ).encode(),
+            headers=(("Retry-After", str(limits.retry_after)),),
+        )
+        hold = min(limits.throttle_hold, limits.handler_timeout / 2)
+        asyncio.get_running_loop().call_later(hold, _settle, job.answer, refusal)
+
+    def _dequeued(self, lane: _FairQueue, job: _Job) -> None:
+        key = (lane.name, job.source)
+        if key in self._throttled and not lane.waiting(job.source):
+            self._throttled.discard(key)
+            self._log.info(
+                "source's requests queue again", peer=job.source, queue=lane.name, reason="Drained"
+            )
+
+    async def _run_inline(self, lane: _FairQueue) -> None:
+        """Answer the event loop's queue, one request at a time, in its round-robin order,
+        letting the loop read and write between two."""
+        while True:
+            job = await lane.get()
+            self._dequeued(lane, job)
+            if job.answer.done():
+                continue
+            try:
+                response = self._handler(job.request)
+            except Exception as exc:  # a handler not wrapped by app(): still an answer
+                response = self._failed(job.request.path, exc)
+            if not job.answer.done():
+                job.answer.set_result(response)
+            await asyncio.sleep(0)
+
+    async def _run_pooled(self, loop: asyncio.AbstractEventLoop, lane: _FairQueue) -> None:
+        """Hand the pool's queue to the handler threads, the next request in round-robin
+        order whenever a thread is free."""
+        assert self._executor is not None
+        free = asyncio.Semaphore(self.limits.workers)
+        while True:
+            await free.acquire()
+            job = await lane.get()
+            self._dequeued(lane, job)
+            if job.answer.done():
+                free.release()
+                continue
+            running = loop.run_in_executor(self._executor, self._handler, job.request)
+            running.add_done_callback(partial(self._pooled_done, job, free))
+
+    def _pooled_done(
+        self, job: _Job, free: asyncio.Semaphore, running: asyncio.Future[Response]
+    ) -> None:
+        free.release()
+        if job.answer.done():
+            return
+        if running.cancelled():
+            job.answer.set_result(text(503, "the server is stopping; retry shortly"))
+            return
+        exc = running.exception()
+        if exc is None:
+            job.answer.set_result(running.result())
+        else:  # a handler not wrapped by app(): still an answer
+            job.answer.set_result(
+                self._failed(
+                    job.request.path, exc if isinstance(exc, Exception) else Exception(exc)
+                )
+            )
 
     def _failed(self, path: str, exc: Exception) -> Response:
         """The answer to a request whose handler raised: logged with a bounded traceback."""
@@ -897,6 +1203,27 @@ def _raw_answer(response: Response) -> bytes:
         f"Content-Length: {len(response.body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode("latin-1") + response.body
+
+
+def _settle(answer: asyncio.Future[Response], response: Response) -> None:
+    if not answer.done():
+        answer.set_result(response)
+
+
+#: OpenSSL's reasons for a handshake that failed on the client's certificate (none sent,
+#: or not signed by the client CA).
+_CLIENT_CERTIFICATE_ERRORS = frozenset(
+    {
+        "PEER_DID_NOT_RETURN_A_CERTIFICATE",
+        "NO_CERTIFICATE_RETURNED",
+        "CERTIFICATE_VERIFY_FAILED",
+    }
+)
+
+
+def _path_of(request: h11.Request) -> str:
+    """The path of a request's target (the query left off)."""
+    return request.target.decode("latin-1").partition("?")[0]
 
 
 def _head_size(request: h11.Request) -> int:

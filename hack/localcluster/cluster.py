@@ -49,6 +49,24 @@ AUDIT_POLICY = {
 }
 
 
+def admission_configuration(kubeconfig: Path) -> dict[str, Any]:
+    """The API server's admission configuration: both webhook plugins read the client
+    credentials they present to webhooks from ``kubeconfig``."""
+    webhooks = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": str(kubeconfig),
+    }
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {"name": "ValidatingAdmissionWebhook", "configuration": webhooks},
+            {"name": "MutatingAdmissionWebhook", "configuration": webhooks},
+        ],
+    }
+
+
 def cache_root() -> Path:
     env = os.environ.get("GPUOP_CACHE")
     if env:
@@ -177,6 +195,7 @@ class LocalCluster:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         pkimod.ensure_pki(self.pki.dir)
+        pkimod.ensure_webhook_client(self.pki)
         ports = Ports(*free_ports(6))
         (self.dir / "ports.json").write_text(json.dumps(asdict(ports)))
         self._write_kubeconfig(ports.apiserver)
@@ -371,6 +390,7 @@ class LocalCluster:
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
                 f"--audit-policy-file={self._audit_policy()}",
+                f"--admission-control-config-file={self._admission_configuration()}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
             ],
@@ -378,6 +398,35 @@ class LocalCluster:
         )
         took = wait_until("kube-apiserver /readyz", self.healthy, 90, proc)
         log(f"  kube-apiserver: ready after {took:.1f}s on https://127.0.0.1:{ports.apiserver}")
+
+    def _admission_configuration(self) -> Path:
+        """Every webhook the API server calls is offered the webhook client certificate
+        (the kubeconfig's user ``*``: the operator's webhooks are registered by a loopback
+        URL whose port is chosen at each start). A webhook server asks for a client
+        certificate only with a client CA, so the others see no difference."""
+        p = self.pki
+        kubeconfig = (self.dir / "webhook-client.kubeconfig").resolve()  # absolute, as required
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "users": [
+                        {
+                            "name": "*",
+                            "user": {
+                                "client-certificate": str(p.webhook_client_cert.resolve()),
+                                "client-key": str(p.webhook_client_key.resolve()),
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        kubeconfig.chmod(0o600)
+        path = (self.dir / "admission-configuration.yaml").resolve()
+        path.write_text(yaml.safe_dump(admission_configuration(kubeconfig)))
+        return path
 
     def _audit_policy(self) -> Path:
         path = self.dir / "audit-policy.yaml"

@@ -1,5 +1,6 @@
 """Certificates and keys for a local control plane: one CA, the API server's serving
-certificate, an admin client certificate and the service-account signing key."""
+certificate, an admin client certificate and the service-account signing key; and, from a
+CA of its own, the client certificate the API server presents to admission webhooks."""
 
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ class Pki:
     @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
+
+    @property
+    def webhook_client_ca(self) -> Path:
+        """The CA that signs only the API server's webhook client certificate (a webhook
+        server given it as its client CA admits the API server and nobody else)."""
+        return self.dir / "webhook-client-ca.crt"
+
+    @property
+    def webhook_client_cert(self) -> Path:
+        return self.dir / "webhook-client.crt"
+
+    @property
+    def webhook_client_key(self) -> Path:
+        return self.dir / "webhook-client.key"
 
     @property
     def sa_pub(self) -> Path:
@@ -187,6 +202,17 @@ def ensure_pki(directory: Path) -> Pki:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+    return pki
+
+
+def ensure_webhook_client(pki: Pki) -> Pki:
+    """The API server's webhook client certificate and its own CA, made once."""
+    if pki.webhook_client_key.exists():
+        return pki
+    ca_cert, ca_key = new_ca("gpuoperator-local-webhook-callers")
+    pki.webhook_client_ca.write_bytes(_cert_pem(ca_cert))
+    cert, key = issue(ca_cert, ca_key, "kube-apiserver-webhook-client")
+    write_pair(cert, key, pki.webhook_client_cert, pki.webhook_client_key)
     return pki
 
 

@@ -6,11 +6,16 @@ process, with its resident memory measured.
    over the categories of ``harness.review_strategies``, each checked by the oracle
    (never a 5xx, a traceback or a refusal naming no field);
 3. holds 200 idle sockets, 50 slowloris connections and 20 half-sent bodies open while
-   timing good reviews, then sends 3 MiB bodies from 32 clients at once;
-4. prints requests and outcomes per category, the latency figures, the server's RSS at
-   each step and its peak, and the lines the server logged at error level.
+   timing good reviews, then sends bodies as large as the VMI webhook accepts (1 MiB)
+   from 32 clients at once;
+4. times genuine VMI reviews (from 127.0.0.1, fresh TLS connections) alone, then while 128
+   kept-alive connections from four other addresses post forged VMI reviews as fast as
+   they are answered;
+5. prints requests and outcomes per category, the latency figures (p50/p99 of the genuine
+   reviews with and without the flood, printed, never asserted), the server's RSS at each
+   step and its peak, and the lines the server logged at error level.
 
-Exits 1 when any answer failed the oracle or any good review failed. Bounded: every
+Exits 1 when any answer failed the oracle or any good or genuine review failed. Bounded: every
 loop has a count, every request a timeout, every address is loopback.
 """
 
@@ -30,10 +35,15 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuoperator import cli
 from harness import abuse
 from harness.review_strategies import CATEGORIES, KeptAlive, check_answer
 from harness.waiting import wait_for
-from harness.webhook_world import ORDER_PATH, body, order
+from harness.webhook_world import ORDER_PATH, VMI_PATH, body, order, vmi
+
+#: Kept-alive connections of forged VMI reviews, and the addresses they come from.
+FLOOD = 128
+FLOOD_SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 
 
 class Peak:
@@ -121,15 +131,58 @@ def slow_clients(target: abuse.Target, good: int) -> tuple[list[float], int, int
     return times, failed, held
 
 
+def genuine(target: abuse.Target, n: int) -> tuple[list[float], int]:
+    """``n`` genuine VMI reviews from 127.0.0.1: their times, and how many failed."""
+    data = body(vmi('[{"claim":"hold-b"}]', name="vm-genuine"))
+    times: list[float] = []
+    failed = 0
+    for _ in range(n):
+        try:
+            answer = abuse.post(target, VMI_PATH, data, timeout=10.0)
+        except OSError:
+            failed += 1
+            continue
+        if answer.status == 200 and json.loads(answer.body)["response"]["allowed"]:
+            times.append(answer.seconds)
+        else:
+            failed += 1
+    return times, failed
+
+
+def busy_clients(target: abuse.Target, n: int) -> tuple[list[float], list[float], int, str]:
+    """Genuine VMI reviews timed without, then with the flood of forged ones: the times of
+    each, the failures, and what the flood got."""
+    quiet, quiet_failed = genuine(target, n)
+    flood = abuse.Flood(
+        target,
+        connections=FLOOD,
+        path=VMI_PATH,
+        body=body(vmi('[{"claim":"hold-a"}]', name="forged")),
+        sources=FLOOD_SOURCES,
+    )
+    try:
+        wait_for("the flood to be answered", flood.answers, until=lambda a: a >= FLOOD)
+        loud, loud_failed = genuine(target, n)
+        got = dict(flood.statuses)
+    finally:
+        flood.close()
+    shown = (
+        f"answered {got}, connections closed by the server {flood.closed}, "
+        f"setup failures {flood.setup_failures}"
+    )
+    return quiet, loud, quiet_failed + loud_failed, shown
+
+
 def big_bodies(target: abuse.Target, clients: int) -> Counter[str]:
-    review = order()
-    review["request"]["object"]["metadata"]["annotations"] = {"pad": "x" * (3 * 1024 * 1024 - 600)}
+    review = vmi()
+    largest = cli.WEBHOOK_BODY_LIMITS[VMI_PATH]
+    review["request"]["object"]["metadata"]["annotations"] = {"pad": "x" * (largest - 1024)}
     data = json.dumps(review).encode()
     statuses: Counter[str] = Counter()
 
     def one(_: int) -> str:
         try:
-            return str(abuse.post(target, ORDER_PATH, data, timeout=20.0).status)
+            return str(abuse.post(target, VMI_PATH, data, timeout=20.0).status)
         except OSError as exc:
             return type(exc).__name__
 
@@ -169,7 +222,9 @@ def main() -> int:
         times, failed, held = slow_clients(target, 200)
         rss["after slow clients"] = abuse.rss_kib(server.pid)
         big = big_bodies(target, 32)
-        rss["after 32 bodies of 3 MiB"] = abuse.rss_kib(server.pid)
+        rss["after 32 bodies of 1 MiB"] = abuse.rss_kib(server.pid)
+        quiet, loud, genuine_failed, flood_shown = busy_clients(target, 200)
+        rss["after the flood of forged reviews"] = abuse.rss_kib(server.pid)
         peak.stop()
     finally:
         if server.stdin is not None:
@@ -189,6 +244,13 @@ def main() -> int:
     )
     print("big bodies: " + ", ".join(f"{k} x{v}" for k, v in sorted(big.items())))
     print(
+        f"busy clients: genuine VMI reviews alone p50 {abuse.percentile(quiet, 50) * 1000:.1f} ms, "
+        f"p99 {abuse.percentile(quiet, 99) * 1000:.1f} ms; beside {FLOOD} kept-alive connections "
+        f"of forged ones from {len(FLOOD_SOURCES)} addresses p50 "
+        f"{abuse.percentile(loud, 50) * 1000:.1f} ms, p99 {abuse.percentile(loud, 99) * 1000:.1f} "
+        f"ms, failures {genuine_failed}; the flood {flood_shown}"
+    )
+    print(
         "server RSS: "
         + ", ".join(f"{k} {v / 1024:.0f} MiB" for k, v in rss.items())
         + f", peak {peak.peak / 1024:.0f} MiB"
@@ -201,7 +263,7 @@ def main() -> int:
     print(f"server error lines: {len(errors)}")
     for line in errors[:5]:
         print(f"  {line[:300]}")
-    return 1 if failures or failed else 0
+    return 1 if failures or failed or genuine_failed else 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import math
+import selectors
 import socket
 import ssl
 import threading
@@ -200,6 +201,7 @@ class Abusers:
                     sock.sendall(b"x")
                 except OSError:
                     self.slow.remove(sock)
+                    sock.close()
                     self.closed_by_server += 1
 
     @property
@@ -228,3 +230,104 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+class Flood:
+    """``connections`` kept-alive TLS connections (spread over ``sources`` round-robin)
+    that each post ``body`` to ``path`` again as soon as the previous answer arrives, from
+    one background thread, until :meth:`close`. Answers are counted by status in
+    ``statuses``; a connection the server closes is counted in ``closed`` and opened again
+    (a flood does not give up)."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        connections: int,
+        path: str,
+        body: bytes,
+        sources: Sequence[str] = ("127.0.0.2",),
+    ) -> None:
+        self.target = target
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.statuses: dict[int, int] = {}
+        self.closed = 0
+        self.setup_failures = 0
+        self._sources = list(sources)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._socks: dict[ssl.SSLSocket, tuple[str, bytes]] = {}
+        for n in range(connections):
+            self._open(self._sources[n % len(self._sources)])
+        self._thread = threading.Thread(target=self._run, name="flood", daemon=True)
+        self._thread.start()
+
+    def _open(self, source: str) -> ssl.SSLSocket | None:
+        try:
+            sock = tls_connect(self.target, source=source, timeout=5.0)
+            sock.sendall(self.request)
+        except OSError:
+            self.setup_failures += 1
+            return None
+        self._socks[sock] = (source, b"")
+        return sock
+
+    def answers(self) -> int:
+        with self._lock:
+            return sum(self.statuses.values())
+
+    def _receive(self, sock: ssl.SSLSocket) -> bytes:
+        """What arrived on ``sock`` (b"" when it is closed), decrypted records included."""
+        try:
+            data = sock.recv(65536)
+            while data and sock.pending():
+                data += sock.recv(sock.pending())
+        except OSError:
+            return b""
+        return data
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        for opened in self._socks:
+            selector.register(opened, selectors.EVENT_READ, opened)
+        while not self._stop.is_set():
+            for key, _ in selector.select(timeout=0.2):
+                sock: ssl.SSLSocket = key.data
+                source, pending = self._socks[sock]
+                chunk = self._receive(sock)
+                if not chunk:
+                    selector.unregister(sock)
+                    del self._socks[sock]
+                    sock.close()
+                    self.closed += 1
+                    again = None if self._stop.is_set() else self._open(source)
+                    if again is not None:
+                        selector.register(again, selectors.EVENT_READ, again)
+                    continue
+                pending += chunk
+                while _complete(pending):
+                    head, _, rest = pending.partition(b"\r\n\r\n")
+                    length = next(
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")[1:]
+                        if line.lower().startswith(b"content-length:")
+                    )
+                    with self._lock:
+                        status = status_of(head)
+                        self.statuses[status] = self.statuses.get(status, 0) + 1
+                    pending = rest[length:]
+                    try:
+                        sock.sendall(self.request)
+                    except OSError:
+                        break
+                self._socks[sock] = (source, pending)
+        selector.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for sock in list(self._socks):
+            sock.close()

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuoperator import cli, settings
 from gpuoperator.caches import Caches
-from gpuoperator.runtime import admitting, serving
+from gpuoperator.runtime import admitting, servercerts, serving
 from gpuoperator.runtime.client import Client, Kind
 from harness.abuse import Target
 from harness.offline import store_caches
@@ -177,21 +177,20 @@ def certificates(directory: Path) -> tuple[Path, Path, Path]:
 
 @contextmanager
 def webhook_server(directory: Path, **limits: Any) -> Iterator[World]:
-    """The webhooks as ``gpuoperator run`` wires them (``cli.webhooks``, ``cli.WEBHOOK_LIMITS``
-    with ``limits`` overriding some), serving on a free loopback port."""
+    """The webhooks as ``gpuoperator run`` wires them (``cli.webhooks``, ``cli.webhook_server``
+    with ``cli.WEBHOOK_LIMITS``, ``limits`` overriding some), serving on a free loopback port."""
     ca, crt, key = certificates(directory)
     world = caches()
     writer = RecordingWriter()
     registry = CollectorRegistry()
     operator_settings = settings.load({}, {}, {})
     hooks = cli.webhooks(world, NoKubeVirt(), operator_settings, cast(Client, writer))  # type: ignore[arg-type]
-    server = serving.Server(
-        "webhooks",
+    server = cli.webhook_server(
         "127.0.0.1:0",
         admitting.app(hooks, ready=lambda: True, registry=registry),
-        tls=(crt, key),
-        limits=replace(cli.WEBHOOK_LIMITS, **limits),
-        registry=registry,
+        servercerts.FileCertificates(crt, key),
+        registry,
+        replace(cli.WEBHOOK_LIMITS, **limits),
     )
     server.start()
     try:
@@ -209,6 +208,7 @@ def main() -> None:
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # errors only
+    sys.setswitchinterval(cli.SWITCH_INTERVAL)  # as gpuoperator run sets it
     directory = Path(sys.argv[1])
     with webhook_server(directory) as w:
         (directory / "port").write_text(str(w.target.port))

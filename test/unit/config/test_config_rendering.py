@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -208,3 +209,41 @@ def test_the_hoster_guide_overlay_for_clusters_before_1_36_drops_only_the_mutati
         for o in kustomize(overlay)
     }
     assert rendered == DEFAULT_OBJECTS - dropped
+
+
+#: The placeholder the production overlay's NetworkPolicy admits to the webhook port.
+PLACEHOLDER_CIDR = "192.0.2.0/24"
+
+
+def _webhook_and_metrics_rules(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    return {rule["ports"][0]["port"]: rule["from"] for rule in policy["spec"]["ingress"]}
+
+
+def test_production_admits_the_webhook_port_only_from_the_placeholder_control_plane() -> None:
+    policy = find(render("overlays/production"), "NetworkPolicy", "gpu-operator")
+    assert _webhook_and_metrics_rules(policy) == {
+        9443: [{"ipBlock": {"cidr": PLACEHOLDER_CIDR}}],
+        8443: [{"namespaceSelector": {"matchLabels": {"metrics": "enabled"}}}],
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # config/default ships none, and says why.
+    assert not [o for o in render("default") if o["kind"] == "NetworkPolicy"]
+    assert "No NetworkPolicy here" in (CONFIG / "default" / "kustomization.yaml").read_text()
+
+
+def test_the_hoster_guide_patch_sets_the_control_plane_addresses_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    guide = (CONFIG.parent / "docs" / "hoster-guide.md").read_text()
+    block = guide.split("### Webhook callers", 1)[1]
+    overlay_text = block.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shutil.copytree(CONFIG, tmp_path / "config")
+    overlay = tmp_path / "config" / "overlays" / "mine"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(overlay_text)
+    mine = kustomize(overlay)
+    policy = find(mine, "NetworkPolicy", "gpu-operator")
+    assert _webhook_and_metrics_rules(policy)[9443] == [{"ipBlock": {"cidr": "10.0.0.0/28"}}]
+    production = render("overlays/production")
+    others = [o for o in production if o["kind"] != "NetworkPolicy"]
+    assert [o for o in mine if o["kind"] != "NetworkPolicy"] == others

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from localcluster import pki, profile
-from localcluster.cluster import REPO, free_ports, port_free
+from localcluster.cluster import REPO, admission_configuration, free_ports, port_free
 from localcluster.processes import ClusterError, Process, wait_until
 
 
@@ -31,6 +31,34 @@ def test_pki_chains_to_its_ca_with_the_names_the_apiserver_needs(tmp_path: Path)
     assert [o.value for o in orgs] == ["system:masters"]
     usage = admin.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+
+
+def test_the_webhook_client_certificate_has_a_ca_of_its_own(tmp_path: Path) -> None:
+    p = pki.ensure_webhook_client(pki.ensure_pki(tmp_path / "pki"))
+    own = x509.load_pem_x509_certificate(p.webhook_client_ca.read_bytes())
+    client = x509.load_pem_x509_certificate(p.webhook_client_cert.read_bytes())
+    client.verify_directly_issued_by(own)
+    cluster = x509.load_pem_x509_certificate(p.ca_cert.read_bytes())
+    admin = x509.load_pem_x509_certificate(p.admin_cert.read_bytes())
+    # A webhook server trusting this CA admits the API server, not the cluster's users.
+    with pytest.raises(ValueError):
+        admin.verify_directly_issued_by(own)
+    assert own.subject != cluster.subject
+    usage = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+    assert (p.webhook_client_key.stat().st_mode & 0o777) == 0o600
+
+
+def test_the_admission_configuration_gives_both_webhook_plugins_the_kubeconfig() -> None:
+    config = admission_configuration(Path("/x/webhook-client.kubeconfig"))
+    assert config["kind"] == "AdmissionConfiguration"
+    assert [p["name"] for p in config["plugins"]] == [
+        "ValidatingAdmissionWebhook",
+        "MutatingAdmissionWebhook",
+    ]
+    for plugin in config["plugins"]:
+        assert plugin["configuration"]["kind"] == "WebhookAdmissionConfiguration"
+        assert plugin["configuration"]["kubeConfigFile"] == "/x/webhook-client.kubeconfig"
 
 
 def test_private_keys_are_readable_by_the_owner_only(tmp_path: Path) -> None:

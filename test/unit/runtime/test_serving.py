@@ -7,10 +7,14 @@ import contextlib
 import socket
 import ssl
 import threading
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from prometheus_client import CollectorRegistry
 
 from gpuoperator.runtime import servercerts, serving
 from harness.waiting import wait_for
@@ -200,3 +204,379 @@ def test_inline_paths_are_answered_on_the_event_loop_unless_their_body_is_large(
         assert raised.startswith(b"HTTP/1.1 500")
     finally:
         server.stop()
+
+
+# -- the handler queue, body limits per path, eviction at the server's limit -------------------
+
+
+def plain(source: str, port: int, request: bytes) -> socket.socket:
+    """A plain-HTTP connection from ``source`` that has sent ``request``."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    sock.sendall(request)
+    return sock
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    """One whole answer (head and its Content-Length of body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+def queued(registry: CollectorRegistry, queue: str) -> float:
+    value = registry.get_sample_value(
+        "gpuoperator_http_queued_requests", {"server": "test", "queue": queue}
+    )
+    return value or 0.0
+
+
+GET_SLOW = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+class Gate:
+    """A handler that records who it answers and, until released, holds each request."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self.order: list[str] = []
+
+    def __call__(self, request: serving.Request) -> serving.Response:
+        self.order.append(request.headers.get("x-who", "?"))
+        self.entered.release()
+        self.release.wait(10)
+        return serving.text(200, "done")
+
+
+def test_a_full_handler_queue_answers_429_to_the_source_with_most_waiting() -> None:
+    gate = Gate()
+    registry = CollectorRegistry()
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/slow": gate}),
+        limits=serving.Limits(workers=1, max_queued=2, retry_after=3),
+        registry=registry,
+    )
+    server.start()
+    socks: list[socket.socket] = []
+    try:
+        socks.append(plain("127.0.0.2", server.port, GET_SLOW))  # runs, and holds the worker
+        assert gate.entered.acquire(timeout=5)
+        socks += [plain("127.0.0.2", server.port, GET_SLOW) for _ in range(2)]  # fill the queue
+        wait_for("two queued", lambda: queued(registry, "pool"), until=lambda n: n == 2)
+        # The flooding source's next request is the one refused: 429 with Retry-After.
+        flood = plain("127.0.0.2", server.port, GET_SLOW)
+        refused = answer_of(flood)
+        assert refused.startswith(b"HTTP/1.1 429"), refused
+        assert b"\r\nRetry-After: 3\r\n" in refused
+        assert b"the limit is 2; 2 of them from 127.0.0.2" in refused
+        assert b"retry after 3s" in refused
+        # Another source, with none waiting, takes the place of the flood's newest.
+        other = plain("127.0.0.1", server.port, GET_SLOW)
+        displaced = answer_of(socks[2])
+        assert displaced.startswith(b"HTTP/1.1 429"), displaced
+        gate.release.set()
+        assert answer_of(other).startswith(b"HTTP/1.1 200")
+        assert answer_of(socks[0]).startswith(b"HTTP/1.1 200")
+        assert answer_of(socks[1]).startswith(b"HTTP/1.1 200")
+        throttled = registry.get_sample_value(
+            "gpuoperator_http_requests_throttled_total", {"server": "test", "queue": "pool"}
+        )
+        assert throttled == 2
+        flood.close()
+        other.close()
+    finally:
+        gate.release.set()
+        for sock in socks:
+            sock.close()
+        server.stop()
+
+
+def test_waiting_requests_are_served_round_robin_by_source() -> None:
+    gate = Gate()
+    registry = CollectorRegistry()
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/slow": gate}),
+        limits=serving.Limits(workers=1),
+        registry=registry,
+    )
+    server.start()
+    socks: list[socket.socket] = []
+
+    def send(source: str, who: str) -> None:
+        request = f"GET /slow HTTP/1.1\r\nHost: x\r\nX-Who: {who}\r\n\r\n".encode()
+        socks.append(plain(source, server.port, request))
+
+    try:
+        send("127.0.0.2", "a1")
+        assert gate.entered.acquire(timeout=5)
+        for n, (source, who) in enumerate(
+            [("127.0.0.2", "a2"), ("127.0.0.2", "a3"), ("127.0.0.2", "a4"), ("127.0.0.1", "b1")],
+            start=1,
+        ):
+            send(source, who)
+            wait_for(f"{n} queued", partial(queued, registry, "pool"), until=float(n).__eq__)
+        gate.release.set()
+        for sock in socks:
+            assert answer_of(sock).startswith(b"HTTP/1.1 200")
+        # First come first served would answer b1 last, after every request of a.
+        assert gate.order == ["a1", "a2", "b1", "a3", "a4"]
+    finally:
+        gate.release.set()
+        for sock in socks:
+            sock.close()
+        server.stop()
+
+
+def test_a_body_beyond_its_paths_limit_is_a_413_naming_the_limit() -> None:
+    def echo_size(request: serving.Request) -> serving.Response:
+        return serving.text(200, str(len(request.body)))
+
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/small": echo_size, "/large": echo_size}),
+        limits=serving.Limits(max_body=4096, small_body=1024),
+        body_limits={"/small": 100},
+    )
+    server.start()
+    try:
+
+        def post(path: str, size: int, *, chunked: bool = False) -> bytes:
+            body = b"x" * size
+            if chunked:
+                head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                data = f"{size:x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+            else:
+                head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
+                data = body
+            return exchange(server.port, head.encode() + data)
+
+        assert post("/small", 100).startswith(b"HTTP/1.1 200")
+        refused = post("/small", 101)
+        assert refused.startswith(b"HTTP/1.1 413"), refused
+        assert b"a body of 101 bytes exceeds the limit of 100 bytes for POST /small" in refused
+        chunked = post("/small", 101, chunked=True)
+        assert chunked.startswith(b"HTTP/1.1 413") and b"limit of 100 bytes" in chunked
+        # Other paths keep the server's limit.
+        assert post("/large", 4096).startswith(b"HTTP/1.1 200")
+        assert post("/large", 4097).startswith(b"HTTP/1.1 413")
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match=r"body_limits\['/x'\]: 5000 is not between 1 and"):
+        serving.Server(
+            "test",
+            "127.0.0.1:0",
+            serving.app({}),
+            limits=serving.Limits(max_body=4096),
+            body_limits={"/x": 5000},
+        )
+
+
+def test_at_the_server_limit_the_source_holding_most_gives_up_even_a_busy_connection() -> None:
+    gate = Gate()
+    registry = CollectorRegistry()
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/slow": gate, "/fast": lambda _r: serving.text(200, "fast")}),
+        limits=serving.Limits(max_connections=4, max_connections_per_source=4, workers=4),
+        registry=registry,
+        inline=("/fast",),
+    )
+    server.start()
+    busy: list[socket.socket] = []
+    try:
+        for _ in range(4):
+            busy.append(plain("127.0.0.2", server.port, GET_SLOW))
+            assert gate.entered.acquire(timeout=5)
+        # Every slot is held by one source's requests being answered: the API server's
+        # connection still gets in, in place of the oldest of them.
+        with plain("127.0.0.1", server.port, b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n") as mine:
+            assert answer_of(mine).startswith(b"HTTP/1.1 200")
+        with contextlib.suppress(ConnectionResetError):
+            assert busy[0].recv(1) == b""  # closed unanswered
+        evicted = registry.get_sample_value(
+            "gpuoperator_http_connections_refused_total",
+            {"server": "test", "reason": "EvictedHeaviestSource"},
+        )
+        assert evicted == 1
+        # The server is full again (three busy, one waiting). The source that holds the
+        # most cannot push the others out: with none of its own waiting, it is refused.
+        wait_for("three open", lambda: server.open_connections, until=lambda n: n == 3)
+        waiting = socket.create_connection(
+            ("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.1", 0)
+        )
+        busy.append(waiting)
+        wait_for("four open", lambda: server.open_connections, until=lambda n: n == 4)
+        with (
+            plain("127.0.0.2", server.port, GET_SLOW) as fifth,
+            contextlib.suppress(ConnectionResetError),
+        ):
+            assert fifth.recv(1) == b""
+        waiting.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer_of(waiting).startswith(b"HTTP/1.1 200")
+        gate.release.set()
+        for sock in busy[1:4]:
+            assert answer_of(sock).startswith(b"HTTP/1.1 200")
+    finally:
+        gate.release.set()
+        for sock in busy:
+            sock.close()
+        server.stop()
+
+
+# -- client certificates -----------------------------------------------------------------------
+
+
+#: How a TLS 1.3 client sees the server end the session at its end of the handshake: the
+#: end of the TLS stream (or a reset, when the request it already sent was left unread).
+SESSION_ENDED = (ssl.SSLEOFError, ConnectionResetError)
+
+
+def ca_file(path: Path, ca: x509.Certificate) -> Path:
+    path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def client_exchange(
+    port: int,
+    server_ca: Path,
+    client: tuple[Path, Path] | None,
+    tls_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3,
+) -> bytes:
+    """One request over TLS, presenting ``client`` (a cert and key) or no certificate. The
+    end of the TLS session before an answer is an error (``ssl.SSLEOFError``), not b""."""
+    ctx = ssl.create_default_context(cafile=str(server_ca))
+    ctx.check_hostname = False
+    ctx.maximum_version = tls_version
+    if client is not None:
+        ctx.load_cert_chain(str(client[0]), str(client[1]))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        ctx.wrap_socket(raw, suppress_ragged_eofs=False) as tls,
+    ):
+        tls.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        return tls.recv(65536)
+
+
+class ClientWorld:
+    """A TLS server that requires client certificates of ``callers``' CA, and the files."""
+
+    def __init__(self, tmp_path: Path, *, in_memory: bool = False) -> None:
+        serving_ca, serving_key = pki.new_ca("serving-ca")
+        self.server_ca = ca_file(tmp_path / "serving-ca.crt", serving_ca)
+        cert, key = pki.issue(serving_ca, serving_key, "webhooks", server=True, ips=("127.0.0.1",))
+        pki.write_pair(cert, key, tmp_path / "tls.crt", tmp_path / "tls.key")
+        self.callers, self.callers_key = pki.new_ca("callers")
+        self.client_ca_file = ca_file(tmp_path / "client-ca.crt", self.callers)
+        self.dir = tmp_path
+        self.client_ca = servercerts.ClientCA(self.client_ca_file, check_every=0.05)
+        source: servercerts.CertificateSource
+        if in_memory:
+            source = servercerts.MemoryCertificates(
+                (tmp_path / "tls.crt").read_bytes(),
+                (tmp_path / "tls.key").read_bytes(),
+                client_ca=self.client_ca,
+            )
+        else:
+            source = servercerts.FileCertificates(
+                tmp_path / "tls.crt", tmp_path / "tls.key", client_ca=self.client_ca
+            )
+        self.registry = CollectorRegistry()
+        self.answered = 0
+
+        def ok(_request: serving.Request) -> serving.Response:
+            self.answered += 1
+            return serving.text(200, "ok")
+
+        self.server = serving.Server(
+            "test", "127.0.0.1:0", serving.app({"/": ok}), tls=source, registry=self.registry
+        )
+
+    def client(self, name: str, ca: x509.Certificate, ca_key: Any) -> tuple[Path, Path]:
+        cert, key = pki.issue(ca, ca_key, name)
+        pair = (self.dir / f"{name}.crt", self.dir / f"{name}.key")
+        pki.write_pair(cert, key, *pair)
+        return pair
+
+    def refused(self) -> float:
+        value = self.registry.get_sample_value(
+            "gpuoperator_http_connections_dropped_total",
+            {"server": "test", "reason": "ClientCertificateRefused"},
+        )
+        return value or 0.0
+
+
+@pytest.mark.parametrize("in_memory", [False, True], ids=["mounted", "self-managed"])
+def test_with_a_client_ca_only_callers_with_its_certificates_get_past_the_handshake(
+    tmp_path: Path, in_memory: bool
+) -> None:
+    world = ClientWorld(tmp_path, in_memory=in_memory)
+    apiserver = world.client("kube-apiserver", world.callers, world.callers_key)
+    stranger_ca, stranger_key = pki.new_ca("strangers")
+    stranger = world.client("stranger", stranger_ca, stranger_key)
+    world.server.start()
+    try:
+        port = world.server.port
+        assert client_exchange(port, world.server_ca, apiserver).startswith(b"HTTP/1.1 200")
+        # No certificate: the server ends the session at its end of the handshake (with
+        # TLS 1.3 the client's handshake completes first, so its first read meets the end;
+        # with TLS 1.2 its handshake fails); the request is never read.
+        with pytest.raises(SESSION_ENDED):
+            client_exchange(port, world.server_ca, None)
+        with pytest.raises(ssl.SSLError):
+            client_exchange(port, world.server_ca, None, ssl.TLSVersion.TLSv1_2)
+        # A certificate of another CA: likewise.
+        with pytest.raises(SESSION_ENDED):
+            client_exchange(port, world.server_ca, stranger)
+        wait_for("three refusals counted", world.refused, until=lambda n: n == 3)
+        assert world.answered == 1
+        # The CA file changes: the next handshakes trust the new CA, and the old one no more.
+        ca_file(world.client_ca_file, stranger_ca)
+        wait_for(
+            "the new client CA",
+            lambda: client_exchange(port, world.server_ca, stranger),
+            until=lambda answer: answer.startswith(b"HTTP/1.1 200"),
+            timeout=10,
+        )
+        with pytest.raises(SESSION_ENDED):
+            client_exchange(port, world.server_ca, apiserver)
+        # A file that no longer loads keeps the CA that did.
+        version = world.client_ca.version
+        world.client_ca_file.write_text("not a certificate")
+        wait_for(
+            "the broken file read",
+            lambda: world.client_ca.current() == version and world.client_ca.failures,
+        )
+        assert client_exchange(port, world.server_ca, stranger).startswith(b"HTTP/1.1 200")
+    finally:
+        world.server.stop()
+
+
+def test_a_client_ca_file_that_holds_no_certificate_is_a_clear_startup_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "ca.crt").write_text("not a certificate")
+    with pytest.raises(ValueError, match=r"ca\.crt holds no PEM certificate"):
+        servercerts.ClientCA(tmp_path / "ca.crt")
+    with pytest.raises(FileNotFoundError):
+        servercerts.ClientCA(tmp_path / "missing.crt")
