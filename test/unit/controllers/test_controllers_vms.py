@@ -424,10 +424,8 @@ def test_attachment_uid_is_filled_once_the_vmi_exists(world: World) -> None:
 
     [patch] = _attachment_patches(world)
     assert patch["subresource"] == "status"
-    assert patch["body"] == {
-        "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
-        "status": {"attachment": {"vmi": "vm1", "uid": VMI_UID}},
-    }
+    assert patch["body"]["metadata"] == {"resourceVersion": stored["metadata"]["resourceVersion"]}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
     assert world.recorder.reasons() == ["Attached"]
 
 
@@ -454,13 +452,23 @@ def test_stale_confirmed_attachment_is_cleared(world: World, live: Obj | None, r
     assert world.attachments().reconcile((NS, "hold-a")) is None
 
     [patch] = _attachment_patches(world)
-    assert patch["body"] == {
-        "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
-        "status": {"attachment": None},
-    }
+    assert patch["body"]["metadata"] == {"resourceVersion": stored["metadata"]["resourceVersion"]}
+    assert patch["body"]["status"]["attachment"] is None
+    assert attached_condition(world, "hold-a")[:2] == ("False", "NotAttached")
     assert "attachment" not in world.api.objects[("GPUClaim", NS, "hold-a")]["status"]
     assert world.recorder.reasons() == ["Detached"]
     assert stale_message_mentions(world, reason)
+
+
+def attached_condition(world: World, name: str) -> tuple[str, str, str]:
+    """The stored claim's ``Attached`` condition: status, reason, message."""
+    found = [
+        c
+        for c in world.api.objects[("GPUClaim", NS, name)]["status"].get("conditions", [])
+        if c["type"] == "Attached"
+    ]
+    assert len(found) == 1, found
+    return (found[0]["status"], found[0]["reason"], found[0]["message"])
 
 
 def stale_message_mentions(world: World, reason: str) -> bool:
@@ -486,7 +494,7 @@ def test_unconfirmed_attachment_to_a_vmi_being_deleted_is_confirmed(world: World
 
     assert world.attachments().reconcile((NS, "hold-a")) is None
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
 
 
 def test_attachment_is_kept_when_only_the_cache_lags(world: World) -> None:
@@ -511,7 +519,7 @@ def test_unconfirmed_attachment_is_cleared_only_after_the_grace(world: World) ->
 
     assert [c[0] for c in world.api.calls] == ["get", "patch"]  # a live read, then the clear
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": None}
+    assert patch["body"]["status"]["attachment"] is None
     assert "was not created" in world.recorder.events[-1]["message"]
 
 
@@ -524,7 +532,7 @@ def test_unconfirmed_attachment_is_confirmed_when_the_vmi_appears(world: World) 
     assert controller.reconcile((NS, "hold-a")) is None
 
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
 
 
 def test_unconfirmed_attachment_restarts_its_grace_when_the_claim_changes(world: World) -> None:
@@ -549,7 +557,7 @@ def test_attachment_to_a_vmi_that_does_not_use_the_claim_is_not_confirmed(world:
     controller.reconcile((NS, "hold-a"))
 
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": None}
+    assert patch["body"]["status"]["attachment"] is None
 
 
 def test_clear_that_loses_a_race_writes_nothing_else(world: World) -> None:
@@ -560,14 +568,113 @@ def test_clear_that_loses_a_race_writes_nothing_else(world: World) -> None:
     assert world.recorder.events == []
 
 
-def test_missing_attachment_of_a_live_user_is_restored(world: World) -> None:
+def test_a_held_claim_is_attached_by_name_and_uid_once_its_vmi_exists(world: World) -> None:
     world.put_vmi(vmi())
-    world.put_claim(claim("hold-a"))
+    world.put_claim(claim("hold-a", phase="Bound", node="n1"))
 
     assert world.attachments().reconcile((NS, "hold-a")) is None
 
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
+    assert attached_condition(world, "hold-a") == (
+        "True",
+        "Attached",
+        f"attached to VM instance vm1 (uid {VMI_UID})",
+    )
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert (stored["status"]["phase"], stored["status"]["nodeName"]) == ("Bound", "n1")
+    assert world.recorder.reasons() == ["Attached"]
+
+
+def _aged(name: str, uid: str, created: str, **kwargs: Any) -> Obj:
+    obj = vmi(name=name, uid=uid, **kwargs)
+    obj["metadata"]["creationTimestamp"] = created
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "holder"),
+    [
+        pytest.param(
+            ("vm-b", "u-b", "2026-01-01T00:00:01Z"),
+            ("vm-a", "u-a", "2026-01-01T00:00:02Z"),
+            "vm-b",
+            id="older-by-creation-time",
+        ),
+        pytest.param(
+            ("vm-b", "u-b", "2026-01-01T00:00:01Z"),
+            ("vm-a", "u-a", "2026-01-01T00:00:01Z"),
+            "vm-a",
+            id="same-second-by-name",
+        ),
+    ],
+)
+def test_of_two_vmis_for_one_held_claim_the_older_gets_it_and_the_other_is_told(
+    world: World, first: tuple[str, str, str], second: tuple[str, str, str], holder: str
+) -> None:
+    for name, uid, created in (first, second):
+        world.put_vmi(_aged(name, uid, created))
+    world.put_claim(claim("hold-a", phase="Bound", node="n1"))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+
+    other = ({first[0], second[0]} - {holder}).pop()
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert stored["status"]["attachment"]["vmi"] == holder
+    status, reason, message = attached_condition(world, "hold-a")
+    assert (status, reason) == ("True", "VMsWaiting")
+    assert f"attached to VM instance {holder}" in message
+    assert f"also named by VM instance {other}, which waits" in message
+    [told] = [e for e in world.recorder.events if e["reason"] == "ClaimInUse"]
+    assert (told["kind"], told["name"], told["type"]) == (
+        "VirtualMachineInstance",
+        other,
+        "Warning",
+    )
+    assert f"claim hold-a is attached to VM instance {holder}" in told["message"]
+
+
+def test_a_finished_vmi_never_gets_a_claim(world: World) -> None:
+    world.put_vmi(_aged("vm-old", "u-old", "2026-01-01T00:00:01Z", phase="Failed"))
+    world.put_vmi(_aged("vm-new", "u-new", "2026-01-01T00:00:09Z"))
+    world.put_claim(claim("hold-a"))
+
+    world.attachments().reconcile((NS, "hold-a"))
+
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert stored["status"]["attachment"] == {"vmi": "vm-new", "uid": "u-new"}
+
+
+def test_an_attachment_is_never_moved_to_an_older_vmi_seen_later(world: World) -> None:
+    world.put_vmi(_aged("vm-b", "u-b", "2026-01-01T00:00:05Z"))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm-b", "uid": "u-b"}))
+    world.put_vmi(_aged("vm-a", "u-a", "2026-01-01T00:00:01Z"))
+    controller = world.attachments()
+
+    assert controller.reconcile((NS, "hold-a")) is None
+    stored = world.sync_claim("hold-a")
+    assert stored["status"]["attachment"] == {"vmi": "vm-b", "uid": "u-b"}
+    assert attached_condition(world, "hold-a")[1] == "VMsWaiting"
+    assert [e["name"] for e in world.recorder.events if e["reason"] == "ClaimInUse"] == ["vm-a"]
+
+    # Told once: the same waiters write nothing more.
+    writes = len(world.api.writes())
+    assert controller.reconcile((NS, "hold-a")) is None
+    assert len(world.api.writes()) == writes
+
+
+def test_the_waiting_vmi_gets_the_claim_once_the_holder_is_gone(world: World) -> None:
+    world.put_vmi(_aged("vm-b", "u-b", "2026-01-01T00:00:05Z"))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm-a", "uid": "u-a"}))
+    controller = world.attachments()
+
+    controller.reconcile((NS, "hold-a"))  # vm-a is gone: cleared
+    world.sync_claim("hold-a")
+    controller.reconcile((NS, "hold-a"))  # then given to the one left
+
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert stored["status"]["attachment"] == {"vmi": "vm-b", "uid": "u-b"}
+    assert attached_condition(world, "hold-a")[:2] == ("True", "Attached")
 
 
 def test_vmis_map_to_attached_and_referenced_claims(world: World) -> None:
@@ -590,6 +697,7 @@ def bound_set(world: World, hold_node: str = "n1", template_node: str = "n1") ->
 
 
 POD = (NS, "virt-launcher-vm1-abcde")
+OURS = {"vmi": "vm1", "uid": VMI_UID}
 
 
 def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
@@ -623,14 +731,33 @@ def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
     ("setup", "words"),
     [
         pytest.param(
-            lambda w: w.put_claim(claim("hold-a", phase="Pending")),
+            lambda w: w.put_claim(claim("hold-a", phase="Pending", attached=OURS)),
             "hold-a is Pending",
             id="pending",
         ),
         pytest.param(
-            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1")),
+            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1", attached=OURS)),
             "vm1-gpu-1 does not exist yet",
             id="template-claim-missing",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1")),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-not-attached-yet",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(
+                claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm1", "uid": "old"})
+            ),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-attached-to-an-earlier-vmi-of-this-name",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(
+                claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm1"})
+            ),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-attachment-without-uid",
         ),
     ],
 )
@@ -661,7 +788,10 @@ def test_pod_waits_while_a_claim_is_attached_to_another_live_vm(world: World) ->
 
     assert requeue(world.placement().reconcile(POD)) == placement.WAIT_RECHECK
     assert world.api.writes() == []
-    assert "attached to VM instance vm2" in world.recorder.events[-1]["message"]
+    assert (
+        "attached to VM instance vm2, which still exists; this VM instance waits"
+        in (world.recorder.events[-1]["message"])
+    )
 
 
 def test_pod_waits_for_its_own_template_claim_not_an_earlier_vmis(world: World) -> None:
