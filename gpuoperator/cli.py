@@ -49,13 +49,12 @@ from gpuoperator.runtime.recording import Recorder
 log = structlog.get_logger("gpuoperator")
 
 #: The webhook server's limits: bodies as large as the API server sends, handler threads
-#: for the VMI webhook's attachment writes; the deadlines are well inside the API
-#: server's webhook timeout (serving.Limits' defaults).
+#: for any path not answered inline; the deadlines are well inside the API server's webhook
+#: timeout (serving.Limits' defaults).
 WEBHOOK_LIMITS = serving.Limits(max_body=admitting.MAX_BODY, workers=8)
 #: Webhooks answered on the server's event loop (``serving.Server``'s ``inline``): they
-#: decide on the caches alone. The VMI webhook writes claim attachments, so it stays on the
-#: handler pool.
-INLINE_WEBHOOKS = (orders.PATH, pods.PATH)
+#: decide on the caches alone and write nothing.
+INLINE_WEBHOOKS = (orders.PATH, vmis.PATH, pods.PATH)
 #: The interpreter's switch interval in the operator process, in seconds (CPython's default
 #: is 5 ms). A thread that wakes for an admission request or a watch event waits for the
 #: GIL up to this long while another thread computes (a controller's reconcile, an informer
@@ -308,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
         routes = admitting.app(
-            webhooks(shared, inventory, operator_settings, client),
+            webhooks(shared, inventory, operator_settings),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
@@ -408,16 +407,13 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
 
 
 def webhooks(
-    shared: caches.Caches,
-    inventory: Inventory,
-    operator_settings: settings.Settings,
-    client: Client,
+    shared: caches.Caches, inventory: Inventory, operator_settings: settings.Settings
 ) -> dict[str, admitting.Handler]:
-    """The admission handlers. They run on every replica, so their one write (the VMI
-    webhook's claim attachment) goes through the plain client, not the leader's writer."""
+    """The admission handlers. They run on every replica and write nothing: they decide on
+    the shared caches and the inventory alone."""
     return {
         orders.PATH: orders.OrderWebhook(shared),
-        vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings, client),
+        vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings),
         pods.PATH: pods.PodWebhook(shared),
     }
 
