@@ -395,7 +395,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     # they do not, a new claim's first write is that finalizer and the binder waits for it:
     # as many workers as the binder has writers, so it is not the bottleneck of a burst.
     claim_protection.register(manager, shared, recorder, workers=16)
-    template_claims.register(manager, shared, recorder, operator_settings)
+    template_claims.register(manager, shared, inventory, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
     # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,

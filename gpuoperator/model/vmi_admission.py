@@ -375,7 +375,10 @@ def unadmitted_entries(
     try:
         wanted = gpu_entries(refs, classes, claims)
     except ValueError as exc:
-        return f"the entries for these references cannot be derived: {exc}"
+        return (
+            f"{references.field()}: the gpus entries of these references cannot be derived "
+            f"({exc}); allowed: references to claims and classes that exist"
+        )
     if _gpus(vmi) != wanted:
         return (
             f"spec.domain.devices.gpus: {_plural(len(_gpus(vmi)), 'entry', 'entries')}, not "

@@ -27,7 +27,7 @@ from controllers import attachments, claim_protection, claim_status, placement, 
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
-from gpuoperator.model import launcher_pods, slimming, templates
+from gpuoperator.model import launcher_pods, references, slimming, templates, vmi_admission
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
@@ -115,7 +115,21 @@ class World:
         return stored
 
     def template_claims(self) -> template_claims.TemplateClaims:
-        return template_claims.TemplateClaims(self.caches, self.writer, self.events, self.settings)
+        return template_claims.TemplateClaims(
+            self.caches, self.inventory, self.writer, self.events, self.settings
+        )
+
+    def admitted_vmi(self, **kwargs: Any) -> Obj:
+        """The test VMI as the VMI webhook admitted it: its held claim hold-a exists, and its
+        gpus entries are the webhook's for its references."""
+        if self.caches.claims.store.get((NS, "hold-a")) is None:
+            self.put_claim(claim("hold-a"))
+        obj = vmi(**kwargs)
+        refs = references.from_object(obj)
+        claims = {c["metadata"]["name"]: c for c in self.caches.claims.store.values()}
+        entries = vmi_admission.gpu_entries(refs, {"a10": A10_CLASS}, claims)
+        obj["spec"] = {"domain": {"devices": {"gpus": entries}}}
+        return self.put_vmi(obj)
 
     def attachments(self, grace: float = 30.0) -> attachments.Attachments:
         return attachments.Attachments(
@@ -159,7 +173,7 @@ def requeue(result: Result | None) -> float | None:
 
 
 def test_template_claim_is_created_once_marked_and_owned_by_the_vmi(world: World) -> None:
-    world.put_vmi(vmi())
+    world.admitted_vmi()
     controller = world.template_claims()
 
     assert controller.reconcile((NS, "vm1")) is None
@@ -192,7 +206,7 @@ def test_template_claim_is_created_once_marked_and_owned_by_the_vmi(world: World
 
 
 def test_template_claim_behind_the_cache_is_recognised_after_already_exists(world: World) -> None:
-    vm = world.put_vmi(vmi())
+    vm = world.admitted_vmi()
     controller = world.template_claims()
     controller.reconcile((NS, "vm1"))
     world.recorder.events.clear()
@@ -212,7 +226,7 @@ def test_template_claim_behind_the_cache_is_recognised_after_already_exists(worl
     ],
 )
 def test_foreign_claim_of_the_template_name_is_never_adopted(world: World, foreign: Obj) -> None:
-    world.put_vmi(vmi())
+    world.admitted_vmi()
     stored = world.put_claim(foreign)
 
     result = world.template_claims().reconcile((NS, "vm1"))
@@ -230,7 +244,7 @@ def test_foreign_claim_of_the_template_name_is_never_adopted(world: World, forei
 
 
 def test_foreign_claim_found_on_already_exists_is_not_adopted(world: World) -> None:
-    world.put_vmi(vmi())
+    world.admitted_vmi()
     world.api.add(GPUClaim, claim("vm1-gpu-1"))  # not in the cache yet
 
     result = world.template_claims().reconcile((NS, "vm1"))
@@ -242,7 +256,7 @@ def test_foreign_claim_found_on_already_exists_is_not_adopted(world: World) -> N
 
 def test_nothing_is_created_with_gpu_for_vms_off() -> None:
     world = World(gpu_for_vms=False)
-    world.put_vmi(vmi())
+    world.admitted_vmi()
 
     assert world.template_claims().reconcile((NS, "vm1")) is None
     assert world.api.writes() == []
@@ -260,6 +274,72 @@ def test_no_template_claim_for_vmis_that_need_none(world: World, obj: Obj) -> No
     world.put_vmi(obj)
     assert world.template_claims().reconcile((NS, "vm1")) is None
     assert world.api.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        pytest.param(
+            lambda w: w.put_claim(claim("hold-a")) and w.put_vmi(vmi()),
+            "spec.domain.devices.gpus: 0 entries, not the 3 entries the VMI webhook writes",
+            id="never-judged-by-the-webhook",
+        ),
+        pytest.param(
+            lambda w: w.admitted_vmi(
+                refs=[{"claim": "hold-a"}, {"claimTemplate": {"className": "a10", "count": 5}}]
+            ),
+            "claimTemplate.count: 5 GPUs of class a10 could never fit on one node: the most "
+            "one node serving class a10 has allocatable is 4",
+            id="could-never-fit",
+        ),
+        pytest.param(
+            lambda w: (
+                w.admitted_vmi(
+                    refs=[{"claim": "hold-a"}, {"claimTemplate": {"className": "a10", "count": 5}}]
+                )
+                and w.caches.classes.store.put(objects.gpuclass(maxCount=1))
+            ),
+            "claimTemplate.count: class a10 allows at most 1 GPU per claim",
+            id="above-max-count",
+        ),
+        pytest.param(
+            lambda w: (
+                w.admitted_vmi()
+                and w.caches.classes.store.put(objects.gpuclass(mode="vgpu", profile="A10-4Q"))
+            ),
+            f"class a10 is a vGPU class; namespace {NS} is not entitled",
+            id="vgpu-not-entitled",
+        ),
+    ],
+)
+def test_references_not_admitted_as_they_stand_order_nothing(
+    world: World, make: Callable[[World], Any], words: str
+) -> None:
+    """A VMI labelled after its create (the webhook skipped it), or whose template the
+    webhook would refuse now, gets no claim: a Warning Event says why, once."""
+    make(world)
+    controller = world.template_claims()
+
+    assert requeue(controller.reconcile((NS, "vm1"))) == template_claims.CONFLICT_RECHECK
+    assert requeue(controller.reconcile((NS, "vm1"))) == template_claims.CONFLICT_RECHECK
+
+    assert [c for c in world.api.calls if c[0] == "create"] == []
+    refused = [e for e in world.recorder.events if e["reason"] == "TemplateClaimRefused"]
+    assert len(refused) == 1, world.recorder.events
+    assert (refused[0]["type"], refused[0]["kind"]) == ("Warning", "VirtualMachineInstance")
+    assert words in refused[0]["message"], refused[0]["message"]
+
+
+def test_a_claim_made_earlier_is_kept_when_the_judgement_changes(world: World) -> None:
+    world.admitted_vmi()
+    controller = world.template_claims()
+    controller.reconcile((NS, "vm1"))
+    world.sync_claim("vm1-gpu-1")
+    world.caches.classes.store.put(objects.gpuclass(maxCount=1))  # now too many
+
+    assert controller.reconcile((NS, "vm1")) is None
+    assert ("GPUClaim", NS, "vm1-gpu-1") in world.api.objects
+    assert [c[0] for c in world.api.writes()] == ["create"]
 
 
 def test_claims_map_to_their_owning_vmi() -> None:
