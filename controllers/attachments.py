@@ -5,12 +5,13 @@ claim attached.
 
 Key: a claim ``(namespace, name)``. This controller
 
-* **attaches** a held claim that has no attachment to the live VMI (existing, not finished,
-  with a UID) that names it in its references — by name and UID at once. Of several such
-  VMIs (two admitted at once for one claim: the webhook judged each before the other
-  existed) the **oldest** gets it: by ``creationTimestamp``, then name, then UID. The
-  others wait: placement never pins a launcher pod whose held claim is attached to another
-  VMI, so their pods stay gated until the holder is gone and the claim passes to the next;
+* **attaches** a held claim that has no attachment to the live VMI (existing, not being
+  deleted, not finished, with a UID) that names it in its references — by name and UID at
+  once. Of several such VMIs (two admitted at once for one claim: the webhook judged each
+  before the other existed) the **oldest** gets it: by ``creationTimestamp``, then name,
+  then UID. The others wait: placement never pins a launcher pod whose held claim is
+  attached to another VMI, so their pods stay gated until the holder is gone and the claim
+  passes to the next;
 * **clears** an attachment whose VMI is gone or has another UID (the attachment was
   recorded for an earlier VMI of that name) — at once, after a live read confirms what the
   cache says. A VMI being deleted is still the claim's user (``model.claims``): its launcher
@@ -139,10 +140,18 @@ def age(vmi: Obj) -> tuple[str, str, str]:
 
 
 def live_users(vmis: list[Obj], claim_name: str) -> list[Obj]:
-    """The VMIs that may hold ``claim_name``: they exist with a UID, name it in their
-    references and have not finished; oldest first (:func:`age`; pure)."""
+    """The VMIs that may be given ``claim_name``: they exist with a UID, name it in their
+    references, are not being deleted and have not finished; oldest first (:func:`age`;
+    pure). (A VMI being deleted keeps an attachment it has, but gets none.)"""
     return sorted(
-        (v for v in vmis if confirms(v, claim_name) and not claims.is_vmi_final(v)), key=age
+        (
+            v
+            for v in vmis
+            if confirms(v, claim_name)
+            and not claims.is_vmi_final(v)
+            and not _meta(v).get("deletionTimestamp")
+        ),
+        key=age,
     )
 
 

@@ -714,8 +714,15 @@ def test_of_two_vmis_for_one_held_claim_the_older_gets_it_and_the_other_is_told(
     assert f"claim hold-a is attached to VM instance {holder}" in told["message"]
 
 
-def test_a_finished_vmi_never_gets_a_claim(world: World) -> None:
-    world.put_vmi(_aged("vm-old", "u-old", "2026-01-01T00:00:01Z", phase="Failed"))
+@pytest.mark.parametrize(
+    "old",
+    [
+        pytest.param({"phase": "Failed"}, id="finished"),
+        pytest.param({"deleting": True}, id="being-deleted"),
+    ],
+)
+def test_a_finished_or_departing_vmi_never_gets_a_claim(world: World, old: Obj) -> None:
+    world.put_vmi(_aged("vm-old", "u-old", "2026-01-01T00:00:01Z", **old))
     world.put_vmi(_aged("vm-new", "u-new", "2026-01-01T00:00:09Z"))
     world.put_claim(claim("hold-a"))
 
