@@ -31,7 +31,7 @@ from gpuoperator.kinds import GPUClaim, GPUClass, VirtualMachineInstance
 from harness.claims import bound_node, create_claim, create_vmi, vmi_metadata
 from harness.edit_tenant import tenant_client
 from harness.fleet import Fleet
-from harness.kube import Obj, refused
+from harness.kube import Obj, mutate, refused
 from harness.operator import Deployed
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, ca_bundle, secret_name
@@ -378,10 +378,13 @@ def test_a_template_labelled_on_after_create_orders_nothing(
     )
     v.create()
     refs = json.dumps([{"claimTemplate": {"className": cls, "count": 64}}])
-    v.reload()
-    v.obj["metadata"].setdefault("labels", {})[names.CLAIMS_LABEL] = "true"
-    v.obj["metadata"].setdefault("annotations", {})[names.CLAIMS_ANNOTATION] = refs
-    v.update()  # edit (and KubeVirt's VMI rights) allow it; only an admission policy would not
+
+    def label_and_annotate(obj: Obj) -> None:
+        obj["metadata"].setdefault("labels", {})[names.CLAIMS_LABEL] = "true"
+        obj["metadata"].setdefault("annotations", {})[names.CLAIMS_ANNOTATION] = refs
+
+    # edit (and KubeVirt's VMI rights) allow it; only an admission policy would not.
+    mutate(v, label_and_annotate)
     [message] = wait_for(
         "the template controller's refusal",
         lambda: event_messages(tenant_api, tenant, "vm-late", "TemplateClaimRefused"),
