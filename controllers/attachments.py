@@ -1,47 +1,57 @@
 """Attachments: a held claim's ``status.attachment`` ``{vmi, uid}`` kept true to the VMIs
-that exist (DESIGN.md §2 GPUClaim, §5 "VMs").
+that exist (DESIGN.md §2 GPUClaim, §5 "VMs"). This controller is the attachment's only
+writer: the VMI webhook writes nothing, so a review sent to it (forged or not) cannot mark a
+claim attached.
 
-The VMI webhook records ``{vmi: <name>}`` on each held claim while the VMI is being created,
-before the API server has persisted it or given it a UID. Key: a claim ``(namespace,
-name)``. This controller then
+Key: a claim ``(namespace, name)``. This controller
 
-* **fills** ``attachment.uid`` once a VMI of that name exists and names the claim in its
-  references: from then on the attachment means that very VMI (claim protection and the
-  VMI webhook compare UIDs);
+* **attaches** a held claim that has no attachment to the live VMI (existing, not being
+  deleted, not finished, with a UID) that names it in its references — by name and UID at
+  once. Of several such VMIs (two admitted at once for one claim: the webhook judged each
+  before the other existed) the **oldest** gets it: by ``creationTimestamp``, then name,
+  then UID. The others wait: placement never pins a launcher pod whose held claim is
+  attached to another VMI, so their pods stay gated until the holder is gone and the claim
+  passes to the next;
 * **clears** an attachment whose VMI is gone or has another UID (the attachment was
-  confirmed for an earlier VMI of that name) — at once, after a live read confirms what the
+  recorded for an earlier VMI of that name) — at once, after a live read confirms what the
   cache says. A VMI being deleted is still the claim's user (``model.claims``): its launcher
   pod may hold the GPU during the VM's graceful shutdown, so its attachment stays until it is
   gone and no other VM can take the claim meanwhile;
-* **clears** an attachment that stayed unconfirmed (no UID) for :data:`GRACE` seconds and
-  whose VMI a live read still does not find as one that uses the claim: its create failed
-  after the webhook had written it (another webhook refused, the name was taken...);
-* **restores** a missing attachment when exactly one live VMI (existing, not finished) names
-  the held claim in its references and no other attachment is
-  recorded: the state the webhook would have written, should an attachment have been
-  cleared while that VMI's create was completing (only with ``gpuForVMs`` on).
+* **fills** the UID of an attachment without one (written by an earlier version, whose VMI
+  webhook recorded the name at admission) once that VMI exists and names the claim, and
+  clears such an attachment that stayed unconfirmed for :data:`GRACE` seconds when a live
+  read still does not find a VMI that uses the claim.
+
+An attachment, once recorded for a live VMI, is never moved to another while that VMI
+lives, even to an older one seen later (its launcher pod may already run on the claim's
+units); the cache delivers VMIs in creation order, so the oldest is normally the first seen.
+
+**Who holds, who waits** (decided here, where the claim is the object of record; the VMI is
+KubeVirt's): the claim's condition ``Attached`` says which VM instance holds it — True with
+reason ``Attached``, or ``VMsWaiting`` naming the VM instances that also want it — and False
+(``NotAttached``) when none does. Each waiting VMI gets a Warning Event ``ClaimInUse`` naming
+the VM instance that holds the claim, once per change of the waiters (written together with
+the condition). The waiting launcher pod's own Event (``WaitingForPlacement``) says the same.
 
 Every write is a merge patch of the status subresource carrying the claim's
-resourceVersion, so it fails with a conflict if the webhook (or anyone) wrote meanwhile, and
-the claim is judged again on its new state.
+resourceVersion, so it fails with a conflict if anyone wrote meanwhile, and the claim is
+judged again on its new state.
 
-**The grace rule.** An attachment without UID is cleared only when the same claim state
-(same resourceVersion, same VMI name) has been seen unconfirmed for :data:`GRACE` seconds
-by this replica, and a live GET of the VMI then still finds no VMI that would confirm it.
-The webhook writes the attachment milliseconds before the VMI is persisted; 30 seconds
-covers the create's remaining admission, the write and the watch delivering the VMI, with a
-wide margin. The timer lives in memory: a leader change starts it again, which only delays
-a clear. A webhook re-writing the same attachment (a retried create) does not restart it —
-the write changes nothing — but the live read before the clear sees the VMI if it exists.
+**The grace rule** (attachments without UID only). Such an attachment is cleared only when
+the same claim state (same resourceVersion, same VMI name) has been seen unconfirmed for
+:data:`GRACE` seconds by this replica, and a live GET of the VMI then still finds no VMI that
+would confirm it. The timer lives in memory: a leader change starts it again, which only
+delays a clear.
 
-Events on the claim: ``Attached`` (the UID was recorded or an attachment restored) and
-``Detached`` (why the attachment was cleared); log lines carry the finer reason.
+Events on the claim: ``Attached`` (recorded) and ``Detached`` (why the attachment was
+cleared); log lines carry the finer reason.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 from typing import Any, Final
 
 import structlog
@@ -49,7 +59,7 @@ import structlog
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
-from gpuoperator.model import claims, orders, references
+from gpuoperator.model import claims, conditions, orders, references
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -67,6 +77,11 @@ GRACE: Final = 30.0
 
 ATTACHED = "Attached"
 DETACHED = "Detached"
+CLAIM_IN_USE = "ClaimInUse"
+#: The claim's condition saying which VM instance holds it and which wait.
+CONDITION = "Attached"
+VMS_WAITING = "VMsWaiting"
+NOT_ATTACHED = "NotAttached"
 
 
 def _meta(obj: Obj | None) -> dict[str, Any]:
@@ -113,6 +128,49 @@ def stale_reason(attached: dict[str, Any], vmi: Obj | None) -> tuple[str, str] |
     )
 
 
+def age(vmi: Obj) -> tuple[str, str, str]:
+    """The order in which VMIs get a claim: oldest ``creationTimestamp`` first (RFC 3339 in
+    UTC, so the strings compare as times), then name, then UID (pure)."""
+    meta = _meta(vmi)
+    return (
+        str(meta.get("creationTimestamp") or ""),
+        str(meta.get("name") or ""),
+        str(meta.get("uid") or ""),
+    )
+
+
+def live_users(vmis: list[Obj], claim_name: str) -> list[Obj]:
+    """The VMIs that may be given ``claim_name``: they exist with a UID, name it in their
+    references, are not being deleted and have not finished; oldest first (:func:`age`;
+    pure). (A VMI being deleted keeps an attachment it has, but gets none.)"""
+    return sorted(
+        (
+            v
+            for v in vmis
+            if confirms(v, claim_name)
+            and not claims.is_vmi_final(v)
+            and not _meta(v).get("deletionTimestamp")
+        ),
+        key=age,
+    )
+
+
+def condition_for(holder: str, uid: str, waiting: list[str]) -> tuple[bool, str, str]:
+    """The claim's ``Attached`` condition (status, reason, message) for the VMI ``holder``
+    with ``uid`` ("" holder: none) and the ``waiting`` VMIs' names (pure)."""
+    if not holder:
+        return (False, NOT_ATTACHED, "no VM instance uses this claim")
+    held = f"attached to VM instance {holder} (uid {uid})"
+    if not waiting:
+        return (True, ATTACHED, held)
+    return (
+        True,
+        VMS_WAITING,
+        f"{held}; also named by VM instance {', '.join(waiting)}, which waits with its "
+        f"launcher pod gated until {holder} is gone (a claim serves one VM at a time)",
+    )
+
+
 class Attachments:
     def __init__(
         self,
@@ -148,6 +206,7 @@ class Attachments:
         if attached.get("uid"):
             why = stale_reason(attached, vmi)
             if why is None:
+                self._report_waiters(claim)
                 return None
             live = self.writer.get_or_none(VirtualMachineInstance, vmi_name, key[0])
             why = stale_reason(attached, live)
@@ -199,11 +258,38 @@ class Attachments:
             self._unconfirmed.pop(key, None)
 
     # ---- writes ---------------------------------------------------------------------------
-    def _patch(self, claim: Obj, new_attachment: dict[str, Any] | None) -> bool:
+    def _condition(self, claim: Obj, holder: str, uid: str, waiting: list[str]) -> list[Obj]:
+        status, reason, message = condition_for(holder, uid, waiting)
+        return conditions.set_condition(
+            (claim.get("status") or {}).get("conditions"),
+            CONDITION,
+            status,
+            reason,
+            message,
+            now=self.clock.now(),
+        )
+
+    def _waiting(self, claim: Obj, holder: str) -> list[Obj]:
+        """The live VMIs other than ``holder`` that name the claim (oldest first)."""
+        ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
+        vmis = self.caches.vmis.store.by_index(BY_NAMESPACE, ns)
+        return [v for v in live_users(vmis, name) if _meta(v).get("name") != holder]
+
+    def _patch(
+        self, claim: Obj, new_attachment: dict[str, Any] | None, waiting: Sequence[Obj] = ()
+    ) -> bool:
+        """Write the attachment and the ``Attached`` condition with the claim's
+        resourceVersion; ``False`` when the claim changed or went meanwhile."""
         meta = _meta(claim)
+        holder = str((new_attachment or {}).get("vmi") or "")
+        uid = str((new_attachment or {}).get("uid") or "")
+        waiters = [str(_meta(v)["name"]) for v in waiting]
         body = {
             "metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {"attachment": new_attachment},
+            "status": {
+                "attachment": new_attachment,
+                "conditions": self._condition(claim, holder, uid, waiters),
+            },
         }
         try:
             self.writer.patch(GPUClaim, meta["name"], body, meta["namespace"], subresource="status")
@@ -211,11 +297,32 @@ class Attachments:
             # The claim changed (or went) meanwhile: its new state is judged on the next event.
             log.info("claim changed meanwhile; judging again", reason=exc.reason)
             return False
+        for vmi in waiting:
+            self._tell_waiting(vmi, claim, holder)
         return True
+
+    def _tell_waiting(self, vmi: Obj, claim: Obj, holder: str) -> None:
+        name = _meta(claim)["name"]
+        log.info(
+            "VM waits for a claim another VM holds",
+            reason=CLAIM_IN_USE,
+            vmi=_meta(vmi).get("name"),
+            holder=holder,
+        )
+        self.recorder.event(
+            vmi,
+            "Warning",
+            CLAIM_IN_USE,
+            f"claim {name} is attached to VM instance {holder}, which still exists; this VM "
+            f"instance waits with its launcher pod gated until {holder} is gone (a claim "
+            "serves one VM at a time)",
+            kind=names.VMI_KIND,
+            api_version=names.KUBEVIRT_API_VERSION,
+        )
 
     def _fill(self, claim: Obj, vmi: Obj) -> None:
         name, uid = _meta(vmi)["name"], _meta(vmi)["uid"]
-        if not self._patch(claim, {"vmi": name, "uid": uid}):
+        if not self._patch(claim, {"vmi": name, "uid": uid}, self._waiting(claim, name)):
             return
         self._forget((_meta(claim)["namespace"], _meta(claim)["name"]))
         log.info("attachment confirmed", reason="VMIExists", vmi=name, uid=uid)
@@ -242,29 +349,24 @@ class Attachments:
         )
 
     def _restore(self, claim: Obj) -> Result | None:
-        """Record the attachment of a held claim that exactly one live VMI uses."""
+        """Attach a held claim without attachment to the oldest live VMI that uses it."""
         if not self.settings.gpu_for_vms or orders.is_template_claim(claim):
             return None
         ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
-        users = [
-            vmi
-            for vmi in self.caches.vmis.store.by_index(BY_NAMESPACE, ns)
-            if confirms(vmi, name) and not claims.is_vmi_final(vmi)
-        ]
+        users = live_users(self.caches.vmis.store.by_index(BY_NAMESPACE, ns), name)
         if not users:
             return None
-        if len(users) > 1:
-            log.warning(
-                "several VMs name one claim; attachment not restored",
-                reason="SeveralUsers",
-                vmis=sorted(_meta(v)["name"] for v in users),
-            )
-            return None
-        vmi = users[0]
+        vmi, waiting = users[0], users[1:]
         vmi_name, uid = _meta(vmi)["name"], _meta(vmi)["uid"]
-        if not self._patch(claim, {"vmi": vmi_name, "uid": uid}):
+        if not self._patch(claim, {"vmi": vmi_name, "uid": uid}, waiting):
             return None
-        log.info("attachment restored", reason="UsedByLiveVMI", vmi=vmi_name, uid=uid)
+        log.info(
+            "claim attached",
+            reason="UsedByLiveVMI",
+            vmi=vmi_name,
+            uid=uid,
+            waiting=[_meta(v)["name"] for v in waiting],
+        )
         self.recorder.event(
             claim,
             "Normal",
@@ -273,6 +375,21 @@ class Attachments:
             kind=names.GPU_CLAIM,
         )
         return None
+
+    def _report_waiters(self, claim: Obj) -> None:
+        """Keep the ``Attached`` condition of a claim attached to a live VMI true to the VMIs
+        that wait for it; when they change, each is told by an Event."""
+        attached = attachment(claim)
+        holder, uid = str(attached["vmi"]), str(attached["uid"])
+        waiting = self._waiting(claim, holder)
+        _, reason, message = condition_for(holder, uid, [str(_meta(v)["name"]) for v in waiting])
+        found = conditions.find((claim.get("status") or {}).get("conditions"), CONDITION)
+        if found is not None and (found.get("reason"), found.get("message")) == (reason, message):
+            return
+        if found is None and not waiting:
+            return  # attached by an earlier version, nobody waits: nothing to say
+        # The waiters changed: the condition is rewritten and every waiter told again.
+        self._patch(claim, {"vmi": holder, "uid": uid}, waiting)
 
 
 def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:

@@ -11,8 +11,10 @@ through the pod's controller ownerReference (else the ``vm.kubevirt.io/name`` la
 the VMI whose UID the ``kubevirt.io/created-by`` label names), its claims through the pod's
 references (``templates.claim_names``: held claims by name, template claims by
 ``<vmi>-gpu-<index>``). The pod waits, gated, until every claim exists, is not being
-deleted, is not attached to another live VM, is a template claim of this very VMI (not of an
-earlier VMI of that name still being collected), and is Bound. Then:
+deleted, is a template claim of this very VMI (not of an earlier VMI of that name still being
+collected) or a held claim attached to this very VMI (by name and UID, as the attachments
+controller records it: a held claim attached to another VMI, or not attached yet, is never
+pinned for this one), and is Bound. Then:
 
 * all Bound to ONE node that still exists: ONE merge patch with the pod's resourceVersion
   (``launcher_pods.pin_and_ungate``) adds the required node affinity and removes the gate — the
@@ -357,7 +359,17 @@ class Placement:
                 return self._wait(
                     pod,
                     "Warning",
-                    f"claim {name} is attached to VM instance {other}, which still exists",
+                    f"claim {name} is attached to VM instance {other}, which still exists; "
+                    f"this VM instance waits until {other} is gone",
+                )
+            if name not in made and gpuclaims.attachment(claim) != gpuclaims.VmiRef(
+                vmi_name, vmi_uid
+            ):
+                return self._wait(
+                    pod,
+                    "Normal",
+                    f"claim {name} is not attached to this VM instance yet (the attachments "
+                    "controller records it)",
                 )
             if not gpuclaims.is_bound(claim):
                 bound = conditions.find(_status(claim).get("conditions"), BOUND) or {}

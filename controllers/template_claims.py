@@ -25,16 +25,27 @@ Choices where DESIGN.md is silent:
   earlier are left to garbage collection, which removes them with their VMIs.
 * A malformed annotation (possible only if it was edited after admission) creates nothing
   and is reported once per message by a Warning Event ``InvalidClaimReferences``.
+* **Only references the VMI webhook admitted order anything**
+  (``templates.creation_refusals``): before creating a missing claim, the VMI's ``gpus``
+  entries must be exactly those the webhook writes for its references, and every template is
+  judged again as the webhook judges it (class, maxCount, vGPU entitlement, permitted
+  resource, a count no larger than the largest allocatable of one node), on the caches and
+  the inventory of now. Otherwise none of the VMI's missing claims is created (its VM could
+  not run on part of them) and a Warning Event ``TemplateClaimRefused`` says why, once per
+  message; the VMI is looked at again after :data:`CONFLICT_RECHECK` seconds (an
+  entitlement or a node may come). Claims already made are never touched.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import threading
+from typing import Final, Protocol
 
 import structlog
 
 from gpuoperator import names
-from gpuoperator.caches import Caches, own_key
+from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import claims, references, templates
 from gpuoperator.runtime import errors
@@ -54,20 +65,40 @@ CONFLICT_RECHECK: Final = 60.0
 CREATED = "TemplateClaimCreated"
 CONFLICT = "TemplateClaimConflict"
 INVALID = "InvalidClaimReferences"
+REFUSED = "TemplateClaimRefused"
+
+
+class WebhookFigures(Protocol):
+    """What the template judgement reads from ``inventory.Inventory``."""
+
+    def permitted(self) -> frozenset[str] | None: ...
+
+    def largest_allocatable(self, class_name: str) -> int: ...
 
 
 class TemplateClaims:
     def __init__(
-        self, caches: Caches, writer: Client, recorder: Recorder, settings: Settings
+        self,
+        caches: Caches,
+        inventory: WebhookFigures,
+        writer: Client,
+        recorder: Recorder,
+        settings: Settings,
     ) -> None:
         self.caches = caches
+        self.inventory = inventory
         self.writer = writer
         self.recorder = recorder
         self.settings = settings
+        #: VMI key -> the refusal last reported (Events and logs only on change)
+        self._refused: dict[Key, str] = {}
+        self._lock = threading.Lock()
 
     def reconcile(self, key: Key) -> Result | None:
         vmi = self.caches.vmis.store.get(key)
         if vmi is None or vmi["metadata"].get("deletionTimestamp"):
+            with self._lock:
+                self._refused.pop(key, None)
             return None  # garbage collection removes the claims of a VMI that goes
         if not references.has_references(vmi):
             return None
@@ -87,11 +118,49 @@ class TemplateClaims:
         if not self.settings.gpu_for_vms:
             log.info("template claims not created", reason="GpuForVMsOff", claims=len(wanted))
             return None
+        ns = key[0]
+        if any(self.caches.claims.store.get((ns, c["metadata"]["name"])) is None for c in wanted):
+            refusals = self._refusals(vmi, refs)
+            if refusals:
+                self._refuse(key, vmi, "; ".join(refusals))
+                return Result(requeue_after=CONFLICT_RECHECK)
+        with self._lock:
+            self._refused.pop(key, None)
         blocked = False
         for claim in wanted:
             if not self._ensure(vmi, claim):
                 blocked = True
         return Result(requeue_after=CONFLICT_RECHECK) if blocked else None
+
+    def _refusals(self, vmi: Obj, refs: list[references.Reference]) -> list[str]:
+        ns = str(vmi["metadata"].get("namespace") or "")
+        classes = {c["metadata"]["name"]: c for c in self.caches.classes.store.values()}
+        template_classes = {r.class_name for r in refs if isinstance(r, references.TemplateRef)}
+        return templates.creation_refusals(
+            vmi,
+            refs,
+            classes=classes,
+            claims={
+                c["metadata"]["name"]: c
+                for c in self.caches.claims.store.by_index(BY_NAMESPACE, ns)
+            },
+            namespace=self.caches.namespaces.store.get(("", ns)),
+            permitted=self.inventory.permitted(),
+            largest_allocatable={
+                name: self.inventory.largest_allocatable(name)
+                for name in template_classes
+                if name in classes
+            },
+        )
+
+    def _refuse(self, key: Key, vmi: Obj, message: str) -> None:
+        with self._lock:
+            changed = self._refused.get(key) != message
+            self._refused[key] = message
+        if not changed:
+            return
+        log.warning("template claims not created", reason=REFUSED, detail=message)
+        self._event(vmi, "Warning", REFUSED, f"no claim made from claim templates: {message}")
 
     def _ensure(self, vmi: Obj, want: Obj) -> bool:
         """Make sure ``want`` exists and is this VMI's; ``False`` when a foreign claim of its
@@ -155,11 +224,16 @@ def owning_vmi(claim: Obj) -> list[Key]:
 
 
 def register(
-    manager: Manager, caches: Caches, recorder: Recorder, settings: Settings, workers: int = 2
+    manager: Manager,
+    caches: Caches,
+    inventory: Inventory,
+    recorder: Recorder,
+    settings: Settings,
+    workers: int = 2,
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,
-        TemplateClaims(caches, manager.writer, recorder, settings),
+        TemplateClaims(caches, inventory, manager.writer, recorder, settings),
         workers=workers,
         seed=lambda: list(caches.vmis.store),
     )

@@ -50,13 +50,12 @@ from gpuoperator.runtime.recording import Recorder
 log = structlog.get_logger("gpuoperator")
 
 #: The webhook server's limits: bodies as large as the API server sends, handler threads
-#: for the VMI webhook's attachment writes; the deadlines are well inside the API
-#: server's webhook timeout (serving.Limits' defaults).
+#: for any path not answered inline; the deadlines are well inside the API server's webhook
+#: timeout (serving.Limits' defaults).
 WEBHOOK_LIMITS = serving.Limits(max_body=admitting.MAX_BODY, workers=8)
 #: Webhooks answered on the server's event loop (``serving.Server``'s ``inline``): they
-#: decide on the caches alone. The VMI webhook writes claim attachments, so it stays on the
-#: handler pool.
-INLINE_WEBHOOKS = (orders.PATH, pods.PATH)
+#: decide on the caches alone and write nothing.
+INLINE_WEBHOOKS = (orders.PATH, vmis.PATH, pods.PATH)
 #: The largest review each webhook accepts (413 beyond, naming the limit). A claim's review
 #: is well under a KiB (its spec is a class name and a count): 64 KiB leaves room for tens
 #: of KiB of labels, annotations and managedFields and keeps every claim's body within the
@@ -318,9 +317,7 @@ def run(args: argparse.Namespace) -> int:
     shared, inventory = wire(manager, operator_settings)
     if args.webhook_address:
         routes = admitting.app(
-            # The VMI webhook's attachment writes go through a rate bucket of their own: a
-            # flood of reviews must not spend the controllers' budget, nor they the webhook's.
-            webhooks(shared, inventory, operator_settings, client.own_limit()),
+            webhooks(shared, inventory, operator_settings),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
@@ -439,7 +436,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     # they do not, a new claim's first write is that finalizer and the binder waits for it:
     # as many workers as the binder has writers, so it is not the bottleneck of a burst.
     claim_protection.register(manager, shared, recorder, workers=16)
-    template_claims.register(manager, shared, recorder, operator_settings)
+    template_claims.register(manager, shared, inventory, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
     # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,
@@ -451,16 +448,13 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
 
 
 def webhooks(
-    shared: caches.Caches,
-    inventory: Inventory,
-    operator_settings: settings.Settings,
-    client: Client,
+    shared: caches.Caches, inventory: Inventory, operator_settings: settings.Settings
 ) -> dict[str, admitting.Handler]:
-    """The admission handlers. They run on every replica, so their one write (the VMI
-    webhook's claim attachment) goes through the plain client, not the leader's writer."""
+    """The admission handlers. They run on every replica and write nothing: they decide on
+    the shared caches and the inventory alone."""
     return {
         orders.PATH: orders.OrderWebhook(shared),
-        vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings, client),
+        vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings),
         pods.PATH: pods.PodWebhook(shared),
     }
 

@@ -466,6 +466,11 @@ class Inventory:
         with self._lock:
             return self._catalog.allocatable(name)
 
+    def largest_allocatable(self, class_name: str) -> int:
+        """The most units of the class's resource one node serving it has allocatable."""
+        with self._lock:
+            return self._catalog.largest_allocatable(class_name)
+
     def eligibility(self, node_name: str, class_name: str) -> list[str]:
         """Why ``node_name`` is not eligible for ``class_name`` (empty: it is)."""
         with self._lock:

@@ -28,9 +28,9 @@ so callers recompute only those. Choices where DESIGN.md is silent:
   (:func:`gpuoperator.model.claims.covering_vmi`); whatever they use beyond that counts like
   any pod's. A label never covers anything, a migration target is an ordinary pod, and two
   pods claiming one VMI share its cover instead of each getting it. A held claim covers through its
-  confirmed ``status.attachment.uid`` only: between the VMI webhook's attachment and the
-  claims controller recording the UID, a launcher pod already on the node counts in full
-  (fewer free units for that moment, never more).
+  ``status.attachment.uid`` only (the attachments controller records name and UID together;
+  an attachment without UID, left by an earlier version, covers nothing until it has one):
+  a launcher pod on the node meanwhile counts in full (fewer free units, never more).
 * Pods and claims are kept per node name even when the node itself is unknown or removed
   (a node's object can go before the pods on it): free on an unknown node is 0, and the
   figures come back consistent if a node of that name reappears.

@@ -97,6 +97,15 @@ class Catalog:
         """Units kubelet counts of the class's resource on the nodes that serve it."""
         return self._allocatable.get(name, 0)
 
+    def largest_allocatable(self, name: str) -> int:
+        """The most units of the class's resource that one node serving the class has
+        allocatable (0 when none serves it): no claim of more can ever bind. O(nodes serving
+        the class)."""
+        return max(
+            (self._node_alloc.get((name, node), 0) for node in self._contrib.get(name, {})),
+            default=0,
+        )
+
     def figures(self, name: str) -> capacity.ClassFigures:
         hist = self._hist.get(name) or Counter()
         present = [free for free, count in hist.items() if count > 0]

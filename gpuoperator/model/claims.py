@@ -6,8 +6,9 @@ its key, the VM instance it serves, and whether that VM instance is still a live
 
 **Whom a claim serves** (:func:`user`). A template claim is owned by its VMI: its controller
 ownerReference to a ``kubevirt.io`` VirtualMachineInstance names the VMI by name and UID. A
-held claim names its VMI in ``status.attachment`` (``{vmi, uid}``; the UID is empty while the
-attachment is unconfirmed, right after the VMI webhook recorded it). When a claim carries
+held claim names its VMI in ``status.attachment`` (``{vmi, uid}``, recorded by the attachments
+controller once the VMI exists; an attachment without UID is one an earlier version's VMI
+webhook wrote, not confirmed yet). When a claim carries
 both, the ownerReference decides. Either way a claim serves one VMI at a time, so its units
 never cover the pods of two: whatever a tenant writes, every unit is counted at least once.
 

@@ -8,6 +8,15 @@ Choices where DESIGN.md is silent:
   other items are.
 * Template claim names are ``<vmi>-gpu-<index>``, hashed when long, bounded by 244 so the
   usage record ``gpuclaim-<claim>`` stays a valid name too.
+* **Only admitted references order claims** (:func:`creation_refusals`). A VMI's references
+  are ordered from only when its ``spec.domain.devices.gpus`` are exactly what the VMI
+  webhook writes for them (proof that the webhook judged this annotation: a VMI created
+  without the claims label is skipped by the webhook's objectSelector, and a label or
+  annotation added later was never judged), and each template passes the webhook's own
+  template judgement again (class, maxCount, vGPU entitlement, the KubeVirt CR's table,
+  a count no larger than the largest allocatable of one node) on the state of now. The
+  entries alone prove little against a tenant who writes them herself; the second check is
+  what holds then: she gets no claim the webhook would have refused her.
 
 Every function is pure and idempotent.
 """
@@ -19,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import claims, objects, orders, references
+from gpuoperator.model import claims, objects, orders, references, vmi_admission
 
 Obj = dict[str, Any]
 
@@ -129,3 +138,39 @@ def is_template_claim_of(claim: Mapping[str, Any], vmi: Mapping[str, Any]) -> bo
         return False
     owner = claims.controlling_vmi(claim)
     return owner is not None and owner.uid == uid
+
+
+def creation_refusals(
+    vmi: Mapping[str, Any],
+    refs: Sequence[references.Reference],
+    *,
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+    namespace: Mapping[str, Any] | None,
+    permitted: frozenset[str] | None,
+    largest_allocatable: Mapping[str, int],
+) -> list[str]:
+    """Why the template controller may not create the claims of ``vmi``'s template
+    references (see the module docstring); ``[]`` when it may. ``claims`` are the
+    namespace's GPUClaims by name (a held reference's count sizes the webhook's entries),
+    the rest as :func:`vmi_admission.template_refusals` takes them."""
+    unadmitted = vmi_admission.unadmitted_entries(vmi, refs, classes, claims)
+    if unadmitted is not None:
+        return [unadmitted]
+    namespace_name = str(
+        objects.meta(namespace).get("name") or objects.meta(vmi).get("namespace") or ""
+    )
+    return [
+        refusal
+        for index, ref in enumerate(refs)
+        if isinstance(ref, references.TemplateRef)
+        for refusal in vmi_admission.template_refusals(
+            index,
+            ref,
+            classes=classes,
+            namespace=namespace,
+            namespace_name=namespace_name,
+            permitted=permitted,
+            largest_allocatable=largest_allocatable,
+        )
+    ]

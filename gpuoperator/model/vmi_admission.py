@@ -2,9 +2,14 @@
 without placement, and what it writes for an admitted VMI with references.
 
 * :func:`vmi_refusals` — what the VMI webhook refuses.
+* :func:`template_refusals` — what a ``claimTemplate`` reference is refused for, judged as an
+  order is (the VMI webhook at admission, the template controller again before it creates).
 * :func:`gpu_entries` / :func:`gpus_patch` — the ``spec.domain.devices.gpus`` entries the
-  VMI webhook writes, one per unit.
-* :func:`attachment_patch` — what the VMI webhook records on each held claim.
+  VMI webhook writes, one per unit; :func:`unadmitted_entries` says when a VMI's entries are
+  not exactly those (its references were not judged by the webhook as they stand).
+
+The webhook writes nothing but its answer: the attachment of a held claim is recorded by the
+attachments controller once the VMI exists.
 
 Choices where DESIGN.md is silent:
 
@@ -12,12 +17,18 @@ Choices where DESIGN.md is silent:
   class (DESIGN.md §10), judged on the classes that exist at admission; other host devices
   (NICs, USB...) stay allowed.
 * Besides the refusals DESIGN.md lists, :func:`vmi_refusals` refuses a held claim that is
-  being deleted, a held claim whose class no longer exists, a held claim named by another
-  live VMI's annotation even when its attachment is not recorded (yet), and held references
-  on a VMI without ``metadata.name`` (``generateName``: a mutating webhook sees no name yet,
-  and the attachment records the VMI by name).
+  being deleted, a held claim whose class no longer exists, and a held claim named by another
+  live VMI's annotation even when its attachment is not recorded (yet).
 * A template's class is judged with the order's own rules and messages (maxCount and the
-  vGPU entitlement, :mod:`gpuoperator.model.orders`).
+  vGPU entitlement, :mod:`gpuoperator.model.orders`), and its count against the most units
+  of the class's resource that one node serving the class has allocatable (a count above it
+  could never fit; with no node serving the class, every count is refused until one does).
+* **Refusals name nothing the review did not bring** beyond facts about the objects it
+  names: no list of the namespace's claims, of the classes or of the KubeVirt CR's permitted
+  resources, no name of another VM. A review's requester cannot be verified by the webhook
+  (its userInfo is the review's own word), so a message must be one any caller who can reach
+  the webhook may read: what it learns is whether a claim it names exists in the namespace
+  it names and whether that claim is in use, nothing it did not guess.
 * With ``gpuForVMs`` off only that refusal is returned: nothing else matters until it is on.
 * The operator's ``gpus`` entries are named ``gpuop-<n>`` (units counted from 0 across the
   VMI); entries with that prefix are not counted as the tenant's raw entries, because
@@ -40,7 +51,7 @@ from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
 
-#: At most this many names are listed after "known:" / "permitted:" in messages.
+#: At most this many names are listed in messages (entries of the VMI under review).
 MAX_LISTED: Final = 20
 
 #: Prefix of the ``gpus`` entries the operator writes (:func:`gpu_entries`).
@@ -127,9 +138,55 @@ def _class_refusals(
     if not hostdevices.is_permitted(resource, permitted):
         refusals.append(
             f"{at}: class {class_name} uses {resource or 'no resource'}, which the KubeVirt "
-            f"CR's spec.configuration.permittedHostDevices does not permit (permitted: "
-            f"{_listed(permitted or ())}); allowed: a class whose resource it lists"
+            "CR's spec.configuration.permittedHostDevices does not permit; allowed: a class "
+            "whose resource the hoster permits there"
         )
+    return refusals
+
+
+def template_refusals(
+    index: int,
+    ref: references.TemplateRef,
+    *,
+    classes: Mapping[str, Obj],
+    namespace: Mapping[str, Any] | None,
+    namespace_name: str,
+    permitted: frozenset[str] | None,
+    largest_allocatable: Mapping[str, int],
+) -> list[str]:
+    """Why the ``claimTemplate`` reference ``ref`` at ``index`` (0-based) is refused, judged
+    as an order is: its class exists, ``count`` is within the class's effective maxCount, the
+    namespace is entitled to a vGPU class, the KubeVirt CR permits the class's resource, and
+    ``count`` is at most ``largest_allocatable[class]`` — the most units of the class's
+    resource one node serving the class has allocatable (missing: no node serves it), since a
+    template claim of more could never fit. ``[]`` when it is admitted."""
+    at = references.item_field(index)
+    field = f"{at}: {references.TEMPLATE_KEY}.{references.CLASS_NAME_KEY}"
+    count_field = f"{at}: {references.TEMPLATE_KEY}.{references.COUNT_KEY}"
+    cls = classes.get(ref.class_name)
+    if cls is None:
+        return [
+            f"{field}: class {ref.class_name} does not exist; allowed: a class of the catalog "
+            "(kubectl get gpuclasses lists them)"
+        ]
+    refusals: list[str] = []
+    too_many = orders.max_count_refusal(cls, ref.count)
+    if too_many is not None:
+        refusals.append(f"{count_field}: {too_many}")
+    else:
+        largest = int(largest_allocatable.get(ref.class_name, 0))
+        if ref.count > largest:
+            where = (
+                f"the most one node serving class {ref.class_name} has allocatable is {largest}"
+                if largest
+                else f"no node serves class {ref.class_name} now"
+            )
+            refusals.append(
+                f"{count_field}: {_plural(ref.count, 'GPU', 'GPUs')} of class "
+                f"{ref.class_name} could never fit on one node: {where}; allowed: a count of "
+                f"at most {largest}"
+            )
+    refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
     return refusals
 
 
@@ -143,18 +200,20 @@ def vmi_refusals(
     namespace: Mapping[str, Any] | None,
     permitted: frozenset[str] | None,
     gpu_for_vms: bool,
+    largest_allocatable: Mapping[str, int],
 ) -> list[str]:
     """Why the VMI webhook refuses ``vmi`` with the parsed ``refs`` (DESIGN.md §5 "VMs"),
     judged without placement; ``[]`` when it is admitted. Every applicable refusal is
     returned, in reference order, each naming the field (``annotation
-    gpu.cozystack.io/claims: item N``, ``spec.domain.devices.gpus`` or ``metadata.name``) and
-    what is allowed.
+    gpu.cozystack.io/claims: item N``, ``spec.domain.devices.gpus`` or
+    ``spec.domain.devices.hostDevices``) and what is allowed.
 
     ``classes`` are the GPUClasses by name, ``claims`` the namespace's GPUClaims by name,
     ``live_vmis`` the namespace's VMIs by name (the VMI being created is not among them),
     ``namespace`` the Namespace object (``None``: unknown, not entitled), ``permitted`` the
-    KubeVirt table read by :func:`hostdevices.permitted_resources` (``None``: no table), and
-    ``gpu_for_vms`` the feature switch.
+    KubeVirt table read by :func:`hostdevices.permitted_resources` (``None``: no table),
+    ``gpu_for_vms`` the feature switch and ``largest_allocatable`` what
+    :func:`template_refusals` compares a template's count with.
     """
     if not refs:
         return []
@@ -189,37 +248,27 @@ def vmi_refusals(
             "GPUs through claim references only (hostDevices that name no GPU class's resource "
             "stay allowed)"
         )
-    if not vmi_name and any(isinstance(ref, references.HeldRef) for ref in refs):
-        refusals.append(
-            f"metadata.name: a VM that names held claims in {where} needs a name "
-            "(generateName is not supported: the claim records the VM by name); allowed: "
-            "metadata.name set"
-        )
     for index, ref in enumerate(refs):
-        at = references.item_field(index)
         if isinstance(ref, references.TemplateRef):
-            field = f"{at}: {references.TEMPLATE_KEY}.{references.CLASS_NAME_KEY}"
-            cls = classes.get(ref.class_name)
-            if cls is None:
-                refusals.append(
-                    f"{field}: class {ref.class_name} does not exist (known: "
-                    f"{_listed(classes)}); the classes are listed by kubectl get gpuclasses"
+            refusals.extend(
+                template_refusals(
+                    index,
+                    ref,
+                    classes=classes,
+                    namespace=namespace,
+                    namespace_name=namespace_name,
+                    permitted=permitted,
+                    largest_allocatable=largest_allocatable,
                 )
-                continue
-            too_many = orders.max_count_refusal(cls, ref.count)
-            if too_many is not None:
-                refusals.append(
-                    f"{at}: {references.TEMPLATE_KEY}.{references.COUNT_KEY}: {too_many}"
-                )
-            refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
+            )
             continue
-        field = f"{at}: {references.CLAIM_KEY} {ref.claim}"
+        field = f"{references.item_field(index)}: {references.CLAIM_KEY} {ref.claim}"
         claim = claims.get(ref.claim)
         if claim is None:
             refusals.append(
-                f"{field}: no such GPUClaim in namespace {namespace_name} (known: "
-                f"{_listed(n for n, c in claims.items() if not orders.is_template_claim(c))}"
-                "); allowed: a claim you ordered, or a claimTemplate"
+                f"{field}: no such GPUClaim in namespace {namespace_name}; allowed: a claim "
+                f"ordered in this namespace (kubectl get gpuclaims -n {namespace_name} lists "
+                "them), or a claimTemplate"
             )
             continue
         if orders.is_template_claim(claim):
@@ -242,16 +291,16 @@ def vmi_refusals(
                 else "which still exists"
             )
             refusals.append(
-                f"{field}: the claim is attached to VM {other}, {state}, and a "
-                f"claim serves one VM at a time; allowed: a claim no other live VM uses (stop "
-                f"{other} first and retry once it is gone, or order another claim)"
+                f"{field}: the claim is in use by another VM instance, {state}, and a claim "
+                "serves one VM at a time; allowed: a claim no other live VM uses (kubectl get "
+                f"gpuclaim {ref.claim} -n {namespace_name} shows the VM in its VM column: stop "
+                "it and retry once it is gone, or order another claim)"
             )
-        class_name = orders.ordered_class(claim)
-        cls = classes.get(class_name)
+        cls = classes.get(orders.ordered_class(claim))
         if cls is None:
             refusals.append(
-                f"{field}: the claim's class {class_name or '(none)'} does not exist; allowed: "
-                "a claim of an existing class"
+                f"{field}: the claim's class no longer exists; allowed: a claim of an existing "
+                "class"
             )
             continue
         refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
@@ -312,19 +361,28 @@ def gpus_patch(vmi: Mapping[str, Any], entries: list[Obj]) -> list[Obj]:
     return [{"op": "add", "path": patches.json_pointer(*path), "value": copy.deepcopy(entries)}]
 
 
-def attachment_patch(vmi_name: str, resource_version: str | None = None) -> Obj:
-    """The JSON merge patch (for the claim's ``status`` subresource) that records the
-    attachment of a held claim to the VMI ``vmi_name``: ``{vmi: <name>}``.
-
-    No UID is recorded: the VMI webhook runs at CREATE, before the API server assigns the
-    VMI's UID (mutating webhooks run first); the claims controller fills ``attachment.uid``
-    once the VMI exists, and clears an attachment whose VMI never appeared, was deleted or has
-    another UID. A UID left from an earlier VMI is removed (``null`` in a merge patch).
-    Given ``resource_version`` (the claim's, as judged by :func:`vmi_refusals`), the patch
-    fails with a conflict if the claim changed meanwhile: of two VMIs racing for one claim,
-    one gets it.
-    """
-    patch: Obj = {"status": {"attachment": {"vmi": vmi_name, "uid": None}}}
-    if resource_version:
-        patch["metadata"] = {"resourceVersion": resource_version}
-    return patch
+def unadmitted_entries(
+    vmi: Mapping[str, Any],
+    refs: Sequence[references.Reference],
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+) -> str | None:
+    """Why the VMI's ``spec.domain.devices.gpus`` are not exactly the entries the VMI webhook
+    writes for ``refs`` (:func:`gpu_entries`); ``None`` when they are. Entries that differ
+    show that the references were not judged by the webhook as they stand (the VMI was
+    created without the claims label, which the webhook's objectSelector skips, and labelled
+    or annotated afterwards), so nothing may be ordered from them."""
+    try:
+        wanted = gpu_entries(refs, classes, claims)
+    except ValueError as exc:
+        return (
+            f"{references.field()}: the gpus entries of these references cannot be derived "
+            f"({exc}); allowed: references to claims and classes that exist"
+        )
+    if _gpus(vmi) != wanted:
+        return (
+            f"spec.domain.devices.gpus: {_plural(len(_gpus(vmi)), 'entry', 'entries')}, not "
+            f"the {_plural(len(wanted), 'entry', 'entries')} the VMI webhook writes for the "
+            f"references in {references.field()} (the references were not judged at admission)"
+        )
+    return None

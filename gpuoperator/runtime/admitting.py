@@ -2,9 +2,9 @@
 
 A handler gets an ``AdmissionRequest`` (the parsed review) and returns an ``Admission``:
 allowed or refused with a message, optionally with JSON-patch operations (mutating
-webhooks). Handlers read caches only, never write: a dry-run request therefore has no side
-effect by construction (the VMI webhook's attachment write, skipped on dry run, is the one
-exception). The server turns everything else into an answer, and never into a 5xx:
+webhooks). Handlers read caches only, never write: a request therefore has no side effect
+by construction, dry run or not. The server turns everything else into an answer, and
+never into a 5xx:
 
 * a body that is not an AdmissionReview v1 request gets HTTP 400 naming the first fields
   that are wrong, what they held and what is allowed (:func:`parse`, strict: ``dryRun``

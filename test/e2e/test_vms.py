@@ -1,6 +1,7 @@
 """VMs on claims, end to end, with the KubeVirt stand-in: the VMI webhook writes the GPU
-entries and attaches held claims, the template controller orders template claims, the pod
-webhook gates the launcher pod and the placement controller pins it to the claims' node."""
+entries, the attachments controller attaches held claims to the VMIs that exist, the
+template controller orders template claims, the pod webhook gates the launcher pod and the
+placement controller pins it to the claims' node."""
 
 from __future__ import annotations
 
@@ -59,8 +60,6 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
     v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
     gpus = v.obj["spec"]["domain"]["devices"]["gpus"]
     assert [g["deviceName"] for g in gpus] == [fleet.resource] * 2
-    attached = GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"]
-    assert attached["attachment"]["vmi"] == "vm-1"
     status = wait_for(
         "the VMI Scheduled",
         lambda: vmi_status(api, tenant, "vm-1"),
@@ -77,14 +76,9 @@ def test_a_vm_on_a_held_claim_starts_on_the_claims_node(
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
     ]
     wait_for(
-        "the attachment uid",
-        lambda: (
-            GPUClaim.objects(api, namespace=tenant)
-            .get(name="hold")
-            .obj["status"]["attachment"]
-            .get("uid")
-        ),
-        until=lambda uid: uid == v.obj["metadata"]["uid"],
+        "the attachment, by name and uid",
+        lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
+        until=lambda s: s.get("attachment") == {"vmi": "vm-1", "uid": v.obj["metadata"]["uid"]},
         timeout=CONVERGE,
     )
     # Created gated, then pinned and ungated by the placement controller in one update.
@@ -419,7 +413,7 @@ def test_a_vmi_being_deleted_keeps_its_claim_protected_and_attached(
     wait_for(
         "another VM refused the claim of the VM being deleted",
         lambda: refusal(api, tenant, "vm-2", [{"claim": "hold"}]),
-        until=lambda message: "attached to VM vm-1, which is being deleted" in message,
+        until=lambda message: "in use by another VM instance, which is being deleted" in message,
         timeout=CONVERGE,
     )
     GPUClaim.objects(api, namespace=tenant).get(name="hold").delete()
@@ -473,18 +467,18 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
     assert "spec.domain.devices.hostDevices" in r[0].message
     assert fleet.resource in r[0].message
     first = create_vmi(api, tenant, "first", [{"claim": "hold"}])
-    # Once the attachment is confirmed the operator's caches hold the first VMI, so the
-    # second is refused as a claim of a live VM (not with the 409 "retry" of a create that
-    # may still be in flight).
+    # Once the attachment is recorded the operator's caches hold the first VMI, so the
+    # second is refused as a claim of a live VM.
     wait_for(
-        "the first VM's attachment confirmed",
+        "the first VM's attachment recorded",
         lambda: GPUClaim.objects(api, namespace=tenant).get(name="hold").obj["status"],
         until=lambda s: (s.get("attachment") or {}).get("uid") == first.obj["metadata"]["uid"],
         timeout=CONVERGE,
     )
     with refused(403) as r:
         create_vmi(api, tenant, "second", [{"claim": "hold"}])
-    assert "first" in r[0].message
+    assert "claim hold: the claim is in use by another VM instance" in r[0].message
+    assert "first" not in r[0].message, "another VM is not named"
 
 
 def test_migration_targets_pass_untouched_and_a_repeated_admission_gates_once(

@@ -1,18 +1,16 @@
 """The operator's webhook server as it ships (handlers, limits, TLS), on loopback, over
 offline caches: classes, namespaces, a budget and held claims put straight into the
-stores, and a writer that records the VMI webhook's attachment writes instead of sending
-them. Used by the bad-input suite and ``make fuzz``.
+stores (the webhooks write nothing). Used by the bad-input suite and ``make fuzz``.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
@@ -20,7 +18,6 @@ from prometheus_client import CollectorRegistry
 from gpuoperator import cli, settings
 from gpuoperator.caches import Caches
 from gpuoperator.runtime import admitting, servercerts, serving
-from gpuoperator.runtime.client import Client, Kind
 from harness.abuse import Target
 from harness.offline import store_caches
 from localcluster import pki
@@ -57,33 +54,14 @@ def claim(name: str, class_name: str = "a10", count: int = 1) -> Obj:
     }
 
 
-class RecordingWriter:
-    """What the VMI webhook writes through, recorded (thread-safe: handlers run on a pool)."""
-
-    def __init__(self) -> None:
-        self.patches: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def patch(
-        self,
-        kind: Kind,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-    ) -> Obj:
-        with self._lock:
-            self.patches.append((name, patch))
-        return {}
-
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
-        return claim(name)
-
-
 class NoKubeVirt:
+    """An inventory without a KubeVirt table, whose nodes have 8 units of every class."""
+
     def permitted(self) -> frozenset[str] | None:
         return None
+
+    def largest_allocatable(self, class_name: str) -> int:
+        return 8
 
 
 def caches() -> Caches:
@@ -161,7 +139,6 @@ def body(review_obj: Any) -> bytes:
 class World:
     target: Target
     server: serving.Server
-    writer: RecordingWriter
     caches: Caches
     registry: CollectorRegistry = field(repr=False)
 
@@ -181,10 +158,9 @@ def webhook_server(directory: Path, **limits: Any) -> Iterator[World]:
     with ``cli.WEBHOOK_LIMITS``, ``limits`` overriding some), serving on a free loopback port."""
     ca, crt, key = certificates(directory)
     world = caches()
-    writer = RecordingWriter()
     registry = CollectorRegistry()
     operator_settings = settings.load({}, {}, {})
-    hooks = cli.webhooks(world, NoKubeVirt(), operator_settings, cast(Client, writer))  # type: ignore[arg-type]
+    hooks = cli.webhooks(world, NoKubeVirt(), operator_settings)  # type: ignore[arg-type]
     server = cli.webhook_server(
         "127.0.0.1:0",
         admitting.app(hooks, ready=lambda: True, registry=registry),
@@ -194,7 +170,7 @@ def webhook_server(directory: Path, **limits: Any) -> Iterator[World]:
     )
     server.start()
     try:
-        yield World(Target(server.port, ca), server, writer, world, registry)
+        yield World(Target(server.port, ca), server, world, registry)
     finally:
         server.stop()
 

@@ -180,11 +180,11 @@ def test_the_server_goes_on_serving_after_each_malformed_review(world: World) ->
 
 
 def test_a_dry_run_flag_is_read_as_the_boolean_it_is(world: World) -> None:
-    before = len(world.writer.patches)
-    reviewed(world, VMI_PATH, with_request(vmi(), dryRun=True))
-    assert len(world.writer.patches) == before  # dry run: no attachment written
-    reviewed(world, VMI_PATH, with_request(vmi(name="vm-real"), dryRun=False))
-    assert len(world.writer.patches) == before + 1
+    # Judged alike either way: the webhooks write nothing, dry run or not.
+    dry = reviewed(world, VMI_PATH, with_request(vmi(), dryRun=True))
+    real = reviewed(world, VMI_PATH, with_request(vmi(), dryRun=False))
+    assert dry["allowed"] is real["allowed"] is True
+    assert dry["patch"] == real["patch"]
 
 
 def test_the_uid_comes_back_as_it_was_sent(world: World) -> None:
@@ -367,19 +367,15 @@ def test_a_budget_refusal_names_spec_count(world: World) -> None:
 # -- echo ------------------------------------------------------------------------------------
 
 
-def test_a_huge_name_is_echoed_cut_and_never_written_into_an_attachment(world: World) -> None:
+def test_a_huge_name_is_echoed_cut(world: World) -> None:
     name = "v" * 900_000  # within the VMI webhook's body limit
-    before = len(world.writer.patches)
+    refused = vmi('[{"claim":"ghost"}]', name=name)
     with structlog.testing.capture_logs() as logs:
-        answer = answered(world, VMI_PATH, body(with_request(vmi(name=name), name="")))
+        answer = answered(world, VMI_PATH, body(with_request(refused, name="")))
     response = json.loads(answer.body)["response"]
-    assert response["allowed"] is False and response["status"]["code"] == 400
-    assert (
-        "metadata.name: has 900000 characters; allowed: a name of at most 253"
-        in (response["status"]["message"])
-    )
+    assert response["allowed"] is False
+    assert "claim ghost: no such GPUClaim" in response["status"]["message"]
     assert len(answer.body) < 4096
-    assert len(world.writer.patches) == before
     assert logs and all(len(json.dumps(line, default=str)) < 8192 for line in logs)
 
 

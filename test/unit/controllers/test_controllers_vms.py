@@ -27,7 +27,7 @@ from controllers import attachments, claim_protection, claim_status, placement, 
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
-from gpuoperator.model import launcher_pods, slimming, templates
+from gpuoperator.model import launcher_pods, references, slimming, templates, vmi_admission
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
@@ -117,7 +117,21 @@ class World:
         return stored
 
     def template_claims(self) -> template_claims.TemplateClaims:
-        return template_claims.TemplateClaims(self.caches, self.writer, self.events, self.settings)
+        return template_claims.TemplateClaims(
+            self.caches, self.inventory, self.writer, self.events, self.settings
+        )
+
+    def admitted_vmi(self, **kwargs: Any) -> Obj:
+        """The test VMI as the VMI webhook admitted it: its held claim hold-a exists, and its
+        gpus entries are the webhook's for its references."""
+        if self.caches.claims.store.get((NS, "hold-a")) is None:
+            self.put_claim(claim("hold-a"))
+        obj = vmi(**kwargs)
+        refs = references.from_object(obj)
+        claims = {c["metadata"]["name"]: c for c in self.caches.claims.store.values()}
+        entries = vmi_admission.gpu_entries(refs, {"a10": A10_CLASS}, claims)
+        obj["spec"] = {"domain": {"devices": {"gpus": entries}}}
+        return self.put_vmi(obj)
 
     def attachments(self, grace: float = 30.0) -> attachments.Attachments:
         return attachments.Attachments(
@@ -161,7 +175,7 @@ def requeue(result: Result | None) -> float | None:
 
 
 def test_template_claim_is_created_once_marked_and_owned_by_the_vmi(world: World) -> None:
-    world.put_vmi(vmi())
+    world.admitted_vmi()
     controller = world.template_claims()
 
     assert controller.reconcile((NS, "vm1")) is None
@@ -196,7 +210,7 @@ def test_template_claim_is_created_once_marked_and_owned_by_the_vmi(world: World
 
 
 def test_template_claim_behind_the_cache_is_recognised_after_already_exists(world: World) -> None:
-    vm = world.put_vmi(vmi())
+    vm = world.admitted_vmi()
     controller = world.template_claims()
     controller.reconcile((NS, "vm1"))
     world.recorder.events.clear()
@@ -216,7 +230,7 @@ def test_template_claim_behind_the_cache_is_recognised_after_already_exists(worl
     ],
 )
 def test_foreign_claim_of_the_template_name_is_never_adopted(world: World, foreign: Obj) -> None:
-    world.put_vmi(vmi())
+    world.admitted_vmi()
     stored = world.put_claim(foreign)
 
     result = world.template_claims().reconcile((NS, "vm1"))
@@ -234,7 +248,7 @@ def test_foreign_claim_of_the_template_name_is_never_adopted(world: World, forei
 
 
 def test_foreign_claim_found_on_already_exists_is_not_adopted(world: World) -> None:
-    world.put_vmi(vmi())
+    world.admitted_vmi()
     world.api.add(GPUClaim, claim("vm1-gpu-1"))  # not in the cache yet
 
     result = world.template_claims().reconcile((NS, "vm1"))
@@ -246,7 +260,7 @@ def test_foreign_claim_found_on_already_exists_is_not_adopted(world: World) -> N
 
 def test_nothing_is_created_with_gpu_for_vms_off() -> None:
     world = World(gpu_for_vms=False)
-    world.put_vmi(vmi())
+    world.admitted_vmi()
 
     assert world.template_claims().reconcile((NS, "vm1")) is None
     assert world.api.writes() == []
@@ -264,6 +278,72 @@ def test_no_template_claim_for_vmis_that_need_none(world: World, obj: Obj) -> No
     world.put_vmi(obj)
     assert world.template_claims().reconcile((NS, "vm1")) is None
     assert world.api.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        pytest.param(
+            lambda w: w.put_claim(claim("hold-a")) and w.put_vmi(vmi()),
+            "spec.domain.devices.gpus: 0 entries, not the 3 entries the VMI webhook writes",
+            id="never-judged-by-the-webhook",
+        ),
+        pytest.param(
+            lambda w: w.admitted_vmi(
+                refs=[{"claim": "hold-a"}, {"claimTemplate": {"className": "a10", "count": 5}}]
+            ),
+            "claimTemplate.count: 5 GPUs of class a10 could never fit on one node: the most "
+            "one node serving class a10 has allocatable is 4",
+            id="could-never-fit",
+        ),
+        pytest.param(
+            lambda w: (
+                w.admitted_vmi(
+                    refs=[{"claim": "hold-a"}, {"claimTemplate": {"className": "a10", "count": 5}}]
+                )
+                and w.caches.classes.store.put(objects.gpuclass(maxCount=1))
+            ),
+            "claimTemplate.count: class a10 allows at most 1 GPU per claim",
+            id="above-max-count",
+        ),
+        pytest.param(
+            lambda w: (
+                w.admitted_vmi()
+                and w.caches.classes.store.put(objects.gpuclass(mode="vgpu", profile="A10-4Q"))
+            ),
+            f"class a10 is a vGPU class; namespace {NS} is not entitled",
+            id="vgpu-not-entitled",
+        ),
+    ],
+)
+def test_references_not_admitted_as_they_stand_order_nothing(
+    world: World, make: Callable[[World], Any], words: str
+) -> None:
+    """A VMI labelled after its create (the webhook skipped it), or whose template the
+    webhook would refuse now, gets no claim: a Warning Event says why, once."""
+    make(world)
+    controller = world.template_claims()
+
+    assert requeue(controller.reconcile((NS, "vm1"))) == template_claims.CONFLICT_RECHECK
+    assert requeue(controller.reconcile((NS, "vm1"))) == template_claims.CONFLICT_RECHECK
+
+    assert [c for c in world.api.calls if c[0] == "create"] == []
+    refused = [e for e in world.recorder.events if e["reason"] == "TemplateClaimRefused"]
+    assert len(refused) == 1, world.recorder.events
+    assert (refused[0]["type"], refused[0]["kind"]) == ("Warning", "VirtualMachineInstance")
+    assert words in refused[0]["message"], refused[0]["message"]
+
+
+def test_a_claim_made_earlier_is_kept_when_the_judgement_changes(world: World) -> None:
+    world.admitted_vmi()
+    controller = world.template_claims()
+    controller.reconcile((NS, "vm1"))
+    world.sync_claim("vm1-gpu-1")
+    world.caches.classes.store.put(objects.gpuclass(maxCount=1))  # now too many
+
+    assert controller.reconcile((NS, "vm1")) is None
+    assert ("GPUClaim", NS, "vm1-gpu-1") in world.api.objects
+    assert [c[0] for c in world.api.writes()] == ["create"]
 
 
 def test_claims_map_to_their_owning_vmi() -> None:
@@ -428,10 +508,8 @@ def test_attachment_uid_is_filled_once_the_vmi_exists(world: World) -> None:
 
     [patch] = _attachment_patches(world)
     assert patch["subresource"] == "status"
-    assert patch["body"] == {
-        "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
-        "status": {"attachment": {"vmi": "vm1", "uid": VMI_UID}},
-    }
+    assert patch["body"]["metadata"] == {"resourceVersion": stored["metadata"]["resourceVersion"]}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
     assert world.recorder.reasons() == ["Attached"]
 
 
@@ -458,13 +536,23 @@ def test_stale_confirmed_attachment_is_cleared(world: World, live: Obj | None, r
     assert world.attachments().reconcile((NS, "hold-a")) is None
 
     [patch] = _attachment_patches(world)
-    assert patch["body"] == {
-        "metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]},
-        "status": {"attachment": None},
-    }
+    assert patch["body"]["metadata"] == {"resourceVersion": stored["metadata"]["resourceVersion"]}
+    assert patch["body"]["status"]["attachment"] is None
+    assert attached_condition(world, "hold-a")[:2] == ("False", "NotAttached")
     assert "attachment" not in world.api.objects[("GPUClaim", NS, "hold-a")]["status"]
     assert world.recorder.reasons() == ["Detached"]
     assert stale_message_mentions(world, reason)
+
+
+def attached_condition(world: World, name: str) -> tuple[str, str, str]:
+    """The stored claim's ``Attached`` condition: status, reason, message."""
+    found = [
+        c
+        for c in world.api.objects[("GPUClaim", NS, name)]["status"].get("conditions", [])
+        if c["type"] == "Attached"
+    ]
+    assert len(found) == 1, found
+    return (found[0]["status"], found[0]["reason"], found[0]["message"])
 
 
 def stale_message_mentions(world: World, reason: str) -> bool:
@@ -490,7 +578,7 @@ def test_unconfirmed_attachment_to_a_vmi_being_deleted_is_confirmed(world: World
 
     assert world.attachments().reconcile((NS, "hold-a")) is None
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
 
 
 def test_attachment_is_kept_when_only_the_cache_lags(world: World) -> None:
@@ -515,7 +603,7 @@ def test_unconfirmed_attachment_is_cleared_only_after_the_grace(world: World) ->
 
     assert [c[0] for c in world.api.calls] == ["get", "patch"]  # a live read, then the clear
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": None}
+    assert patch["body"]["status"]["attachment"] is None
     assert "was not created" in world.recorder.events[-1]["message"]
 
 
@@ -528,7 +616,7 @@ def test_unconfirmed_attachment_is_confirmed_when_the_vmi_appears(world: World) 
     assert controller.reconcile((NS, "hold-a")) is None
 
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
 
 
 def test_unconfirmed_attachment_restarts_its_grace_when_the_claim_changes(world: World) -> None:
@@ -553,7 +641,7 @@ def test_attachment_to_a_vmi_that_does_not_use_the_claim_is_not_confirmed(world:
     controller.reconcile((NS, "hold-a"))
 
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": None}
+    assert patch["body"]["status"]["attachment"] is None
 
 
 def test_clear_that_loses_a_race_writes_nothing_else(world: World) -> None:
@@ -564,14 +652,120 @@ def test_clear_that_loses_a_race_writes_nothing_else(world: World) -> None:
     assert world.recorder.events == []
 
 
-def test_missing_attachment_of_a_live_user_is_restored(world: World) -> None:
+def test_a_held_claim_is_attached_by_name_and_uid_once_its_vmi_exists(world: World) -> None:
     world.put_vmi(vmi())
-    world.put_claim(claim("hold-a"))
+    world.put_claim(claim("hold-a", phase="Bound", node="n1"))
 
     assert world.attachments().reconcile((NS, "hold-a")) is None
 
     [patch] = _attachment_patches(world)
-    assert patch["body"]["status"] == {"attachment": {"vmi": "vm1", "uid": VMI_UID}}
+    assert patch["body"]["status"]["attachment"] == {"vmi": "vm1", "uid": VMI_UID}
+    assert attached_condition(world, "hold-a") == (
+        "True",
+        "Attached",
+        f"attached to VM instance vm1 (uid {VMI_UID})",
+    )
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert (stored["status"]["phase"], stored["status"]["nodeName"]) == ("Bound", "n1")
+    assert world.recorder.reasons() == ["Attached"]
+
+
+def _aged(name: str, uid: str, created: str, **kwargs: Any) -> Obj:
+    obj = vmi(name=name, uid=uid, **kwargs)
+    obj["metadata"]["creationTimestamp"] = created
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "holder"),
+    [
+        pytest.param(
+            ("vm-b", "u-b", "2026-01-01T00:00:01Z"),
+            ("vm-a", "u-a", "2026-01-01T00:00:02Z"),
+            "vm-b",
+            id="older-by-creation-time",
+        ),
+        pytest.param(
+            ("vm-b", "u-b", "2026-01-01T00:00:01Z"),
+            ("vm-a", "u-a", "2026-01-01T00:00:01Z"),
+            "vm-a",
+            id="same-second-by-name",
+        ),
+    ],
+)
+def test_of_two_vmis_for_one_held_claim_the_older_gets_it_and_the_other_is_told(
+    world: World, first: tuple[str, str, str], second: tuple[str, str, str], holder: str
+) -> None:
+    for name, uid, created in (first, second):
+        world.put_vmi(_aged(name, uid, created))
+    world.put_claim(claim("hold-a", phase="Bound", node="n1"))
+
+    assert world.attachments().reconcile((NS, "hold-a")) is None
+
+    other = ({first[0], second[0]} - {holder}).pop()
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert stored["status"]["attachment"]["vmi"] == holder
+    status, reason, message = attached_condition(world, "hold-a")
+    assert (status, reason) == ("True", "VMsWaiting")
+    assert f"attached to VM instance {holder}" in message
+    assert f"also named by VM instance {other}, which waits" in message
+    [told] = [e for e in world.recorder.events if e["reason"] == "ClaimInUse"]
+    assert (told["kind"], told["name"], told["type"]) == (
+        "VirtualMachineInstance",
+        other,
+        "Warning",
+    )
+    assert f"claim hold-a is attached to VM instance {holder}" in told["message"]
+
+
+@pytest.mark.parametrize(
+    "old",
+    [
+        pytest.param({"phase": "Failed"}, id="finished"),
+        pytest.param({"deleting": True}, id="being-deleted"),
+    ],
+)
+def test_a_finished_or_departing_vmi_never_gets_a_claim(world: World, old: Obj) -> None:
+    world.put_vmi(_aged("vm-old", "u-old", "2026-01-01T00:00:01Z", **old))
+    world.put_vmi(_aged("vm-new", "u-new", "2026-01-01T00:00:09Z"))
+    world.put_claim(claim("hold-a"))
+
+    world.attachments().reconcile((NS, "hold-a"))
+
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert stored["status"]["attachment"] == {"vmi": "vm-new", "uid": "u-new"}
+
+
+def test_an_attachment_is_never_moved_to_an_older_vmi_seen_later(world: World) -> None:
+    world.put_vmi(_aged("vm-b", "u-b", "2026-01-01T00:00:05Z"))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm-b", "uid": "u-b"}))
+    world.put_vmi(_aged("vm-a", "u-a", "2026-01-01T00:00:01Z"))
+    controller = world.attachments()
+
+    assert controller.reconcile((NS, "hold-a")) is None
+    stored = world.sync_claim("hold-a")
+    assert stored["status"]["attachment"] == {"vmi": "vm-b", "uid": "u-b"}
+    assert attached_condition(world, "hold-a")[1] == "VMsWaiting"
+    assert [e["name"] for e in world.recorder.events if e["reason"] == "ClaimInUse"] == ["vm-a"]
+
+    # Told once: the same waiters write nothing more.
+    writes = len(world.api.writes())
+    assert controller.reconcile((NS, "hold-a")) is None
+    assert len(world.api.writes()) == writes
+
+
+def test_the_waiting_vmi_gets_the_claim_once_the_holder_is_gone(world: World) -> None:
+    world.put_vmi(_aged("vm-b", "u-b", "2026-01-01T00:00:05Z"))
+    world.put_claim(claim("hold-a", attached={"vmi": "vm-a", "uid": "u-a"}))
+    controller = world.attachments()
+
+    controller.reconcile((NS, "hold-a"))  # vm-a is gone: cleared
+    world.sync_claim("hold-a")
+    controller.reconcile((NS, "hold-a"))  # then given to the one left
+
+    stored = world.api.objects[("GPUClaim", NS, "hold-a")]
+    assert stored["status"]["attachment"] == {"vmi": "vm-b", "uid": "u-b"}
+    assert attached_condition(world, "hold-a")[:2] == ("True", "Attached")
 
 
 def test_vmis_map_to_attached_and_referenced_claims(world: World) -> None:
@@ -594,6 +788,7 @@ def bound_set(world: World, hold_node: str = "n1", template_node: str = "n1") ->
 
 
 POD = (NS, "virt-launcher-vm1-abcde")
+OURS = {"vmi": "vm1", "uid": VMI_UID}
 
 
 def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
@@ -627,14 +822,33 @@ def test_pod_is_pinned_and_ungated_in_one_write(world: World) -> None:
     ("setup", "words"),
     [
         pytest.param(
-            lambda w: w.put_claim(claim("hold-a", phase="Pending")),
+            lambda w: w.put_claim(claim("hold-a", phase="Pending", attached=OURS)),
             "hold-a is Pending",
             id="pending",
         ),
         pytest.param(
-            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1")),
+            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1", attached=OURS)),
             "vm1-gpu-1 does not exist yet",
             id="template-claim-missing",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(claim("hold-a", phase="Bound", node="n1")),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-not-attached-yet",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(
+                claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm1", "uid": "old"})
+            ),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-attached-to-an-earlier-vmi-of-this-name",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(
+                claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm1"})
+            ),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-attachment-without-uid",
         ),
     ],
 )
@@ -665,7 +879,10 @@ def test_pod_waits_while_a_claim_is_attached_to_another_live_vm(world: World) ->
 
     assert requeue(world.placement().reconcile(POD)) == placement.WAIT_RECHECK
     assert world.api.writes() == []
-    assert "attached to VM instance vm2" in world.recorder.events[-1]["message"]
+    assert (
+        "attached to VM instance vm2, which still exists; this VM instance waits"
+        in (world.recorder.events[-1]["message"])
+    )
 
 
 def test_pod_waits_for_its_own_template_claim_not_an_earlier_vmis(world: World) -> None:

@@ -90,12 +90,13 @@ def test_incremental_figures_equal_a_recomputation_after_any_sequence(steps: lis
         cat.update_nodes(touched, ledger, nodes)
         for name, cls in classes.items():
             assert cat.figures(name) == capacity.class_figures(ledger, cls, nodes.values()), name
-            expected_alloc = sum(
+            per_node = [
                 ledger.allocatable(n, cls["spec"]["source"]["devicePlugin"]["resourceName"])
                 for n, obj in nodes.items()
                 if capacity.serves(ledger, obj, cls)
-            )
-            assert cat.allocatable(name) == expected_alloc
+            ]
+            assert cat.allocatable(name) == sum(per_node)
+            assert cat.largest_allocatable(name) == max(per_node, default=0)
 
 
 def test_update_nodes_reports_only_classes_whose_figures_moved() -> None:

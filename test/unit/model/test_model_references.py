@@ -490,6 +490,7 @@ def refusals(
     entitled: bool = False,
     permitted: frozenset[str] | None = None,
     switch: bool = True,
+    largest: dict[str, int] | None = None,
 ) -> list[str]:
     return vmi_admission.vmi_refusals(
         obj if obj is not None else vmi(),
@@ -500,6 +501,7 @@ def refusals(
         namespace=namespace(entitled),
         permitted=permitted,
         gpu_for_vms=switch,
+        largest_allocatable=largest if largest is not None else dict.fromkeys(CLASSES, 64),
     )
 
 
@@ -557,7 +559,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
             {"refs": [TemplateRef("nope", 1)]},
             [
                 f"{ANNOTATION}: item 1: claimTemplate.className: class nope does not exist",
-                "known: a10, a10-max4, l40s",
+                "allowed: a class of the catalog (kubectl get gpuclasses lists them)",
             ],
             id="unknown-class",
         ),
@@ -565,8 +567,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
             {"refs": [TemplateRef("a10", 1), HeldRef("ghost")], "claims": [HOLD]},
             [
                 f"{ANNOTATION}: item 2: claim ghost: no such GPUClaim in namespace {NS}",
-                "known: hold-a",
-                "allowed: a claim you ordered, or a claimTemplate",
+                f"allowed: a claim ordered in this namespace (kubectl get gpuclaims -n {NS}",
             ],
             id="unknown-claim",
         ),
@@ -577,8 +578,9 @@ OTHER_LIVE = vmi("other", uid="u-other")
                 "live": [OTHER_LIVE],
             },
             [
-                f"{ANNOTATION}: item 1: claim hold-a: the claim is attached to VM other",
+                f"{ANNOTATION}: item 1: claim hold-a: the claim is in use by another VM instance",
                 "a claim serves one VM at a time; allowed: a claim no other live VM uses",
+                f"kubectl get gpuclaim hold-a -n {NS} shows the VM",
             ],
             id="attached-to-another-live-vmi",
         ),
@@ -588,7 +590,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
                 "claims": [claim("hold-a", attachment={"vmi": "other"})],
                 "live": [OTHER_LIVE],
             },
-            ["item 1: claim hold-a: the claim is attached to VM other"],
+            ["item 1: claim hold-a: the claim is in use by another VM instance"],
             id="attached-uid-not-yet-recorded",
         ),
         pytest.param(
@@ -597,7 +599,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
                 "claims": [HOLD],
                 "live": [vmi("other", uid="u-other", refs='[{"claim":"hold-a"}]')],
             },
-            ["item 1: claim hold-a: the claim is attached to VM other", "allowed"],
+            ["item 1: claim hold-a: the claim is in use by another VM instance", "allowed"],
             id="named-by-another-live-vmi-before-attachment",
         ),
         pytest.param(
@@ -607,8 +609,8 @@ OTHER_LIVE = vmi("other", uid="u-other")
                 "live": [vmi("other", uid="u", deleting=True)],
             },
             [
-                "item 1: claim hold-a: the claim is attached to VM other, which is being "
-                "deleted and may still hold the GPU",
+                "item 1: claim hold-a: the claim is in use by another VM instance, which is "
+                "being deleted and may still hold the GPU",
                 "retry once it is gone",
             ],
             id="attached-to-a-vmi-being-deleted",
@@ -657,8 +659,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
             [
                 f"{ANNOTATION}: item 1: claimTemplate.className: class a10 uses {A10_RES}",
                 "permittedHostDevices does not permit",
-                f"permitted: {L40S_RES}",
-                "allowed: a class whose resource it lists",
+                "allowed: a class whose resource the hoster permits there",
             ],
             id="template-not-permitted",
         ),
@@ -666,7 +667,7 @@ OTHER_LIVE = vmi("other", uid="u-other")
             {"refs": [HeldRef("hold-a")], "claims": [HOLD], "permitted": frozenset()},
             [
                 f"{ANNOTATION}: item 1: claim hold-a: class a10 uses {A10_RES}",
-                "permitted: none",
+                "does not permit",
                 "allowed",
             ],
             id="held-not-permitted-by-empty-table",
@@ -678,13 +679,22 @@ OTHER_LIVE = vmi("other", uid="u-other")
         ),
         pytest.param(
             {"refs": [HeldRef("hold-a")], "claims": [claim("hold-a", "gone")]},
-            ["item 1: claim hold-a: the claim's class gone does not exist", "allowed"],
+            ["item 1: claim hold-a: the claim's class no longer exists", "allowed"],
             id="held-claim-class-gone",
         ),
         pytest.param(
-            {"refs": [HeldRef("hold-a")], "claims": [HOLD], "obj": vmi(name="")},
-            ["metadata.name: a VM that names held claims", "allowed: metadata.name set"],
-            id="held-claims-need-a-name",
+            {"refs": [TemplateRef("a10", 9)], "largest": {"a10": 8}},
+            [
+                f"{ANNOTATION}: item 1: claimTemplate.count: 9 GPUs of class a10 could never "
+                "fit on one node: the most one node serving class a10 has allocatable is 8",
+                "allowed: a count of at most 8",
+            ],
+            id="template-count-above-every-nodes-allocatable",
+        ),
+        pytest.param(
+            {"refs": [TemplateRef("a10", 1)], "largest": {}},
+            ["claimTemplate.count: 1 GPU of class a10 could never fit on one node: no node "],
+            id="template-of-a-class-no-node-serves",
         ),
     ],
 )
@@ -766,6 +776,14 @@ def test_vmi_refusals_name_the_field_and_what_is_allowed(
             id="permitted",
         ),
         pytest.param({"refs": [TemplateRef("a10", 64)]}, id="passthrough-unlimited"),
+        pytest.param(
+            {"refs": [TemplateRef("a10", 8)], "largest": {"a10": 8}},
+            id="template-as-large-as-the-largest-node",
+        ),
+        pytest.param(
+            {"refs": [HeldRef("hold-a")], "claims": [HOLD], "obj": vmi(name="")},
+            id="held-claims-with-a-generated-name",
+        ),
     ],
 )
 def test_vmi_refusals_admit(kwargs: dict[str, Any]) -> None:
@@ -849,18 +867,20 @@ def test_gpus_patch_makes_the_list_exactly_the_entries_once(obj: Obj) -> None:
     assert vmi_admission.raw_gpu_entries(patched) == []
 
 
-def test_attachment_patch_records_the_vmi_by_name_and_drops_a_stale_uid() -> None:
-    patch = vmi_admission.attachment_patch("vm1", "42")
-    assert patch == {
-        "status": {"attachment": {"vmi": "vm1", "uid": None}},
-        "metadata": {"resourceVersion": "42"},
-    }
-    stale = claim("hold-a", attachment={"vmi": "vm1", "uid": "old"})
-    once = apply_merge_patch(stale, vmi_admission.attachment_patch("vm1"))
-    assert once["status"]["attachment"] == {"vmi": "vm1"}
-    assert once["status"]["phase"] == "Bound"
-    assert apply_merge_patch(once, vmi_admission.attachment_patch("vm1")) == once
-    assert "metadata" not in vmi_admission.attachment_patch("vm1")
+def test_unadmitted_entries_are_any_but_exactly_what_the_webhook_writes() -> None:
+    refs: list[references.Reference] = [HeldRef("hold-a"), TemplateRef("a10", 2)]
+    claims = {"hold-a": HOLD}
+    entries = vmi_admission.gpu_entries(refs, CLASSES, claims)
+    assert vmi_admission.unadmitted_entries(vmi(gpus=entries), refs, CLASSES, claims) is None
+    for gpus in (None, [], entries[:2], [*entries, {"name": "mine", "deviceName": A10_RES}]):
+        why = vmi_admission.unadmitted_entries(vmi(gpus=gpus), refs, CLASSES, claims)
+        assert why is not None and why.startswith("spec.domain.devices.gpus: "), why
+        assert "not the 3 entries the VMI webhook writes" in why
+    # A template of 64 units judged for 2: the entries give it away.
+    big: list[references.Reference] = [HeldRef("hold-a"), TemplateRef("a10", 64)]
+    assert vmi_admission.unadmitted_entries(vmi(gpus=entries), big, CLASSES, claims) is not None
+    unknown = vmi_admission.unadmitted_entries(vmi(gpus=entries), [HeldRef("ghost")], CLASSES, {})
+    assert unknown is not None and "cannot be derived" in unknown
 
 
 # -- the pod webhook --------------------------------------------------------------------------
