@@ -32,6 +32,7 @@ from controllers import (
     license_copier,
     node_inventory,
     placement,
+    policy_params,
     quota_usage,
     template_claims,
     usage_records,
@@ -404,6 +405,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses)
     draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
+    # The admission policies' parameter: the classes' resource names and the settings.
+    policy_params.register(manager, shared, operator_settings)
     return shared, inventory
 
 
@@ -433,7 +436,8 @@ def load_settings(client: Client, namespace: str, args: argparse.Namespace) -> s
             reason="Forbidden",
             error=exc.message,
         )
-    flags = {key: getattr(args, key) for key in settings.OVERRIDES}
+    # Settings without a flag of their own come from the ConfigMap or the environment.
+    flags = {key: getattr(args, key, None) for key in settings.OVERRIDES}
     return settings.load(
         (cm or {}).get("data"),
         os.environ,
