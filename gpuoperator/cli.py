@@ -421,7 +421,7 @@ def webhooks(
     return {
         orders.PATH: orders.OrderWebhook(shared),
         vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings, client),
-        pods.PATH: pods.PodWebhook(shared),
+        pods.PATH: pods.PodWebhook(shared, operator_settings),
     }
 
 
