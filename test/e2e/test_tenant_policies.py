@@ -396,7 +396,9 @@ def test_without_any_operator_the_policies_alone_refuse_every_attack(
 
 
 def _refused_dry_run(pod: pykube.Pod) -> bool:
-    r = pod.api.post(**pod.api_kwargs(data=json.dumps(pod.obj)), params={"dryRun": "All"})
+    r = pod.api.post(
+        **pod.api_kwargs(data=json.dumps(pod.obj), obj_list=True, params={"dryRun": "All"})
+    )
     return bool(r.status_code == 403)
 
 
@@ -594,7 +596,13 @@ def test_holds_stay_held_against_the_tenants_own_edits_and_the_operator_releases
     with refused(403) as r:
         replace(other)
     says(r, f"GPUClaim {ns}/other: the finalizer gpu.cozystack.io/claim-protection")
-    assert Workload.objects(api, namespace=ns).get_or_none(name=names.workload_name("other"))
+    wait_for(
+        "the claim's usage record, kept",
+        lambda: Workload.objects(api, namespace=ns).get_or_none(name=names.workload_name("other")),
+        timeout=CONVERGE,
+    )
+    stored = GPUClaim.objects(api, namespace=ns).get(name="other").obj
+    assert names.CLAIM_PROTECTION_FINALIZER in stored["metadata"]["finalizers"]
 
     # The legitimate path: the tenant deletes her claim, the operator does the rest.
     other.reload()
