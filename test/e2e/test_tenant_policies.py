@@ -68,6 +68,10 @@ def vmi_edit_role(api: pykube.HTTPClient) -> str:
 def tenant_in(api: pykube.HTTPClient, namespace: str, vmi_role: str) -> Tenant:
     """A ServiceAccount ``alice`` in ``namespace`` with ``edit`` and the VMI role there, and
     a client holding her token, once RBAC lets her write what a tenant writes."""
+    wait_for(
+        f"the default ServiceAccount of {namespace}",
+        lambda: pykube.ServiceAccount.objects(api, namespace=namespace).get_or_none(name="default"),
+    )
     pykube.ServiceAccount(api, {"metadata": {"name": "alice", "namespace": namespace}}).create()
     for role in ("edit", vmi_role):
         pykube.RoleBinding(
