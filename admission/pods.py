@@ -13,6 +13,14 @@ VMI label and annotation onto them, so the references are read from the pod itse
   it stays pending, so a gate would only make the migration fail.
 * Anything else (not selected by the registration) is admitted untouched.
 
+Only KubeVirt's controller makes launcher pods: a launcher or temporary pod is refused
+(403, ``model.launcher_pods.creator_refusal``) unless the requester is the setting
+``kubevirtServiceAccount`` and the pod has a controller ownerReference to a VMI. Anyone else
+dressing a pod as a launcher pod would be handed the GPU nodes' tolerations; refusing (rather
+than admitting it untouched) is the fail-closed answer and says why. The admission policy
+``gpu-operator-gpu-pods`` refuses the same pods inside the API server, even while this
+webhook is down; this check is the second line.
+
 Re-invocation (``reinvocationPolicy: IfNeeded``) is harmless: the gate is added once (a
 duplicate gate fails pod validation) and a toleration the pod carries is not added again.
 
@@ -36,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuoperator import settings
 from gpuoperator.caches import BY_NAMESPACE, Caches
 from gpuoperator.model import echo, launcher_pods, patches, references
 from gpuoperator.runtime import admitting
@@ -70,8 +79,9 @@ def _check_lists(pod: Obj) -> None:
 
 
 class PodWebhook:
-    def __init__(self, caches: Caches) -> None:
+    def __init__(self, caches: Caches, operator_settings: settings.Settings) -> None:
         self.caches = caches
+        self.kubevirt_service_account = operator_settings.kubevirt_service_account
 
     def __call__(self, request: AdmissionRequest) -> Admission:
         if request.operation != "CREATE":
@@ -80,12 +90,15 @@ class PodWebhook:
         if launcher_pods.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
             return Admission.allow()
         namespace = request.namespace
+        name = request.name or str((pod.get("metadata") or {}).get("generateName") or "")
+        who = f"{echo.clip(namespace)}/{echo.clip(name) if name else '(generated)'}"
+        refusal = launcher_pods.creator_refusal(pod, request.user, self.kubevirt_service_account)
+        if refusal:
+            return Admission.refuse(f"Pod {who}: {refusal}")
         _check_lists(pod)
         try:
             refs = references.from_object(pod)
         except references.AnnotationError as exc:
-            name = request.name or str((pod.get("metadata") or {}).get("generateName") or "")
-            who = f"{echo.clip(namespace)}/{echo.clip(name) if name else '(generated)'}"
             return Admission.refuse(f"Pod {who}: {exc}")
         claims = {
             str((c.get("metadata") or {}).get("name") or ""): c

@@ -33,6 +33,7 @@ from controllers import (
     license_copier,
     node_inventory,
     placement,
+    policy_params,
     quota_usage,
     template_claims,
     usage_records,
@@ -444,6 +445,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
+    # The admission policies' parameter: the classes' resource names and the settings.
+    policy_params.register(manager, shared, operator_settings)
     return shared, inventory
 
 
@@ -455,7 +458,7 @@ def webhooks(
     return {
         orders.PATH: orders.OrderWebhook(shared),
         vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings),
-        pods.PATH: pods.PodWebhook(shared),
+        pods.PATH: pods.PodWebhook(shared, operator_settings),
     }
 
 
@@ -470,7 +473,7 @@ def load_settings(client: Client, namespace: str, args: argparse.Namespace) -> s
             reason="Forbidden",
             error=exc.message,
         )
-    # A setting without a flag of its own yet is read from the ConfigMap and environment.
+    # Settings without a flag of their own come from the ConfigMap or the environment.
     flags = {key: getattr(args, key, None) for key in settings.OVERRIDES}
     return settings.load(
         (cm or {}).get("data"),

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from gpuoperator import names
+from gpuoperator.model import claims, objects, patches
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import objects, patches
 from gpuoperator.model.node_selection import IN, NODE_NAME_FIELD
 
 Obj = dict[str, Any]
@@ -247,3 +247,30 @@ def pinned_node(pod: Mapping[str, Any]) -> str | None:
             return None
         nodes.update(found)
     return nodes.pop() if len(nodes) == 1 else None
+
+
+def creator_refusal(pod: Mapping[str, Any], username: str, kubevirt_service_account: str) -> str:
+    """Why a launcher or temporary pod may not get the class tolerations and the placement
+    gate from its creator, ``""`` when it may: only KubeVirt's controller service account
+    creates such pods, and only for a VirtualMachineInstance that controls them (a
+    ``kubevirt.io`` controller ownerReference). Anyone else dressing a pod as a launcher pod
+    would be handed the tolerations of the GPU nodes."""
+    marks = (
+        f"the labels {names.KUBEVIRT_LABEL}={names.VIRT_LAUNCHER} and "
+        f"{names.CLAIMS_LABEL}={names.TRUE}"
+    )
+    allowed = kubevirt_service_account.strip()
+    if not allowed or username != allowed:
+        who = allowed or "(none: the setting kubevirtServiceAccount is empty)"
+        return (
+            f"the pod carries {marks}: such pods get the GPU classes' tolerations and the "
+            f"placement gate, so only KubeVirt's controller service account {who} may create "
+            f"them, for a VirtualMachineInstance that controls them; {username} may not"
+        )
+    if claims.controlling_vmi(pod) is None:
+        return (
+            f"the pod carries {marks}: metadata.ownerReferences must hold a controller "
+            f"reference to a {names.KUBEVIRT_GROUP} {names.VMI_KIND} (the VM instance it is "
+            "rendered for); it holds none"
+        )
+    return ""

@@ -62,7 +62,7 @@ from gpuoperator.kinds import GPUClaim, GPUNode, Workload
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, load_config
 from gpuoperator.runtime.kinds import Lease
-from harness.kubevirt import KubeVirtSimulator
+from harness.kubevirt import KubeVirtSimulator, controller_client
 from localcluster import deployment
 from localcluster import profile as profilemod
 from localcluster.cluster import (
@@ -798,7 +798,7 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
             api = pykube.HTTPClient(
                 pykube.KubeConfig.from_file(str(cluster.kubeconfig)), timeout=60
             )
-            simulator = KubeVirtSimulator(api)
+            simulator = KubeVirtSimulator(controller_client(api))
             simulator.start()
             try:
                 gated, raw = p6bench.measure(api, args.vms)

@@ -27,7 +27,7 @@ import pykube
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.claims import vmi_metadata
-from harness.kubevirt import KubeVirtSimulator
+from harness.kubevirt import KubeVirtSimulator, controller_client
 from harness.waiting import wait_for
 from localcluster.cluster import REPO, LocalCluster
 
@@ -161,7 +161,7 @@ def main() -> int:
     )
     cluster.run_operator(log=lambda m: print(m, flush=True))
     api = pykube.HTTPClient(pykube.KubeConfig.from_file(str(cluster.kubeconfig)), timeout=60)
-    simulator = KubeVirtSimulator(api)
+    simulator = KubeVirtSimulator(controller_client(api))
     simulator.start()
     try:
         with_claims, raw = measure(api, args.vms)

@@ -27,7 +27,7 @@ import pykube
 from vm_start import gated_vmi, namespace, order_holds, quantile, raw_vmi
 
 from gpuoperator.kinds import VirtualMachineInstance
-from harness.kubevirt import KubeVirtSimulator
+from harness.kubevirt import KubeVirtSimulator, controller_client
 from localcluster.cluster import REPO, LocalCluster
 
 STEPS = ("answered", "pod", "ungated", "bound", "running", "scheduled")
@@ -237,7 +237,7 @@ def main() -> int:
     stop = threading.Event()
     for target in (watch_pods, watch_vmis):
         threading.Thread(target=target, args=(api, stamps, stop), daemon=True).start()
-    simulator = KubeVirtSimulator(api)
+    simulator = KubeVirtSimulator(controller_client(api))
     instrument(simulator)
     simulator.start()
     try:

@@ -16,7 +16,7 @@ import threading
 
 import pykube
 
-from harness.kubevirt import KubeVirtSimulator
+from harness.kubevirt import KubeVirtSimulator, controller_client
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     api = pykube.HTTPClient(pykube.KubeConfig.from_file(args.kubeconfig), timeout=30)
-    simulator = KubeVirtSimulator(api)
+    # As KubeVirt's controller service account (made here with the admin's kubeconfig): the
+    # admission policies let only it create launcher pods.
+    simulator = KubeVirtSimulator(controller_client(api))
     simulator.start()
     logging.info("kubevirt stand-in running (virt-controller's part: launcher pods, VMI status)")
     stop.wait()

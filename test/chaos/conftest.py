@@ -153,9 +153,9 @@ def no_forbidden_requests(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="package")
 def kubevirt(api: pykube.HTTPClient) -> Iterator[object]:
-    from harness.kubevirt import KubeVirtSimulator
+    from harness.kubevirt import KubeVirtSimulator, controller_client
 
-    simulator = KubeVirtSimulator(api)
+    simulator = KubeVirtSimulator(controller_client(api))
     simulator.start()
     try:
         yield simulator

@@ -31,12 +31,26 @@ def tenant(api: pykube.HTTPClient, name: str, entitled: bool, hard: dict[str, st
     return name
 
 
+#: The test cluster's exempt hoster namespace (config/overlays/dev's exemptNamespaces): the
+#: admission policies admit plain GPU pods only there.
+HOSTER_NAMESPACE = "gpu-hoster"
+
+
 def other_pod(api: pykube.HTTPClient, node: str, resource: str, units: int) -> None:
-    """A plain GPU pod that no claim accounts for, placed on ``node`` by name."""
+    """A plain GPU pod that no claim accounts for, placed on ``node`` by name: a hoster's
+    job, in the exempt hoster namespace (made if missing)."""
+    if pykube.Namespace.objects(api).get_or_none(name=HOSTER_NAMESPACE) is None:
+        pykube.Namespace(api, {"metadata": {"name": HOSTER_NAMESPACE}}).create()
+    wait_for(
+        "the hoster namespace's default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=HOSTER_NAMESPACE).get_or_none(
+            name="default"
+        ),
+    )
     pykube.Pod(
         api,
         {
-            "metadata": {"name": f"other-{node}", "namespace": "default"},
+            "metadata": {"name": f"other-{node}", "namespace": HOSTER_NAMESPACE},
             "spec": {
                 "nodeName": node,
                 "containers": [

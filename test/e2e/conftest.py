@@ -221,7 +221,50 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def kubevirt(api: pykube.HTTPClient) -> Iterator[object]:
+def kubevirt_controller(api: pykube.HTTPClient) -> pykube.HTTPClient:
+    """A client acting as KubeVirt's controller service account (the setting
+    kubevirtServiceAccount): the only one the admission policies let create launcher pods."""
+    from harness.kubevirt import controller_client
+
+    return controller_client(api)
+
+
+#: The hoster's namespace of the test cluster: config/overlays/dev lists it in
+#: exemptNamespaces, so the policies that enforce holds leave its plain GPU jobs alone.
+HOSTER_NAMESPACE = "gpu-hoster"
+
+
+@pytest.fixture
+def hoster_namespace(api: pykube.HTTPClient) -> Iterator[str]:
+    """The exempt hoster namespace, made fresh for the test and deleted (and waited for)
+    after it: plain GPU pods (requesting a class's resource without a claim) are a hoster's
+    jobs, which only an exempt namespace may run."""
+    query = pykube.Namespace.objects(api)
+    wait_for(
+        f"namespace {HOSTER_NAMESPACE} gone",
+        lambda: query.get_or_none(name=HOSTER_NAMESPACE) is None,
+        timeout=180,
+    )
+    pykube.Namespace(
+        api, {"metadata": {"name": HOSTER_NAMESPACE, "labels": {"gpuoperator.test/e2e": "true"}}}
+    ).create()
+    wait_for(
+        "the hoster namespace's default ServiceAccount",
+        lambda: pykube.ServiceAccount.objects(api, namespace=HOSTER_NAMESPACE).get_or_none(
+            name="default"
+        ),
+    )
+    yield HOSTER_NAMESPACE
+    query.get(name=HOSTER_NAMESPACE).delete()
+    wait_for(
+        f"namespace {HOSTER_NAMESPACE} gone",
+        lambda: query.get_or_none(name=HOSTER_NAMESPACE) is None,
+        timeout=180,
+    )
+
+
+@pytest.fixture(scope="session")
+def kubevirt(kubevirt_controller: pykube.HTTPClient) -> Iterator[object]:
     """The KubeVirt stand-in (``harness.kubevirt.KubeVirtSimulator``), running for the session.
 
     It acts on every VMI in the cluster, so a test that creates VMIs asks for this fixture;
@@ -229,7 +272,9 @@ def kubevirt(api: pykube.HTTPClient) -> Iterator[object]:
     """
     from harness.kubevirt import KubeVirtSimulator
 
-    simulator = KubeVirtSimulator(api)
+    # It acts as KubeVirt's controller service account: the admission policies let only
+    # that account create launcher pods.
+    simulator = KubeVirtSimulator(kubevirt_controller)
     simulator.start()
     try:
         yield simulator

@@ -43,6 +43,14 @@ def fleet(fleet: Fleet, operator: OperatorProcess) -> Fleet:
     return fleet
 
 
+@pytest.fixture
+def namespace(hoster_namespace: str) -> str:
+    """Plain GPU pods (requesting a class's resource without a claim) are the hoster's jobs: the
+    admission policies admit them only in an exempt namespace, so this module's tests run in
+    the test cluster's exempt hoster namespace."""
+    return hoster_namespace
+
+
 def class_status(api: pykube.HTTPClient, name: str) -> Obj:
     status: Obj = GPUClass.objects(api).get(name=name).obj.get("status") or {}
     return status

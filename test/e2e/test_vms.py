@@ -6,6 +6,7 @@ placement controller pins it to the claims' node."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pykube
 import pytest
@@ -122,11 +123,12 @@ def class_free(api: pykube.HTTPClient, cls: str) -> int:
 
 
 def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
-    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str, kubevirt_controller: pykube.HTTPClient
 ) -> None:
     """Ownership, not labels, decides what a claim accounts for, and a VM's claims cover its
     pods together: a second pod with the launcher label and a controller reference to the
-    VMI still counts the units the claim does not hold."""
+    VMI still counts the units the claim does not hold. Only KubeVirt's controller may make
+    such a pod (the admission policies), so it is made as KubeVirt."""
     cls = fleet.gpu_class()
     node = fleet.node(4)
     settled(api, cls, fleet, 4)
@@ -147,7 +149,7 @@ def test_a_pod_posing_as_a_vms_second_launcher_counts_beyond_the_vms_claim(
     )
     meta = v.obj["metadata"]
     twin = pykube.Pod(
-        api,
+        kubevirt_controller,
         {
             "metadata": {
                 "name": "twin",
@@ -482,18 +484,28 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
 
 
 def test_migration_targets_pass_untouched_and_a_repeated_admission_gates_once(
-    api: pykube.HTTPClient, tenant: str, fleet: Fleet
+    api: pykube.HTTPClient, tenant: str, fleet: Fleet, kubevirt_controller: pykube.HTTPClient
 ) -> None:
+    """The pods are KubeVirt's (made as its controller, owned by a VMI), as only they may
+    carry the claims label."""
     cls = fleet.gpu_class()
     refs = json.dumps([{"claimTemplate": {"className": cls, "count": 1}}])
     labels = {"kubevirt.io": "virt-launcher", names.CLAIMS_LABEL: "true"}
-    base = {
+    owner = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "name": "vm-migrating",
+        "uid": "00000000-0000-0000-0000-00000000cafe",
+        "controller": True,
+    }
+    base: dict[str, Any] = {
         "namespace": tenant,
         "labels": labels,
         "annotations": {names.CLAIMS_ANNOTATION: refs},
+        "ownerReferences": [owner],
     }
     target = pykube.Pod(
-        api,
+        kubevirt_controller,
         {
             "metadata": {
                 **base,
@@ -509,7 +521,7 @@ def test_migration_targets_pass_untouched_and_a_repeated_admission_gates_once(
     target.create()
     assert not target.obj["spec"].get("schedulingGates")
     gated = pykube.Pod(
-        api,
+        kubevirt_controller,
         {
             "metadata": {**base, "name": "gated"},
             "spec": {

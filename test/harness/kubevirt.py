@@ -51,6 +51,7 @@ replacing the whole object under its resourceVersion.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
@@ -570,6 +571,122 @@ class _Expectation:
 
     pod: Obj | None
     since: float
+
+
+# ---- KubeVirt's identity ----------------------------------------------------------------
+
+#: virt-controller's ServiceAccount: the admission policies (config/policy) let only it create
+#: pods that request a GPU class's resource, for a VMI that controls them.
+CONTROLLER_NAMESPACE: Final = "kubevirt"
+CONTROLLER_SERVICE_ACCOUNT: Final = "kubevirt-controller"
+CONTROLLER_USERNAME: Final = (
+    f"system:serviceaccount:{CONTROLLER_NAMESPACE}:{CONTROLLER_SERVICE_ACCOUNT}"
+)
+#: What the stand-in calls, as KubeVirt's own ClusterRole for virt-controller grants it (a
+#: subset): VMIs read and written (status through the main resource, as the stand-in CRD
+#: has no status subresource), launcher pods made and removed, the KubeVirt CR read; the
+#: launcher pod's ownerReference blocks its VMI's deletion, which needs update on the VMI's
+#: finalizers.
+CONTROLLER_RULES: Final = (
+    {
+        "apiGroups": ["kubevirt.io"],
+        "resources": ["virtualmachineinstances"],
+        "verbs": ["get", "list", "watch", "update"],
+    },
+    {
+        "apiGroups": ["kubevirt.io"],
+        "resources": ["virtualmachineinstances/finalizers"],
+        "verbs": ["update"],
+    },
+    {"apiGroups": ["kubevirt.io"], "resources": ["kubevirts"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
+    },
+)
+#: Lifetime asked of the stand-in's token (the API server may cap it).
+TOKEN_SECONDS: Final = 48 * 3600
+
+
+def _apply(api: pykube.HTTPClient, kind: type[pykube.objects.APIObject], obj: Obj) -> None:
+    """Create ``obj``, or replace what is there (its spec or rules) when it exists."""
+    meta = obj["metadata"]
+    query = (
+        kind.objects(api, namespace=meta["namespace"]) if "namespace" in meta else kind.objects(api)
+    )
+    live = query.get_or_none(name=meta["name"])
+    if live is None:
+        kind(api, obj).create()
+        return
+    live.obj.update({k: v for k, v in obj.items() if k != "metadata"})
+    live.update()
+
+
+def controller_client(api: pykube.HTTPClient) -> pykube.HTTPClient:
+    """A client of ``api``'s cluster that authenticates as KubeVirt's controller service
+    account (``CONTROLLER_USERNAME``), with the RBAC the stand-in needs; made with ``api``
+    (an admin), idempotent. The test cluster's setup, not the product's: config/ never ships
+    KubeVirt's identity."""
+    _apply(api, pykube.Namespace, {"metadata": {"name": CONTROLLER_NAMESPACE}})
+    _apply(
+        api,
+        pykube.ServiceAccount,
+        {"metadata": {"name": CONTROLLER_SERVICE_ACCOUNT, "namespace": CONTROLLER_NAMESPACE}},
+    )
+    role = f"gpuoperator-test:{CONTROLLER_SERVICE_ACCOUNT}"
+    _apply(api, pykube.ClusterRole, {"metadata": {"name": role}, "rules": list(CONTROLLER_RULES)})
+    _apply(
+        api,
+        pykube.ClusterRoleBinding,
+        {
+            "metadata": {"name": role},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": CONTROLLER_SERVICE_ACCOUNT,
+                    "namespace": CONTROLLER_NAMESPACE,
+                }
+            ],
+        },
+    )
+    response = api.post(
+        url=f"serviceaccounts/{CONTROLLER_SERVICE_ACCOUNT}/token",
+        namespace=CONTROLLER_NAMESPACE,
+        data=json.dumps(
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": TOKEN_SECONDS},
+            }
+        ),
+    )
+    api.raise_for_status(response)
+    return token_client(api, str(response.json()["status"]["token"]))
+
+
+def token_client(api: pykube.HTTPClient, token: str) -> pykube.HTTPClient:
+    """A client of ``api``'s cluster (its server and CA) that authenticates with ``token``."""
+    cluster: Obj = {"server": api.config.cluster["server"]}
+    ca = api.config.cluster.get("certificate-authority")
+    if ca is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca.bytes()).decode()
+    if api.config.cluster.get("insecure-skip-tls-verify"):
+        cluster["insecure-skip-tls-verify"] = True
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    return pykube.HTTPClient(pykube.KubeConfig(doc), timeout=api.timeout)
 
 
 class KubeVirtSimulator:

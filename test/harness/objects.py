@@ -410,6 +410,7 @@ def admission_request(
     namespace: str = NS,
     dry_run: bool = False,
     old: Obj | None = None,
+    user: str = "tenant",
 ) -> admitting.AdmissionRequest:
     """The request an AdmissionReview v1 carrying ``obj`` parses into."""
     request: Obj = {
@@ -420,7 +421,7 @@ def admission_request(
         "name": (obj.get("metadata") or {}).get("name", ""),
         "object": obj,
         "oldObject": old,
-        "userInfo": {"username": "tenant", "groups": ["system:authenticated"]},
+        "userInfo": {"username": user, "groups": ["system:authenticated"]},
         "dryRun": dry_run,
     }
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}

@@ -117,15 +117,31 @@ def vmi(refs: str = '[{"claim":"hold-a"}]', name: str = "vm1") -> Obj:
 
 
 def launcher_pod(spec: Any = None) -> Obj:
+    """A review of a launcher pod as KubeVirt's controller creates it (the default username
+    of the setting kubevirtServiceAccount, a controller ownerReference to its VMI)."""
     obj = {
         "metadata": {
             "generateName": "virt-launcher-vm1-",
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": "vm1",
+                    "uid": "u-vm1",
+                    "controller": True,
+                }
+            ],
             "labels": {"kubevirt.io": "virt-launcher", "gpu.cozystack.io/claims": "true"},
             "annotations": {"gpu.cozystack.io/claims": '[{"claim":"hold-a"}]'},
         },
         "spec": {"containers": [{"name": "compute"}]} if spec is None else spec,
     }
-    return review(obj, kind="Pod")
+    out = review(obj, kind="Pod")
+    out["request"]["userInfo"] = {
+        "username": "system:serviceaccount:kubevirt:kubevirt-controller",
+        "groups": ["system:serviceaccounts", "system:serviceaccounts:kubevirt"],
+    }
+    return out
 
 
 def body(review_obj: Any) -> bytes:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from admission import pods
+from gpuoperator import settings
 from gpuoperator.runtime import admitting
 from harness import objects
 from harness.offline import apply_json_patch, store_caches
@@ -21,6 +22,15 @@ GATE = {"name": "gpu.cozystack.io/placement"}
 GPU_TAINT = {"key": "gpu.example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}
 A10_TAINT = {"key": "gpu.example.com/model", "value": "a10", "effect": "NoSchedule"}
 L40S_TAINT = {"key": "gpu.example.com/model", "value": "l40s", "effect": "NoSchedule"}
+KUBEVIRT = "system:serviceaccount:kubevirt:kubevirt-controller"
+VMI_OWNER = {
+    "apiVersion": "kubevirt.io/v1",
+    "kind": "VirtualMachineInstance",
+    "name": "vm1",
+    "uid": "u-vmi",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
 
 
 # -- fakes and objects ------------------------------------------------------------------------
@@ -53,6 +63,7 @@ def pod(
     ephemeral: bool = False,
     tolerations: list[Obj] | None = None,
     gates: list[Obj] | None = None,
+    owners: list[Obj] | None = None,
 ) -> Obj:
     labels: Obj = {"vm.kubevirt.io/name": "vm1", "kubevirt.io/created-by": "u-vmi"}
     if launcher:
@@ -81,6 +92,7 @@ def pod(
         "kind": "Pod",
         "metadata": {
             "generateName": "virt-launcher-vm1-",
+            "ownerReferences": [VMI_OWNER] if owners is None else owners,
             "labels": labels,
             "annotations": annotations,
         },
@@ -88,13 +100,16 @@ def pod(
     }
 
 
-def request(obj: Obj, operation: str = "CREATE") -> admitting.AdmissionRequest:
-    return objects.admission_request(obj, kind="Pod", operation=operation)
+def request(
+    obj: Obj, operation: str = "CREATE", user: str = KUBEVIRT
+) -> admitting.AdmissionRequest:
+    """A review as the API server sends it when KubeVirt's controller creates ``obj``."""
+    return objects.admission_request(obj, kind="Pod", operation=operation, user=user)
 
 
 @pytest.fixture
 def webhook() -> pods.PodWebhook:
-    return pods.PodWebhook(store_caches(CLASSES, CLAIMS))
+    return pods.PodWebhook(store_caches(CLASSES, CLAIMS), settings.load(None, {}, {}))
 
 
 def admitted(webhook: pods.PodWebhook, obj: Obj) -> Obj:
@@ -288,3 +303,56 @@ def test_migration_targets_and_other_pods_are_admitted_untouched(
 @pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
 def test_only_create_is_mutated(webhook: pods.PodWebhook, operation: str) -> None:
     assert webhook(request(pod(), operation)) == admitting.Admission.allow()
+
+
+# -- who may create launcher pods ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ephemeral", [False, True])
+def test_a_launcher_pod_made_by_anyone_but_kubevirt_is_refused(
+    webhook: pods.PodWebhook, ephemeral: bool
+) -> None:
+    """A tenant who dresses her own pod as a launcher pod gets no tolerations and no gate:
+    she is refused, with who may create such pods and who asked."""
+    admission = webhook(request(pod(ephemeral=ephemeral), user="system:serviceaccount:t:me"))
+    assert not admission.allowed
+    assert admission.code == 403
+    for fragment in (
+        "tenant-a/virt-launcher-vm1-",
+        "kubevirt.io=virt-launcher",
+        "gpu.cozystack.io/claims=true",
+        KUBEVIRT,
+        "system:serviceaccount:t:me may not",
+    ):
+        assert fragment in admission.message, admission.message
+    assert admission.patch == []
+
+
+def test_a_launcher_pod_kubevirt_makes_without_a_vmi_owner_is_refused(
+    webhook: pods.PodWebhook,
+) -> None:
+    not_controller = {**VMI_OWNER, "controller": False}
+    other_kind = {**VMI_OWNER, "kind": "VirtualMachine"}
+    for owners in ([], [not_controller], [other_kind]):
+        admission = webhook(request(pod(owners=owners)))
+        assert not admission.allowed, owners
+        assert "metadata.ownerReferences" in admission.message
+        assert "VirtualMachineInstance" in admission.message
+
+
+def test_the_kubevirt_username_is_the_setting() -> None:
+    hook = pods.PodWebhook(
+        store_caches(CLASSES, CLAIMS),
+        settings.load({"kubevirtServiceAccount": "system:serviceaccount:virt:controller"}, {}, {}),
+    )
+    assert not hook(request(pod())).allowed
+    assert hook(request(pod(), user="system:serviceaccount:virt:controller")).allowed
+
+
+def test_other_pods_are_admitted_whoever_creates_them(webhook: pods.PodWebhook) -> None:
+    """The creator is checked only for the pods the webhook would dress (not a migration
+    target, not a pod without both labels): the admission policy judges the rest."""
+    for obj in (pod(migration=True), pod(launcher=False), pod(labelled=False)):
+        admission = webhook(request(obj, user="tenant"))
+        assert admission.allowed
+        assert admission.patch == []

@@ -237,9 +237,14 @@ def test_cert_manager_mode_drops_the_self_managed_permissions() -> None:
     assert set(SELF_MANAGED) <= granted(render("default"))
 
 
-def test_the_settings_configmap_is_readable_by_name_only() -> None:
+def test_the_settings_and_policy_params_configmaps_are_reachable_by_name_only() -> None:
+    """The settings are read; the policies' parameter is watched and updated, never created
+    (it ships with the manifests) and no other ConfigMap is reachable."""
     configmaps = {p for p in granted(render("default")) if p[2] == "configmaps"}
-    assert configmaps == {(NAMESPACE, "", "configmaps", "get", "gpu-operator-settings")}
+    assert configmaps == {(NAMESPACE, "", "configmaps", "get", names.SETTINGS_CONFIGMAP)} | {
+        (NAMESPACE, "", "configmaps", verb, names.POLICY_PARAMS_CONFIGMAP)
+        for verb in ("list", "watch", "update")
+    }
 
 
 # ---- no wildcards --------------------------------------------------------------------------

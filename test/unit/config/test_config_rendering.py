@@ -37,6 +37,10 @@ CLUSTER_SCOPED = {
     "MutatingAdmissionPolicyBinding",
 }
 
+#: The policies that enforce holds at admission (config/policy), each with its binding; all
+#: read the policy parameters ConfigMap.
+HOLD_POLICIES = ("gpu-pods", "launcher-pods", "vmi-gpus", "claim-finalizer")
+
 #: What `kubectl apply -k config/default` installs: (kind, namespace, name).
 DEFAULT_OBJECTS = {
     ("Namespace", "", NAMESPACE),
@@ -63,6 +67,7 @@ DEFAULT_OBJECTS = {
     ("ClusterRole", "", "gpu-operator-gpuclass-editor"),
     ("ClusterRole", "", "gpu-operator-gpuclass-viewer"),
     ("ConfigMap", NAMESPACE, names.SETTINGS_CONFIGMAP),
+    ("ConfigMap", NAMESPACE, names.POLICY_PARAMS_CONFIGMAP),
     ("Secret", NAMESPACE, names.WEBHOOK_CERT_SECRET),
     ("Service", NAMESPACE, names.WEBHOOK_SERVICE),
     ("Service", NAMESPACE, METRICS_SERVICE),
@@ -72,6 +77,11 @@ DEFAULT_OBJECTS = {
     ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-template-claim-mark"),
     ("ValidatingAdmissionPolicy", "", "gpu-operator-secret-writes"),
     ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-secret-writes"),
+    *(
+        (kind, "", f"gpu-operator-{policy}")
+        for policy in HOLD_POLICIES
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    ),
     ("MutatingAdmissionPolicy", "", "gpu-operator-claim-protection"),
     ("MutatingAdmissionPolicyBinding", "", "gpu-operator-claim-protection"),
     ("ValidatingWebhookConfiguration", "", names.VALIDATING_WEBHOOK_CONFIGURATION),
@@ -173,6 +183,44 @@ def test_changing_the_namespace_of_default_carries_it_everywhere(tmp_path: Path)
     policy = find(objs, "ValidatingAdmissionPolicy", "gpu-operator-secret-writes")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["operatorUser"] == f"'{user}'"
+    params = find(objs, "ConfigMap", names.POLICY_PARAMS_CONFIGMAP)
+    assert params["metadata"]["namespace"] == "gpus"
+    assert params["data"]["operatorServiceAccount"] == user
+    for policy_name in HOLD_POLICIES:
+        binding = find(objs, "ValidatingAdmissionPolicyBinding", f"gpu-operator-{policy_name}")
+        assert binding["spec"]["paramRef"] == {
+            "name": names.POLICY_PARAMS_CONFIGMAP,
+            "namespace": "gpus",
+            "parameterNotFoundAction": "Deny",
+        }, policy_name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_hold_policies_read_the_policy_params_beside_the_operator(variant: str) -> None:
+    """Every policy that enforces holds takes the policy parameters ConfigMap of the
+    operator's namespace, fails closed, and is bound with Deny; the shipped parameter names
+    the operator's ServiceAccount and KubeVirt's controller, and no resource yet."""
+    objs = render(variant)
+    for policy_name in HOLD_POLICIES:
+        policy = find(objs, "ValidatingAdmissionPolicy", f"gpu-operator-{policy_name}")
+        assert policy["spec"]["failurePolicy"] == "Fail", policy_name
+        assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+        assert policy["spec"]["matchConditions"], f"{policy_name} must narrow what it sees"
+        binding = find(objs, "ValidatingAdmissionPolicyBinding", f"gpu-operator-{policy_name}")
+        assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert binding["spec"]["paramRef"] == {
+            "name": names.POLICY_PARAMS_CONFIGMAP,
+            "namespace": NAMESPACE,
+            "parameterNotFoundAction": "Deny",
+        }, policy_name
+        for validation in policy["spec"]["validations"]:
+            assert validation["reason"] == "Forbidden"
+            assert validation["messageExpression"]
+    data = find(objs, "ConfigMap", names.POLICY_PARAMS_CONFIGMAP)["data"]
+    assert data["operatorServiceAccount"] == f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+    assert data["kubevirtServiceAccount"] == "system:serviceaccount:kubevirt:kubevirt-controller"
+    assert data["resourceNames"] == ""
 
 
 def test_the_secret_writes_policy_compares_the_operator_username() -> None:

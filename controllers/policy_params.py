@@ -1,0 +1,113 @@
+"""Policy parameters: the ConfigMap ``gpu-operator-policy-params`` in the operator's
+namespace holds what the admission policies of ``config/policy`` compare with, and this
+controller (leader only) keeps it current (``model.policy_params``): the sorted set of the
+classes' device-plugin resource names and the effective settings the policies read
+(operatorServiceAccount, kubevirtServiceAccount, exemptNamespaces).
+
+One key, the ConfigMap's; woken by every GPUClass event and by the ConfigMap itself (an
+informer by name, so a hand edit or a re-apply of the manifests is put right at once).
+
+Why the ConfigMap is never created here: it ships with the manifests (so the policies
+judge from the first apply, before any operator runs), and RBAC cannot restrict a create
+by name. Without it the policies refuse what they guard (their parameterNotFoundAction is
+Deny) and this controller logs that it is missing and waits for it (its informer wakes it
+when the ConfigMap is applied again). Writes are updates of the whole ConfigMap under its
+resourceVersion; only the keys above are touched, others are left as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pykube
+import structlog
+
+from gpuoperator import names, settings
+from gpuoperator.caches import Caches
+from gpuoperator.model import policy_params
+from gpuoperator.runtime import errors
+from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.controlling import Controller, Result
+from gpuoperator.runtime.informing import Informer, InformerOptions, Key
+from gpuoperator.runtime.managing import Manager
+
+log = structlog.get_logger(__name__)
+
+NAME = "policy-params"
+
+
+class PolicyParams:
+    def __init__(
+        self,
+        caches: Caches,
+        params: Informer,
+        writer: Client,
+        operator_settings: settings.Settings,
+    ) -> None:
+        self.caches = caches
+        self.params = params
+        self.writer = writer
+        self.settings = operator_settings
+
+    def wanted(self) -> dict[str, str]:
+        return policy_params.data(
+            self.caches.classes.store.values(),
+            operator_service_account=self.settings.operator_service_account,
+            kubevirt_service_account=self.settings.kubevirt_service_account,
+            exempt_namespaces=self.settings.exempt_namespaces,
+        )
+
+    def reconcile(self, key: Key) -> Result | None:
+        namespace, name = key
+        current = self.params.store.get(key)
+        if current is None:
+            log.warning(
+                "policy parameters missing",
+                controller=NAME,
+                key=f"{namespace}/{name}",
+                reason="ParamsMissing",
+                hint="apply the manifests again (config/default ships the ConfigMap); until "
+                "then the admission policies refuse what they guard",
+            )
+            return None
+        changed = policy_params.changes(current.get("data"), self.wanted())
+        if not changed:
+            return None
+        obj: Obj = copy.deepcopy(current)
+        obj["data"] = {**(obj.get("data") or {}), **changed}
+        try:
+            self.writer.replace(pykube.ConfigMap, obj)
+        except errors.NotFoundError:
+            return None  # deleted meanwhile: its informer's event brings us back
+        log.info(
+            "policy parameters written",
+            controller=NAME,
+            key=f"{namespace}/{name}",
+            reason="ParamsChanged",
+            changed=changed,
+        )
+        return None
+
+
+def register(
+    manager: Manager, caches: Caches, operator_settings: settings.Settings
+) -> Controller[Key]:
+    namespace = manager.options.namespace
+    key: Key = (namespace, names.POLICY_PARAMS_CONFIGMAP)
+    params = manager.informer(
+        pykube.ConfigMap,
+        InformerOptions(
+            namespace=namespace, field_selector=f"metadata.name={names.POLICY_PARAMS_CONFIGMAP}"
+        ),
+        name=NAME,
+    )
+    controller = manager.controller(
+        NAME,
+        PolicyParams(caches, params, manager.writer, operator_settings),
+        workers=1,
+        seed=lambda: [key],
+    )
+    manager.add_controller(
+        controller, [(caches.classes, lambda _o: [key]), (params, lambda _o: [key])]
+    )
+    return controller
