@@ -69,7 +69,9 @@ def _vmi_rights(admin: pykube.HTTPClient, namespace: str, name: str) -> None:
         {"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": VMI_VERBS}
     ]
     role = f"{name}-vmis"
-    pykube.Role(admin, {"metadata": {"name": role, "namespace": namespace}, "rules": rules}).create()
+    pykube.Role(
+        admin, {"metadata": {"name": role, "namespace": namespace}, "rules": rules}
+    ).create()
     pykube.RoleBinding(
         admin,
         {

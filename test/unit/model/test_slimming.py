@@ -492,7 +492,6 @@ def claim_readings(claim: dict[str, Any]) -> tuple[object, ...]:
         orders.ordered_class(claim),
         orders.ordered_count(claim),
         orders.is_template_claim(claim),
-        orders.charged(claim),
         orders.creation_order(claim),
         orders.usage([claim], "a10"),
         claims.phase(claim),
