@@ -40,6 +40,24 @@ _FAMILIES = {
 }
 
 
+def _module_strings(tree: ast.Module) -> dict[str, str]:
+    """The module's top-level string constants (``FAMILY: Final = "gpuoperator_..."``)."""
+    out: dict[str, str] = {}
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            target, value = node.target.id, node.value
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            target, value = node.targets[0].id, node.value
+        if target and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            out[target] = value.value
+    return out
+
+
 def exported_metrics() -> set[str]:
     """Sample names the operator's code exposes: every prometheus_client metric (or custom
     collector's metric family) constructed with a literal name under gpuoperator/,
@@ -49,20 +67,23 @@ def exported_metrics() -> set[str]:
     registry = prometheus_client.CollectorRegistry()
     for top in ("gpuoperator", "controllers", "admission"):
         for path in sorted((REPO / top).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            tree = ast.parse(path.read_text(), str(path))
+            constants = _module_strings(tree)
+            for node in ast.walk(tree):
                 if not isinstance(node, ast.Call) or not node.args:
                     continue
                 func = node.func
                 kind = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 kind = _FAMILIES.get(kind, kind)
                 first = node.args[0]
-                if (
-                    kind in _TYPES
-                    and isinstance(first, ast.Constant)
-                    and isinstance(first.value, str)
-                ):
+                name = None
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    name = first.value
+                elif isinstance(first, ast.Name):
+                    name = constants.get(first.id)
+                if kind in _TYPES and name is not None:
                     cls = getattr(prometheus_client, kind)
-                    cls(first.value, "scanned", registry=registry)
+                    cls(name, "scanned", registry=registry)
     return {s.name for family in registry.collect() for s in family.samples}
 
 
