@@ -65,6 +65,7 @@ def exported_metrics() -> set[str]:
     itself says which sample names it exposes (``_total`` for counters,
     ``_bucket``/``_sum``/``_count`` for histograms...)."""
     registry = prometheus_client.CollectorRegistry()
+    seen: set[str] = set()
     for top in ("gpuoperator", "controllers", "admission"):
         for path in sorted((REPO / top).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
@@ -81,7 +82,8 @@ def exported_metrics() -> set[str]:
                     name = first.value
                 elif isinstance(first, ast.Name):
                     name = constants.get(first.id)
-                if kind in _TYPES and name is not None:
+                if kind in _TYPES and name is not None and name not in seen:
+                    seen.add(name)
                     cls = getattr(prometheus_client, kind)
                     cls(name, "scanned", registry=registry)
     return {s.name for family in registry.collect() for s in family.samples}
