@@ -144,8 +144,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-for-vms", dest="gpuForVMs", type=_bool, metavar="BOOL")
     s.add_argument("--drain-moves", dest="drainMoves", type=_bool, metavar="BOOL")
     s.add_argument("--status-interval", dest="statusInterval")
-    s.add_argument("--gpu-hours-series", dest="gpuHoursSeries", choices=("claim", "namespace"))
+    s.add_argument("--kubevirt-service-account", dest="kubevirtServiceAccount")
+    s.add_argument("--exempt-namespaces", dest="exemptNamespaces")
     s.add_argument("--webhook-client-ca", dest="webhookClientCA")
+    s.add_argument("--gpu-hours-series", dest="gpuHoursSeries", choices=("claim", "namespace"))
     return p
 
 
