@@ -164,7 +164,12 @@ def pod_doc(
     }
     if init_requests:
         spec["initContainers"] = [
-            {"name": "i", "image": "x", "resources": {"requests": init_requests}}
+            # Extended resources need a limit equal to the request.
+            {
+                "name": "i",
+                "image": "x",
+                "resources": {"requests": init_requests, "limits": init_requests},
+            }
         ]
     if gated:
         spec["schedulingGates"] = [{"name": names.PLACEMENT_GATE}]
