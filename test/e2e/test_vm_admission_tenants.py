@@ -360,38 +360,53 @@ def test_a_template_no_node_could_hold_is_refused_at_vmi_create(
 
 
 def test_a_template_labelled_on_after_create_orders_nothing(
-    api: pykube.HTTPClient, fleet: Fleet, tenant: str, tenant_api: pykube.HTTPClient
+    api: pykube.HTTPClient,
+    fleet: Fleet,
+    tenant: str,
+    tenant_api: pykube.HTTPClient,
+    hoster_namespace: str,
 ) -> None:
-    """The webhook's objectSelector skips a VMI created without the claims label; labelled
-    and annotated afterwards, its references were never judged: no claim is made of them."""
+    """The webhook's objectSelector skips a VMI created without the claims label. The
+    tenant cannot label and annotate it afterwards (the admission policy refuses her); and
+    where no policy applies (an exempt namespace, a cluster without the policies), the
+    references were never judged, so the template controller orders nothing of them."""
     cls = fleet.gpu_class()
     fleet.node(4)
     settled(api, cls, 4)
-    v = VirtualMachineInstance(
-        tenant_api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {"name": "vm-late", "namespace": tenant},
-            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
-        },
-    )
-    v.create()
     refs = json.dumps([{"claimTemplate": {"className": cls, "count": 64}}])
 
     def label_and_annotate(obj: Obj) -> None:
         obj["metadata"].setdefault("labels", {})[names.CLAIMS_LABEL] = "true"
         obj["metadata"].setdefault("annotations", {})[names.CLAIMS_ANNOTATION] = refs
 
-    # edit (and KubeVirt's VMI rights) allow it; only an admission policy would not.
-    mutate(v, label_and_annotate)
+    def plain_vmi(client: pykube.HTTPClient, namespace: str) -> VirtualMachineInstance:
+        v = VirtualMachineInstance(
+            client,
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "metadata": {"name": "vm-late", "namespace": namespace},
+                "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
+            },
+        )
+        v.create()
+        return v
+
+    # The tenant: edit and KubeVirt's VMI rights allow the update, the policy does not.
+    with refused(403) as refusal:
+        mutate(plain_vmi(tenant_api, tenant), label_and_annotate)
+    assert names.CLAIMS_LABEL in refusal[0].message
+    assert list(GPUClaim.objects(api, namespace=tenant)) == []
+
+    # Where the policy does not apply, the controller's own check holds.
+    mutate(plain_vmi(api, hoster_namespace), label_and_annotate)
     [message] = wait_for(
         "the template controller's refusal",
-        lambda: event_messages(tenant_api, tenant, "vm-late", "TemplateClaimRefused"),
+        lambda: event_messages(api, hoster_namespace, "vm-late", "TemplateClaimRefused"),
         until=bool,
         timeout=CONVERGE,
     )
     assert "spec.domain.devices.gpus: 0 entries, not the 64 entries the VMI webhook writes" in (
         message
     )
-    assert list(GPUClaim.objects(api, namespace=tenant)) == []
+    assert list(GPUClaim.objects(api, namespace=hoster_namespace)) == []
