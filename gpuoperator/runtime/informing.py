@@ -618,6 +618,10 @@ class Informer:
                 self._phase = "backoff"
                 self._stop.wait(delay)
             except Exception as exc:  # a handler bug must not kill the cache
+                if self._stop.is_set():
+                    # stop() closed the stream under a read: urllib3 then fails in ways of
+                    # its own (an AttributeError on the released connection), not an error.
+                    return
                 self._stale()
                 delay = backoff.next()
                 self._log.exception(

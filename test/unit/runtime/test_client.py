@@ -18,6 +18,7 @@ import requests
 import yaml
 
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.runtime import client as clientmod
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config, resource_of
 from gpuoperator.runtime.clock import FakeClock
@@ -389,3 +390,16 @@ def test_the_proxy_environment_is_read_once_per_connection_not_per_request(
     assert session.proxies["https"] == "http://proxy.example:3128"
     monkeypatch.setenv("NO_PROXY", "api.example")
     assert "https" not in Client(lambda: pykube.KubeConfig(doc))._http().session.proxies
+
+
+@pytest.mark.parametrize("size", [1, 7, 512, 65536])
+def test_watch_lines_are_split_alike_whatever_the_chunks(size: int) -> None:
+    stream = b'{"a":1}\n\n{"b":"' + b"x" * 200_000 + b'"}\n{"c":3}'
+    chunks = [stream[i : i + size] for i in range(0, len(stream), size)]
+    assert list(clientmod.event_lines(chunks)) == stream.split(b"\n")
+
+
+def test_a_line_of_a_mebibyte_in_small_chunks_is_one_line() -> None:
+    line = b'{"type":"ADDED","object":{"data":"' + b"y" * (1 << 20) + b'"}}'
+    chunks = [line[i : i + 512] for i in range(0, len(line), 512)] + [b"\n"]
+    assert list(clientmod.event_lines(chunks)) == [line]
