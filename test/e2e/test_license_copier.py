@@ -630,7 +630,7 @@ def test_many_labelled_large_secrets_do_not_fill_the_copiers_cache(licenses: Lic
     cls = licenses.gpu_class(source.name)
     namespace = licenses.namespace()
     tenant = licenses.tenant(namespace)
-    blob = base64.b64encode(b"\0" * 64 * 1024).decode()
+    blob = base64.b64encode(b"\0" * 960 * 1024).decode()
     count = 24
     for i in range(count):
         pykube.Secret(
@@ -640,7 +640,7 @@ def test_many_labelled_large_secrets_do_not_fill_the_copiers_cache(licenses: Lic
                     "name": f"junk-{i}",
                     "namespace": namespace,
                     "labels": {names.LICENSE_OF_LABEL: cls},
-                    "annotations": {"pad": "p" * 16 * 1024},
+                    "annotations": {"pad": "p" * 64 * 1024},
                 },
                 "data": {"blob": blob},
             },
@@ -662,5 +662,5 @@ def test_many_labelled_large_secrets_do_not_fill_the_copiers_cache(licenses: Lic
         assert "data" not in obj
         assert "pad" not in (obj["metadata"].get("annotations") or {})
     held = sum(len(repr(o)) for o in cached)
-    print(f"copies cache: {count} Secrets of 64 KiB data + 16 KiB annotations held in {held} B")
+    print(f"copies cache: {count} Secrets of 960 KiB data + 64 KiB annotations held in {held} B")
     assert held < count * 2048

@@ -393,8 +393,10 @@ def test_a_template_labelled_on_after_create_orders_nothing(
         return v
 
     # The tenant: edit and KubeVirt's VMI rights allow the update, the policy does not.
+    late = plain_vmi(tenant_api, tenant)
+    label_and_annotate(late.obj)
     with refused(403) as refusal:
-        mutate(plain_vmi(tenant_api, tenant), label_and_annotate)
+        late.update()
     assert names.CLAIMS_LABEL in refusal[0].message
     assert list(GPUClaim.objects(api, namespace=tenant)) == []
 
