@@ -186,12 +186,13 @@ def _gated(pod: Obj | None) -> bool:
 
 
 def _changed(was: Obj, now: Obj) -> bool:
-    """A decision changed: the hold (node, boundTime), refusals, or a completed attachment.
-    An attachment still without a uid may only gain it."""
+    """A decision changed: the hold (node, boundTime), refusals, or a recorded attachment.
+    The attachments controller records an attachment once its VMI exists (the webhooks write
+    nothing), so one not recorded yet may appear, and one without a uid may only gain it."""
     for field in ("phase", "nodeName", "boundTime", "refusedNodes"):
         if was.get(field) != now.get(field):
             return True
     attached, still = was.get("attachment") or {}, now.get("attachment") or {}
     if attached.get("uid"):
         return bool(attached != still)
-    return attached.get("vmi") != still.get("vmi")
+    return bool(attached.get("vmi")) and attached.get("vmi") != still.get("vmi")

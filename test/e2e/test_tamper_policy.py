@@ -25,6 +25,7 @@ from pykube.objects import APIObject
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime.kinds import ValidatingAdmissionPolicy
+from harness import accounts
 from harness.kube import Obj, Refusal, mutate, refused, replace
 from harness.operator import Deployed
 from harness.waiting import WaitTimeoutError, wait_for
@@ -200,43 +201,6 @@ def test_the_policy_type_checks_clean_against_the_gpuclaim_schema(
 # ---- acting as service accounts ---------------------------------------------------------
 
 
-def token_for(api: pykube.HTTPClient, namespace: str, sa: str) -> str:
-    r = api.post(
-        url=f"serviceaccounts/{sa}/token",
-        namespace=namespace,
-        data=json.dumps(
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 600},
-            }
-        ),
-    )
-    api.raise_for_status(r)
-    return str(r.json()["status"]["token"])
-
-
-def client_with_token(kubeconfig: Path, token: str) -> pykube.HTTPClient:
-    """A client for the admin kubeconfig's cluster that authenticates with ``token``."""
-    admin = yaml.safe_load(kubeconfig.read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    entry = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
-    cluster = dict(entry["cluster"])
-    if "certificate-authority" in cluster:  # a relative path is relative to the kubeconfig
-        cluster["certificate-authority"] = str(
-            (kubeconfig.parent / cluster["certificate-authority"]).resolve()
-        )
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    return pykube.HTTPClient(pykube.KubeConfig(doc), timeout=30)
-
-
 def claim_doc(name: str, namespace: str, labels: dict[str, str] | None = None) -> Obj:
     meta: Obj = {"name": name, "namespace": namespace}
     if labels is not None:
@@ -349,11 +313,9 @@ def actors_for(
     return Actors(
         namespace=namespace,
         binding=binding,
-        tenant=client_with_token(kubeconfig, token_for(api, namespace, "tenant")),
+        tenant=accounts.client(api, namespace, "tenant", 600),
         tenant_user=f"system:serviceaccount:{namespace}:tenant",
-        operator=client_with_token(
-            kubeconfig, token_for(api, binding.params_namespace, "gpu-operator")
-        ),
+        operator=accounts.client(api, binding.params_namespace, "gpu-operator", 600),
     )
 
 
@@ -501,7 +463,7 @@ def test_the_operators_name_must_match_exactly(
             ],
         },
     ).create()
-    impostor = client_with_token(kubeconfig, token_for(api, actors.namespace, "gpu-operator"))
+    impostor = accounts.client(api, actors.namespace, "gpu-operator", 600)
     with refused(403) as r:
         actors.claim(impostor, "marked", {MARK: "true"})
     assert_mark_refusal(r, actors, f"system:serviceaccount:{actors.namespace}:gpu-operator", "set")

@@ -24,11 +24,11 @@ import pytest
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, VirtualMachineInstance, Workload
 from gpuoperator.runtime.kinds import MutatingWebhookConfiguration
-from harness import kube
+from harness import accounts, kube
 from harness.claims import bound_node, create_claim
 from harness.fleet import Fleet, published
 from harness.kube import Obj, Refusal, refused, replace
-from harness.kubevirt import CONTROLLER_USERNAME, token_client
+from harness.kubevirt import CONTROLLER_USERNAME
 from harness.operator import Deployed
 from harness.waiting import wait_for
 
@@ -86,19 +86,7 @@ def tenant_in(api: pykube.HTTPClient, namespace: str, vmi_role: str) -> Tenant:
                 "subjects": [{"kind": "ServiceAccount", "name": "alice", "namespace": namespace}],
             },
         ).create()
-    response = api.post(
-        url="serviceaccounts/alice/token",
-        namespace=namespace,
-        data=json.dumps(
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 3600},
-            }
-        ),
-    )
-    api.raise_for_status(response)
-    client = token_client(api, str(response.json()["status"]["token"]))
+    client = accounts.client(api, namespace, "alice")
     wanted = [
         ("", "pods", "create"),
         ("", "pods", "update"),

@@ -8,12 +8,12 @@ cluster has KubeVirt's CRDs, not KubeVirt)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pykube
-import yaml
+
+from harness import accounts
 
 
 @dataclass(frozen=True)
@@ -21,43 +21,6 @@ class EditTenant:
     namespace: str
     user: str  # system:serviceaccount:<namespace>:<name>
     api: pykube.HTTPClient
-
-
-def _token(admin: pykube.HTTPClient, namespace: str, name: str) -> str:
-    r = admin.post(
-        url=f"serviceaccounts/{name}/token",
-        namespace=namespace,
-        data=json.dumps(
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 3600},
-            }
-        ),
-    )
-    admin.raise_for_status(r)
-    return str(r.json()["status"]["token"])
-
-
-def _client(kubeconfig: Path, token: str) -> pykube.HTTPClient:
-    """A client for the admin kubeconfig's cluster that authenticates with ``token``."""
-    admin = yaml.safe_load(kubeconfig.read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    entry = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
-    cluster = dict(entry["cluster"])
-    if "certificate-authority" in cluster:  # a relative path is relative to the kubeconfig
-        cluster["certificate-authority"] = str(
-            (kubeconfig.parent / cluster["certificate-authority"]).resolve()
-        )
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    return pykube.HTTPClient(pykube.KubeConfig(doc), timeout=30)
 
 
 #: What KubeVirt's ``kubevirt.io:edit`` ClusterRole grants on VMIs.
@@ -108,7 +71,7 @@ def edit_tenant(
     if vmis:
         _vmi_rights(admin, namespace, name)
     user = f"system:serviceaccount:{namespace}:{name}"
-    return EditTenant(namespace, user, _client(kubeconfig, _token(admin, namespace, name)))
+    return EditTenant(namespace, user, accounts.client(admin, namespace, name))
 
 
 def tenant_client(api: pykube.HTTPClient, admin_kubeconfig: Path, ns: str) -> pykube.HTTPClient:

@@ -51,7 +51,6 @@ replacing the whole object under its resourceVersion.
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import logging
@@ -67,6 +66,7 @@ import pykube
 from gpuoperator.kinds import KubeVirt, VirtualMachineInstance
 from gpuoperator.runtime.queueing import WorkQueue
 from gpuoperator.runtime.ratelimiting import ItemExponentialFailureRateLimiter
+from harness import accounts
 
 Obj = dict[str, Any]
 
@@ -655,38 +655,7 @@ def controller_client(api: pykube.HTTPClient) -> pykube.HTTPClient:
             ],
         },
     )
-    response = api.post(
-        url=f"serviceaccounts/{CONTROLLER_SERVICE_ACCOUNT}/token",
-        namespace=CONTROLLER_NAMESPACE,
-        data=json.dumps(
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": TOKEN_SECONDS},
-            }
-        ),
-    )
-    api.raise_for_status(response)
-    return token_client(api, str(response.json()["status"]["token"]))
-
-
-def token_client(api: pykube.HTTPClient, token: str) -> pykube.HTTPClient:
-    """A client of ``api``'s cluster (its server and CA) that authenticates with ``token``."""
-    cluster: Obj = {"server": api.config.cluster["server"]}
-    ca = api.config.cluster.get("certificate-authority")
-    if ca is not None:
-        cluster["certificate-authority-data"] = base64.b64encode(ca.bytes()).decode()
-    if api.config.cluster.get("insecure-skip-tls-verify"):
-        cluster["insecure-skip-tls-verify"] = True
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    return pykube.HTTPClient(pykube.KubeConfig(doc), timeout=api.timeout)
+    return accounts.client(api, CONTROLLER_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT, TOKEN_SECONDS)
 
 
 class KubeVirtSimulator:
