@@ -39,7 +39,12 @@ CLUSTER_SCOPED = {
 
 #: The policies that enforce holds at admission (config/policy), each with its binding; all
 #: read the policy parameters ConfigMap.
-HOLD_POLICIES = ("gpu-pods", "launcher-pods", "vmi-gpus", "claim-finalizer")
+HOLD_POLICIES = (
+    "gpu-operator-gpu-pods",
+    "gpu-operator-launcher-pods",
+    "gpu-operator-vmi-gpus",
+    "gpu-operator-claim-finalizer",
+)
 
 #: What `kubectl apply -k config/default` installs: (kind, namespace, name).
 DEFAULT_OBJECTS = {
@@ -78,7 +83,7 @@ DEFAULT_OBJECTS = {
     ("ValidatingAdmissionPolicy", "", "gpu-operator-secret-writes"),
     ("ValidatingAdmissionPolicyBinding", "", "gpu-operator-secret-writes"),
     *(
-        (kind, "", f"gpu-operator-{policy}")
+        (kind, "", policy)
         for policy in HOLD_POLICIES
         for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
     ),
@@ -187,7 +192,7 @@ def test_changing_the_namespace_of_default_carries_it_everywhere(tmp_path: Path)
     assert params["metadata"]["namespace"] == "gpus"
     assert params["data"]["operatorServiceAccount"] == user
     for policy_name in HOLD_POLICIES:
-        binding = find(objs, "ValidatingAdmissionPolicyBinding", f"gpu-operator-{policy_name}")
+        binding = find(objs, "ValidatingAdmissionPolicyBinding", policy_name)
         assert binding["spec"]["paramRef"] == {
             "name": names.POLICY_PARAMS_CONFIGMAP,
             "namespace": "gpus",
@@ -202,11 +207,11 @@ def test_the_hold_policies_read_the_policy_params_beside_the_operator(variant: s
     the operator's ServiceAccount and KubeVirt's controller, and no resource yet."""
     objs = render(variant)
     for policy_name in HOLD_POLICIES:
-        policy = find(objs, "ValidatingAdmissionPolicy", f"gpu-operator-{policy_name}")
+        policy = find(objs, "ValidatingAdmissionPolicy", policy_name)
         assert policy["spec"]["failurePolicy"] == "Fail", policy_name
         assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
         assert policy["spec"]["matchConditions"], f"{policy_name} must narrow what it sees"
-        binding = find(objs, "ValidatingAdmissionPolicyBinding", f"gpu-operator-{policy_name}")
+        binding = find(objs, "ValidatingAdmissionPolicyBinding", policy_name)
         assert binding["spec"]["policyName"] == policy["metadata"]["name"]
         assert binding["spec"]["validationActions"] == ["Deny"]
         assert binding["spec"]["paramRef"] == {
