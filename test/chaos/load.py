@@ -29,8 +29,14 @@ from harness.waiting import wait_for
 Obj = dict[str, Any]
 T = TypeVar("T")
 RETRY_SECONDS = 90.0
+#: Pause between retries.
+RETRY_PAUSE = 0.5
 #: HTTP statuses that are the API server not answering yet (not a decision).
 _TRANSIENT = {429, 500, 502, 503, 504}
+#: What a webhook says when its replica's caches do not follow the API server yet (right
+#: after the API server came back, before the operator's watches are open again): "retry
+#: shortly", not a decision. Every other answer a webhook gives is one.
+WEBHOOK_NOT_READY = "caches are not synced yet; retry shortly"
 
 
 @dataclass
@@ -47,11 +53,14 @@ class Outcome:
 class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
     retries: int = 0
+    #: Of the retries, those a webhook asked for while its caches caught up.
+    not_ready: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def retried(self) -> None:
+    def retried(self, not_ready: bool = False) -> None:
         with self.lock:
             self.retries += 1
+            self.not_ready += not_ready
 
     def error(self, what: str) -> None:
         with self.lock:
@@ -62,18 +71,28 @@ def retrying(tally: Tally, what: str, call: Callable[[], T]) -> T:
     """``call()`` until it gets an answer that is not a transient failure."""
     deadline = time.monotonic() + RETRY_SECONDS
     while True:
+        not_ready = False
         try:
             return call()
         except pykube.exceptions.HTTPError as exc:
-            if exc.code not in _TRANSIENT or "denied the request" in str(exc):
+            not_ready = exc.code == 503 and WEBHOOK_NOT_READY in str(exc)
+            if exc.code not in _TRANSIENT or ("denied the request" in str(exc) and not not_ready):
                 raise
             failure = f"HTTP {exc.code}: {exc}"
+        except requests.HTTPError as exc:
+            # pykube raises requests' own error for a list (``Query.execute``) and for an
+            # answer that is not a JSON Status: a restarted API server answers 503 for custom
+            # resources until it serves their CRDs again.
+            status = exc.response.status_code if exc.response is not None else 0
+            if status not in _TRANSIENT:
+                raise
+            failure = f"HTTP {status}: {exc}"
         except (requests.ConnectionError, requests.Timeout) as exc:
             failure = f"{type(exc).__name__}: {exc}"
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: no answer for {RETRY_SECONDS:.0f}s; last: {failure}")
-        tally.retried()
-        time.sleep(0.5)
+        tally.retried(not_ready)
+        time.sleep(RETRY_PAUSE)
 
 
 def claim_body(namespace: str, name: str, class_name: str, count: int) -> Obj:
