@@ -33,7 +33,7 @@ Permission = tuple[str, str, str, str, str]
 
 #: Code that never runs under the operator's ServiceAccount: `gpuoperator status` is a
 #: command for people, with their own credentials.
-NOT_THE_OPERATOR = {REPO / "gpuoperator" / "status.py"}
+NOT_THE_OPERATOR = {REPO / "gpuoperator" / "report.py"}
 SOURCES = ("gpuoperator", "controllers", "admission")
 
 _METHOD_VERBS = {
