@@ -39,7 +39,7 @@ from controllers import (
     usage_records,
     webhook_certificates,
 )
-from gpuoperator import __version__, caches, names, settings, status
+from gpuoperator import __version__, caches, names, report, settings
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import certificates
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.node:
                 print(node_status(client, args.node))
             else:
-                print(status.report(*status.collect(client)))
+                print(report.report(*report.collect(client)))
         except (FileNotFoundError, errors.ApiError) as exc:
             print(f"gpuoperator status: {exc}", file=sys.stderr)
             return 1
@@ -268,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def node_status(client: Client, node: str) -> str:
     """``gpuoperator status --node N``."""
-    inventory, classes = status.collect(client)
+    inventory, classes = report.collect(client)
     claims, _ = client.list(GPUClaim, field_selector=f"status.nodeName={node}")
-    return status.node_report(inventory, classes, node, claims, status.collect_vmis(client))
+    return report.node_report(inventory, classes, node, claims, report.collect_vmis(client))
 
 
 def leader_identity(flag: str | None) -> str:

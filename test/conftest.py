@@ -30,6 +30,17 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tell the helpers that run Go-built binaries (test/unit/config/manifests.py) whether this
+    test is marked ``needs_tools``: they refuse a test that is not, so ``make unit``, which
+    deselects the marker, keeps running on a checkout where nothing is built."""
+    manifests = sys.modules.get("unit.config.manifests")
+    if manifests is not None:
+        marked = item.get_closest_marker("needs_tools") is not None
+        vars(manifests)["current_test_needs_tools"] = marked
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

@@ -1,6 +1,11 @@
 """Helpers for the static checks of the shipped manifests: overlays rendered with the
 kustomize built into the pinned kubectl (the one the control plane is built with,
-hack/versions.env), and the static-check tools built by hack/build-tools.sh."""
+hack/versions.env), and the static-check tools built by hack/build-tools.sh.
+
+Every test that reaches one of these Go-built binaries carries the ``needs_tools`` marker
+(``make unit`` deselects it and runs on a checkout where nothing is built yet). The helpers
+enforce it: a test without the marker that asks for one fails, naming the marker. A marked
+test whose binary is missing fails too (``make binaries``/``make tools``); it never skips."""
 
 from __future__ import annotations
 
@@ -27,6 +32,18 @@ PDB = "gpu-operator"
 
 Obj = dict[str, Any]
 
+#: Whether the test being run carries the ``needs_tools`` marker (set by test/conftest.py
+#: before each test's setup).
+current_test_needs_tools = False
+
+
+def _require_marker(binary: str) -> None:
+    if not current_test_needs_tools:
+        pytest.fail(
+            f"this test runs {binary}, a Go-built binary: mark it "
+            "@pytest.mark.needs_tools (`make unit` leaves such tests out)"
+        )
+
 
 def cache_root() -> Path:
     """Where hack/build-binaries.sh and hack/build-tools.sh keep their binaries."""
@@ -47,6 +64,7 @@ def _env_file(path: Path) -> dict[str, str]:
 
 def pinned_kubectl() -> Path:
     version = _env_file(REPO / "hack" / "versions.env")["KUBE_VERSION"]
+    _require_marker(f"kubectl {version}")
     path = cache_root() / "bin" / f"kubectl-{version}"
     if not path.exists():
         pytest.fail(f"the pinned kubectl {version} is not built: run `make binaries`")
@@ -56,6 +74,7 @@ def pinned_kubectl() -> Path:
 def tool(name: str) -> Path:
     """A tool from hack/build-tools.sh (cached after the first build, which `make test`
     runs before pytest so its progress is visible)."""
+    _require_marker(name)
     proc = subprocess.run(
         [str(REPO / "hack" / "build-tools.sh"), name],
         capture_output=True,
@@ -87,6 +106,7 @@ _rendered: dict[str, list[Obj]] = {}
 def render(variant: str) -> list[Obj]:
     """Rendered objects of a variant under config/ (rendered once per test session; callers
     must not modify them)."""
+    _require_marker("kubectl kustomize")
     if variant not in _rendered:
         _rendered[variant] = kustomize(CONFIG / variant)
     return _rendered[variant]

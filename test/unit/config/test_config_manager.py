@@ -42,6 +42,7 @@ def _pod_spec(variant: str) -> Obj:
     return spec
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_arg_is_a_flag_gpuoperator_run_accepts(variant: str) -> None:
     args = _run_args(manager_container(render(variant)))
@@ -55,6 +56,7 @@ def test_the_arg_check_catches_a_flag_run_does_not_accept() -> None:
         _run_args(bad)
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", ["default", "overlays/dev", "overlays/kind"])
 def test_default_manages_its_own_certificates(variant: str) -> None:
     args = _run_args(manager_container(render(variant)))
@@ -70,11 +72,13 @@ def test_default_manages_its_own_certificates(variant: str) -> None:
     assert not secret.get("data") and not secret.get("stringData")
 
 
+@pytest.mark.needs_tools
 def test_dev_certificate_also_names_the_loopback_address_the_api_server_dials() -> None:
     args = _run_args(manager_container(render("overlays/dev")))
     assert args.cert_extra_sans == ["127.0.0.1"]
 
 
+@pytest.mark.needs_tools
 def test_cert_manager_mode_reads_the_mounted_secret() -> None:
     objs = render("overlays/production")
     container = manager_container(objs)
@@ -94,6 +98,7 @@ def test_cert_manager_mode_reads_the_mounted_secret() -> None:
     assert certificate["spec"]["secretName"] == names.WEBHOOK_CERT_SECRET
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_ports_the_args_name_are_the_container_ports_the_services_target(variant: str) -> None:
     objs = render(variant)
@@ -111,6 +116,7 @@ def test_the_ports_the_args_name_are_the_container_ports_the_services_target(var
     ]
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_services_and_pdb_select_the_deployment_pods(variant: str) -> None:
     objs = render(variant)
@@ -124,6 +130,7 @@ def test_services_and_pdb_select_the_deployment_pods(variant: str) -> None:
         assert selector.items() <= labels.items()
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_probes_health_and_readiness_on_the_health_port(variant: str) -> None:
     container = manager_container(render(variant))
@@ -131,6 +138,7 @@ def test_probes_health_and_readiness_on_the_health_port(variant: str) -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_pod_namespace_comes_from_the_downward_api(variant: str) -> None:
     env = {e["name"]: e for e in manager_container(render(variant))["env"]}
@@ -140,6 +148,7 @@ def test_pod_namespace_comes_from_the_downward_api(variant: str) -> None:
     }
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", ["default", "overlays/kind", "overlays/production"])
 def test_two_replicas_spread_over_nodes_and_one_kept_through_disruptions(variant: str) -> None:
     objs = render(variant)
@@ -157,6 +166,7 @@ def test_two_replicas_spread_over_nodes_and_one_kept_through_disruptions(variant
     assert find(objs, "PodDisruptionBudget", PDB)["spec"]["minAvailable"] == 1
 
 
+@pytest.mark.needs_tools
 def test_dev_keeps_the_deployment_for_its_args_but_runs_no_pod() -> None:
     assert find(render("overlays/dev"), "Deployment", DEPLOYMENT)["spec"]["replicas"] == 0
 
@@ -202,6 +212,7 @@ def _security_problems(pod: Obj) -> list[str]:
     return problems
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_pod_is_restricted(variant: str) -> None:
     assert _security_problems(_pod_spec(variant)) == []
@@ -217,6 +228,7 @@ def test_the_pod_is_restricted(variant: str) -> None:
         (("securityContext", "runAsNonRoot"), False),
     ],
 )
+@pytest.mark.needs_tools
 def test_the_security_check_fails_on_a_missing_or_wrong_field(
     path: tuple[Any, ...], value: Any
 ) -> None:
@@ -250,6 +262,7 @@ def test_the_image_runs_as_a_numeric_non_root_user() -> None:
     assert not gid or (gid.isdigit() and int(gid) != 0)
 
 
+@pytest.mark.needs_tools
 def test_the_image_writes_only_to_the_emptydir() -> None:
     """Read-only root filesystem: no bytecode caches, temporary files in the emptyDir."""
     env = dict(
@@ -269,6 +282,7 @@ def test_the_image_writes_only_to_the_emptydir() -> None:
     assert env.get("HOME", "").startswith(env["TMPDIR"])
 
 
+@pytest.mark.needs_tools
 def test_the_image_entrypoint_is_the_deployment_command() -> None:
     stage = _final_stage()
     entrypoint = [line for line in stage if line.startswith("ENTRYPOINT ")]
@@ -277,6 +291,7 @@ def test_the_image_entrypoint_is_the_deployment_command() -> None:
 
 
 # ---- settings ------------------------------------------------------------------------------
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_settings_write_out_every_setting_with_its_default(variant: str) -> None:
     data = find(render(variant), "ConfigMap", names.SETTINGS_CONFIGMAP)["data"]
@@ -291,6 +306,7 @@ def test_settings_write_out_every_setting_with_its_default(variant: str) -> None
     assert loaded == expected
 
 
+@pytest.mark.needs_tools
 def test_the_deployment_runs_the_image_of_this_version() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert manager_container(render("default"))["image"] == f"gpuoperator:{version}"

@@ -138,6 +138,7 @@ def _alerts() -> list[Obj]:
     return [r for g in _rule()["spec"]["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.needs_tools
 def test_alerts_read_only_metrics_the_operator_exports_or_named_foreign_ones() -> None:
     exported = exported_metrics()
     for alert in _alerts():
@@ -166,12 +167,14 @@ def test_the_dashboard_reads_only_metrics_the_operator_exports() -> None:
         assert used and used <= exported, f"{expr} reads {used - exported}"
 
 
+@pytest.mark.needs_tools
 def test_the_dashboard_is_shipped_as_a_configmap_for_grafana() -> None:
     cm = find(render("overlays/production"), "ConfigMap", "gpu-operator-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"][DASHBOARD.name]) == json.loads(DASHBOARD.read_text())
 
 
+@pytest.mark.needs_tools
 def test_every_alert_has_a_runbook_section_and_says_where() -> None:
     headings = {
         line[3:].strip() for line in RUNBOOK.read_text().splitlines() if line.startswith("## ")
@@ -182,6 +185,7 @@ def test_every_alert_has_a_runbook_section_and_says_where() -> None:
         assert alert["labels"]["severity"] in ("critical", "warning", "info")
 
 
+@pytest.mark.needs_tools
 def test_every_alert_is_tested_firing_and_quiet() -> None:
     tests = yaml.safe_load((HERE / "alerts_test.yaml").read_text())["tests"]
     cases = [c for t in tests for c in t.get("alert_rule_test", [])]
@@ -202,6 +206,7 @@ def _write_rules(directory: Path) -> Path:
     return rules
 
 
+@pytest.mark.needs_tools
 def test_promtool_accepts_the_rules(promtool: Path, tmp_path: Path) -> None:
     rules = _write_rules(tmp_path)
     proc = subprocess.run(
@@ -215,6 +220,7 @@ def test_promtool_accepts_the_rules(promtool: Path, tmp_path: Path) -> None:
     assert f"SUCCESS: {len(_alerts())} rules found" in proc.stdout
 
 
+@pytest.mark.needs_tools
 def test_promtool_unit_tests_of_the_alerts_pass(promtool: Path, tmp_path: Path) -> None:
     _write_rules(tmp_path)
     shutil.copy(HERE / "alerts_test.yaml", tmp_path / "alerts_test.yaml")

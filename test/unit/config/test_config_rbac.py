@@ -33,7 +33,7 @@ Permission = tuple[str, str, str, str, str]
 
 #: Code that never runs under the operator's ServiceAccount: `gpuoperator status` is a
 #: command for people, with their own credentials.
-NOT_THE_OPERATOR = {REPO / "gpuoperator" / "status.py"}
+NOT_THE_OPERATOR = {REPO / "gpuoperator" / "report.py"}
 SOURCES = ("gpuoperator", "controllers", "admission")
 
 _METHOD_VERBS = {
@@ -209,6 +209,7 @@ def _allows(perms: set[Permission], group: str, resource: str, verb: str) -> boo
     return any(p[1:4] == (group, resource, verb) for p in perms)
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_operator_may_make_every_call_its_code_makes(variant: str) -> None:
     perms = granted(render(variant))
@@ -221,6 +222,7 @@ def test_the_operator_may_make_every_call_its_code_makes(variant: str) -> None:
     assert set(BY_HAND) <= perms
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_operator_has_no_permission_its_code_does_not_need(variant: str) -> None:
     perms = granted(render(variant))
@@ -232,11 +234,13 @@ def test_the_operator_has_no_permission_its_code_does_not_need(variant: str) -> 
     assert unneeded == []
 
 
+@pytest.mark.needs_tools
 def test_cert_manager_mode_drops_the_self_managed_permissions() -> None:
     assert not set(SELF_MANAGED) & granted(render("overlays/production"))
     assert set(SELF_MANAGED) <= granted(render("default"))
 
 
+@pytest.mark.needs_tools
 def test_the_settings_and_policy_params_configmaps_are_reachable_by_name_only() -> None:
     """The settings are read; the policies' parameter is watched and updated, never created
     (it ships with the manifests) and no other ConfigMap is reachable."""
@@ -263,11 +267,13 @@ def wildcards(objs: list[Obj]) -> list[str]:
     return found
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_no_role_has_a_wildcard(variant: str) -> None:
     assert wildcards(render(variant)) == []
 
 
+@pytest.mark.needs_tools
 def test_the_wildcard_check_catches_one_in_any_field() -> None:
     for field, value in [
         ("verbs", "*"),
@@ -280,6 +286,7 @@ def test_the_wildcard_check_catches_one_in_any_field() -> None:
         assert wildcards([role]) != [], (field, value)
 
 
+@pytest.mark.needs_tools
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_nothing_grants_escalation(variant: str) -> None:
     for role in _roles(render(variant)).values():
@@ -291,6 +298,7 @@ def test_nothing_grants_escalation(variant: str) -> None:
 
 
 # ---- the roles for people ----------------------------------------------------------------------
+@pytest.mark.needs_tools
 def test_tenants_with_edit_order_claims_and_with_view_read_them() -> None:
     objs = render("default")
     editor = find(objs, "ClusterRole", "gpu-operator-gpuclaim-editor")
@@ -308,6 +316,7 @@ def test_tenants_with_edit_order_claims_and_with_view_read_them() -> None:
     }
 
 
+@pytest.mark.needs_tools
 def test_hosters_manage_classes_and_read_the_inventory() -> None:
     editor = find(render("default"), "ClusterRole", "gpu-operator-gpuclass-editor")
     perms = _expand(editor["rules"], "cluster")
@@ -318,6 +327,7 @@ def test_hosters_manage_classes_and_read_the_inventory() -> None:
     assert "rbac.authorization.k8s.io/aggregate-to-admin" not in editor["metadata"]["labels"]
 
 
+@pytest.mark.needs_tools
 def test_scrapers_may_read_metrics_and_nothing_else() -> None:
     reader = find(render("default"), "ClusterRole", "gpu-operator-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]

@@ -24,6 +24,9 @@ from unit.config.manifests import (
 
 from gpuoperator import names
 
+#: Every test here renders the manifests with the pinned kubectl.
+pytestmark = pytest.mark.needs_tools
+
 CLUSTER_SCOPED = {
     "Namespace",
     "CustomResourceDefinition",

@@ -13,6 +13,9 @@ from unit.config.manifests import NAMESPACE, VARIANTS, Obj, find, manager_contai
 from admission import orders, pods, vmis
 from gpuoperator import names
 
+#: Every test here renders the manifests with the pinned kubectl.
+pytestmark = pytest.mark.needs_tools
+
 KINDS = {
     "ValidatingWebhookConfiguration": names.VALIDATING_WEBHOOK_CONFIGURATION,
     "MutatingWebhookConfiguration": names.MUTATING_WEBHOOK_CONFIGURATION,

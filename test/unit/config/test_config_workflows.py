@@ -33,11 +33,13 @@ def test_there_are_workflows() -> None:
     assert [p.name for p in WORKFLOWS] == ["e2e-kind.yaml"]
 
 
+@pytest.mark.needs_tools
 def test_actionlint_passes_every_workflow(actionlint: Path) -> None:
     proc = _lint(actionlint, *WORKFLOWS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.needs_tools
 def test_actionlint_catches_a_broken_workflow(actionlint: Path, tmp_path: Path) -> None:
     text = WORKFLOWS[0].read_text()
     broken = text.replace(

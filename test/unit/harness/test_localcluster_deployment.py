@@ -21,6 +21,9 @@ from gpuoperator.runtime import serving
 from localcluster import deployment
 from localcluster.processes import ClusterError
 
+#: Every test here renders the manifests with the pinned kubectl.
+pytestmark = pytest.mark.needs_tools
+
 PORTS = deployment.Ports(health=18081, metrics=18443, webhook=19443)
 
 

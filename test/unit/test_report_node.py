@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuoperator import status
+from gpuoperator import report
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime.clock import FakeClock
 
@@ -40,7 +40,7 @@ def claim(ns: str, name: str, count: int, second: int, **status: Any) -> dict[st
     }
 
 
-def report(*others: dict[str, Any]) -> list[str]:
+def node_lines(*others: dict[str, Any]) -> list[str]:
     inventory = Inventory()
     claims = [
         claim("shop", "idle", 1, 1),
@@ -54,12 +54,12 @@ def report(*others: dict[str, Any]) -> list[str]:
             "status": {"phase": "Running"},
         }
     }
-    text = status.node_report(inventory, {"a10": CLASS}, "n1", claims, vmis, clock=FakeClock())
+    text = report.node_report(inventory, {"a10": CLASS}, "n1", claims, vmis, clock=FakeClock())
     return text.splitlines()
 
 
 def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -> None:
-    lines = report(node("n2", 2))
+    lines = node_lines(node("n2", 2))
     assert lines[0] == "NODE n1: cordoned"
     assert lines[1].split() == ["NAMESPACE", "CLAIM", "CLASS", "UNITS", "VM", "DRAIN"]
     rows = {tuple(r.split()[:2]): " ".join(r.split()[5:]) for r in lines[2:5]}
@@ -74,6 +74,6 @@ def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -
 
 def test_an_unknown_node_says_so() -> None:
     inventory = Inventory()
-    assert status.node_report(inventory, {}, "nope", [], {}) == (
+    assert report.node_report(inventory, {}, "nope", [], {}) == (
         "node nope: not found, or it has no GPU resource"
     )
