@@ -76,13 +76,8 @@ lint: venv ## ruff, ruff format, mypy --strict and import-linter
 
 # One pytest run over unit and e2e tests, so its closing line counts them all.
 # pytest's exit 5 (no test collected) is a failure here, never a silent pass.
-# Chaos R3 (apiserver restarts, compaction, cut watches) is deselected here while an order
-# created during its API server restarts is answered 503 now and then since the admission
-# policies and the webhooks' admission configuration landed (not yet diagnosed, and still
-# open); `make chaos` runs it.
-R3 := test/chaos/test_control_plane_faults.py::test_the_operator_converges_through_apiserver_restarts_compaction_and_cut_watches
 test: lint binaries tools ## lint, then every test: unit, e2e and the bounded chaos suite
-	@$(BIN)/pytest --deselect $(R3) $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The unit tests that need no Go-built binary: those that do (rendering config/ with the pinned
