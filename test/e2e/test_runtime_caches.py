@@ -19,7 +19,8 @@ import yaml
 from chaos import store
 
 from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, by_label
+from gpuoperator.runtime.indexing import by_label
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
 from harness.proxy import PartitionableProxy
 from harness.waiting import wait_for
 from localcluster.cluster import LocalCluster

@@ -15,17 +15,10 @@ import requests
 from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
+from gpuoperator.runtime.backoff import Backoff
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.informing import (
-    Backoff,
-    Handlers,
-    Informer,
-    InformerOptions,
-    Store,
-    by_field,
-    by_label,
-    by_namespace,
-)
+from gpuoperator.runtime.indexing import Store, by_field, by_label, by_namespace
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
 from harness import objects
 from harness.loopback import answer_empty_list, open_watch, pod_informer
 from harness.waiting import wait_for
