@@ -15,9 +15,8 @@ import requests
 from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.backoff import Backoff
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.indexing import Store, by_field, by_label, by_namespace
+from gpuoperator.runtime.indexing import by_field, by_label, by_namespace
 from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
 from harness import objects
 from harness.loopback import answer_empty_list, open_watch, pod_informer
@@ -285,24 +284,6 @@ def test_the_transform_shapes_what_is_stored_and_handed_out(source: ScriptedSour
         assert seen[0]["slim"] is True and "spec" not in seen[0]
     finally:
         inf.stop()
-
-
-def test_store_indexes_follow_updates_and_removals() -> None:
-    store = Store({"node": by_field("spec", "nodeName")})
-    store.put(pod("a", "1", node="n1"))
-    store.put(pod("b", "1", node="n1"))
-    store.put(pod("a", "2", node="n2"))
-    assert store.index_keys("node", "n1") == [("default", "b")]
-    assert store.index_keys("node", "n2") == [("default", "a")]
-    store.remove(("default", "b"))
-    assert store.index_values("node") == ["n2"]
-
-
-def test_backoff_doubles_to_its_cap_and_resets() -> None:
-    b = Backoff(0.8, 30.0, jitter=0.0)
-    assert [b.next() for _ in range(7)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0]
-    b.reset()
-    assert b.next() == 0.8
 
 
 def test_an_optional_kind_that_is_not_served_counts_as_synced_and_empty(
