@@ -429,7 +429,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     # Claims by phase and reason, and the oldest pending claim: computed on each scrape.
     claim_metrics.register(manager, shared)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
-    # The one write-back of claim bindings, shared by the binder and placement.
+    # The one write-back of claim status, shared by the binder, placement, GPU-hours and
+    # draining.
     statuses = claim_status.ClaimStatus(
         manager.writer_for(binder.NAME), inventory, recorder, registry=manager.registry
     )
