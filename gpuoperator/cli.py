@@ -44,7 +44,8 @@ from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import certificates
 from gpuoperator.runtime import admitting, errors, leading, logs, servercerts, serving
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.kubeconfig import load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
 

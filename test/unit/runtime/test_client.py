@@ -20,8 +20,9 @@ import yaml
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import client as clientmod
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config, resource_of
+from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, resource_of
 from gpuoperator.runtime.clock import FakeClock
+from gpuoperator.runtime.kubeconfig import load_config
 from harness import objects
 
 Reply = tuple[int, dict[str, str], Any]
