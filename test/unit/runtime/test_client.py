@@ -1,5 +1,5 @@
 """The client layer against a scripted HTTP server on loopback: retries, Retry-After,
-typed errors, pagination, watch errors, fencing, and credentials handling."""
+typed errors, pagination, watch errors, fencing, client-side limits and proxies."""
 
 from __future__ import annotations
 
