@@ -25,6 +25,10 @@ What pykube-ng leaves to its callers, done once here:
   is still waited for when the next leader starts.
 
 Objects are plain dicts (``Obj``); kinds are the pykube classes of ``kinds.py`` or pykube's.
+
+One concept, a little over 600 lines: reads, writes and watches share the client's
+per-thread sessions, its throttle, its credential reload and its request metrics; the watch
+path could leave only with all of these made public to it.
 """
 
 from __future__ import annotations
