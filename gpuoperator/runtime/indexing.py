@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from gpuoperator.model import objects
@@ -65,6 +66,12 @@ class Store:
         self._items: dict[Key, Obj] = {}
         self._indexers = dict(indexers or {})
         self._indexes: dict[str, dict[str, set[Key]]] = {n: {} for n in self._indexers}
+
+    def held(self) -> AbstractContextManager[bool]:
+        """The store's lock, for a caller that must see it unchanged across several reads
+        (an informer telling a new consumer what is cached): no other thread reads or
+        writes the store meanwhile. Re-entrant: the holder may go on using the store."""
+        return self._lock
 
     def get(self, key: Key) -> Obj | None:
         with self._lock:

@@ -1,6 +1,8 @@
 """Informers: a per-kind cache kept current by list + watch, with indexes and handlers.
 
-This reproduces client-go's reflector + indexer + shared informer, in the small:
+This reproduces client-go's reflector and shared informer, in the small, over the indexer
+of ``indexing`` (one class here: the list/watch loop and the handlers share the lock under
+which the store changes, so each handler sees changes in the order the store took them):
 
 * **List, then watch.** A paginated list fills the cache and gives a resourceVersion; a
   watch from it (with bookmarks and a server-side timeout) keeps the cache current. A
@@ -268,7 +270,7 @@ class Informer:
     def add_handlers(self, handlers: Handlers) -> None:
         """Register a consumer; it is told about every object already in the cache first
         (as adds), so a late consumer misses nothing."""
-        with self._handlers_lock, self.store._lock:
+        with self._handlers_lock, self.store.held():
             self._handlers.append(handlers)
             if handlers.on_add is not None:
                 for obj in self.store.values():
