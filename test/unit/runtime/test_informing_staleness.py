@@ -8,13 +8,14 @@ cache is behind stops being ready after ``stale_after`` however many watches it 
 from __future__ import annotations
 
 import json
-import queue
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pykube
+import pytest
 import requests
 from structlog.testing import capture_logs
 
@@ -22,70 +23,11 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from harness import objects
-from harness.loopback import answer_empty_list, open_watch, pod_informer
+from harness.loopback import open_watch, pod_informer, watch_handler
+from harness.scripted import Lost, ScriptedSource
 from harness.waiting import wait_for
 
 Obj = dict[str, Any]
-
-
-class _Opened:
-    ok = True
-    raw = None
-
-    def close(self) -> None:
-        pass
-
-
-class OpenedThenLost:
-    """A watch the server opens (headers sent) and that then fails with ``error`` after
-    delivering ``events``: an in-stream ERROR 410, or a cut connection."""
-
-    def __init__(
-        self, error: Exception, *events: tuple[str, Obj], hold: threading.Event | None = None
-    ) -> None:
-        self.error, self.events, self.hold = error, list(events), hold
-
-
-class Source:
-    """Scripted lists and watches; a watch waits for its script (or the informer's stop)."""
-
-    def __init__(self) -> None:
-        self.lists: queue.Queue[tuple[list[Obj], str] | Exception] = queue.Queue()
-        self.watches: queue.Queue[OpenedThenLost | Exception] = queue.Queue()
-        self.list_calls = 0
-        self.watch_calls = 0
-
-    def list(self, kind: Any, namespace: Any = None, **_kw: Any) -> tuple[list[Obj], str]:
-        self.list_calls += 1
-        answer = self.lists.get(timeout=10)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def watch(
-        self,
-        kind: Any,
-        namespace: Any = None,
-        *,
-        resource_version: str,
-        stop: threading.Event | None = None,
-        opened: Any = None,
-        **_kw: Any,
-    ) -> Iterator[tuple[str, Obj]]:
-        assert stop is not None
-        self.watch_calls += 1
-        while not stop.is_set():
-            try:
-                answer = self.watches.get(timeout=0.02)
-            except queue.Empty:
-                continue
-            if isinstance(answer, Exception):
-                raise answer  # refused before any header
-            opened(_Opened())
-            yield from answer.events
-            if answer.hold is not None:
-                answer.hold.wait(10)  # open and quiet until released
-            raise answer.error
 
 
 def _gone() -> errors.GoneError:
@@ -96,7 +38,24 @@ def _cut() -> requests.ConnectionError:
     return requests.ConnectionError("Response ended prematurely")
 
 
-def _started(source: Source, clock: FakeClock) -> Informer:
+@dataclass
+class Started:
+    """An informer of pods on a scripted source and a fake clock, synced at version 40."""
+
+    clock: FakeClock
+    source: ScriptedSource
+    informer: Informer
+
+    def cut_and_rewatched(self, seconds: float) -> None:
+        """The open watch is cut and the informer watches again; then ``seconds`` pass."""
+        self.source.watches.put(Lost(_cut()))
+        wait_for("the re-watch", lambda: self.source.watch_calls >= 2)
+        self.clock.advance(seconds)
+
+
+@pytest.fixture
+def started() -> Iterator[Started]:
+    clock, source = FakeClock(), ScriptedSource()
     inf = Informer(
         source,
         pykube.Pod,
@@ -105,87 +64,68 @@ def _started(source: Source, clock: FakeClock) -> Informer:
     )
     source.lists.put(([], "40"))
     inf.start()
-    assert inf.wait_synced(10)
-    return inf
-
-
-def test_watches_answered_410_right_after_their_headers_do_not_make_the_cache_current() -> None:
-    clock = FakeClock()
-    source = Source()
-    inf = _started(source, clock)
     try:
-        source.watches.put(OpenedThenLost(_cut()))  # the connection is cut: stale from here
-        wait_for("the re-watch", lambda: source.watch_calls >= 2)
-        clock.advance(6.0)
-        source.watches.put(OpenedThenLost(_gone()))  # opened, then 410 in the stream
-        wait_for("the relist", lambda: source.list_calls >= 2)
-        clock.advance(6.0)
-        assert inf.stale_for() >= 12.0, inf.describe()
-        assert not inf.current(), "12 s behind the server: not to be trusted"
-        source.lists.put(([], "60"))
-        wait_for("the relist to complete", inf.current)
-        assert inf.stale_for() == 0.0
+        assert inf.wait_synced(10)
+        yield Started(clock, source, inf)
     finally:
         inf.stop()
 
 
-def test_watches_cut_again_before_anything_arrived_do_not_reset_the_staleness() -> None:
-    clock = FakeClock()
-    source = Source()
-    inf = _started(source, clock)
-    try:
-        for n in range(2, 6):
-            source.watches.put(OpenedThenLost(_cut()))
-            wait_for(f"watch {n}", lambda n=n: source.watch_calls >= n)  # type: ignore[misc]
-            clock.advance(3.0)
-        assert inf.stale_for() >= 9.0, inf.describe()
-        clock.advance(2.0)
-        assert not inf.current(), inf.describe()
-    finally:
-        inf.stop()
+def test_watches_answered_410_right_after_their_headers_do_not_make_the_cache_current(
+    started: Started,
+) -> None:
+    clock, source, inf = started.clock, started.source, started.informer
+    started.cut_and_rewatched(6.0)  # the connection is cut: stale from here
+    source.watches.put(Lost(_gone()))  # opened, then 410 in the stream
+    wait_for("the relist", lambda: source.list_calls >= 2)
+    clock.advance(6.0)
+    assert inf.stale_for() >= 12.0, inf.describe()
+    assert not inf.current(), "12 s behind the server: not to be trusted"
+    source.lists.put(([], "60"))
+    wait_for("the relist to complete", inf.current)
+    assert inf.stale_for() == 0.0
 
 
-def test_a_watch_that_delivered_an_event_before_its_cut_had_caught_up() -> None:
+def test_watches_cut_again_before_anything_arrived_do_not_reset_the_staleness(
+    started: Started,
+) -> None:
+    clock, source, inf = started.clock, started.source, started.informer
+    for n in range(2, 6):
+        source.watches.put(Lost(_cut()))
+        wait_for(f"watch {n}", lambda n=n: source.watch_calls >= n)  # type: ignore[misc]
+        clock.advance(3.0)
+    assert inf.stale_for() >= 9.0, inf.describe()
+    clock.advance(2.0)
+    assert not inf.current(), inf.describe()
+
+
+def test_a_watch_that_delivered_an_event_before_its_cut_had_caught_up(started: Started) -> None:
     """Whatever a re-opened watch delivered came after everything it had missed (the
     server sends the backlog first): the cache was current from that watch on."""
-    clock = FakeClock()
-    source = Source()
-    inf = _started(source, clock)
-    try:
-        source.watches.put(OpenedThenLost(_cut()))
-        wait_for("the re-watch", lambda: source.watch_calls >= 2)
-        clock.advance(8.0)
-        pod = objects.pod("a", namespace="default", rv="41", labels={}, containers=[])
-        source.watches.put(OpenedThenLost(_cut(), ("ADDED", pod)))
-        wait_for("the next re-watch", lambda: source.watch_calls >= 3)
-        clock.advance(3.0)
-        assert inf.store.get(("default", "a")) is not None
-        assert inf.stale_for() == 3.0, inf.describe()
-        assert inf.current()
-    finally:
-        inf.stop()
+    clock, source, inf = started.clock, started.source, started.informer
+    started.cut_and_rewatched(8.0)
+    pod = objects.pod("a", namespace="default", rv="41", labels={}, containers=[])
+    source.watches.put(Lost(_cut(), ("ADDED", pod)))
+    wait_for("the next re-watch", lambda: source.watch_calls >= 3)
+    clock.advance(3.0)
+    assert inf.store.get(("default", "a")) is not None
+    assert inf.stale_for() == 3.0, inf.describe()
+    assert inf.current()
 
 
-def test_a_watch_open_and_quiet_for_a_while_had_caught_up() -> None:
+def test_a_watch_open_and_quiet_for_a_while_had_caught_up(started: Started) -> None:
     """A resumed watch that stays open without a word has nothing to deliver: once it has
     been open a few seconds, a cut of it starts the staleness afresh."""
-    clock = FakeClock()
-    source = Source()
-    inf = _started(source, clock)
-    try:
-        source.watches.put(OpenedThenLost(_cut()))
-        wait_for("the re-watch", lambda: source.watch_calls >= 2)
-        clock.advance(8.0)
-        release = threading.Event()
-        source.watches.put(OpenedThenLost(_cut(), hold=release))
-        wait_for("the quiet watch to open", lambda: inf.describe()["phase"] == "watching")
-        clock.advance(30.0)
-        release.set()
-        wait_for("the re-watch after the quiet one", lambda: source.watch_calls >= 3)
-        assert inf.stale_for() < 1.0, inf.describe()
-        assert inf.current()
-    finally:
-        inf.stop()
+    clock, source, inf = started.clock, started.source, started.informer
+    started.cut_and_rewatched(8.0)
+    release = threading.Event()
+    source.watches.put(Lost(_cut(), hold=release))
+    wait_for("the quiet watch to open", lambda: inf.describe()["phase"] == "watching")
+    clock.advance(30.0)
+    release.set()
+    wait_for("the re-watch after the quiet one", lambda: source.watch_calls >= 3)
+    assert inf.stale_for() < 1.0, inf.describe()
+    assert inf.current()
 
 
 def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> None:
@@ -196,22 +136,12 @@ def test_a_watch_whose_headers_never_come_is_a_failure_not_a_quiet_watch() -> No
     requests_seen: list[str] = []
     release = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def on_watch(handler: BaseHTTPRequestHandler) -> None:
+        requests_seen.append(handler.path)
+        release.wait(30)  # no headers, ever
 
-        def do_GET(self) -> None:
-            if "watch=true" not in self.path:
-                answer_empty_list(self)
-                return
-            requests_seen.append(self.path)
-            release.wait(30)  # no headers, ever
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    with pod_informer(
-        Handler, release, InformerOptions(watch_idle=60.0, watch_headers=0.3, backoff=(0.01, 0.05))
-    ) as informer:
+    options = InformerOptions(watch_idle=60.0, watch_headers=0.3, backoff=(0.01, 0.05))
+    with pod_informer(watch_handler(on_watch), release, options) as informer:
         with capture_logs() as logs:
             informer.start()
             assert informer.wait_synced(10)
@@ -230,28 +160,18 @@ def test_after_its_headers_a_watch_may_be_quiet_up_to_the_idle_limit() -> None:
         {"type": "ADDED", "object": objects.pod("late", namespace="d", rv="8", containers=[])}
     )
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def on_watch(handler: BaseHTTPRequestHandler) -> None:
+        watch_paths.append(handler.path)
+        open_watch(handler)
+        if len(watch_paths) == 1:
+            release.wait(0.8)  # quiet for four times the headers' limit
+            line = (event + "\n").encode()
+            handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            handler.wfile.flush()
+        release.wait(30)
 
-        def do_GET(self) -> None:
-            if "watch=true" not in self.path:
-                answer_empty_list(self)
-                return
-            watch_paths.append(self.path)
-            open_watch(self)
-            if len(watch_paths) == 1:
-                release.wait(0.8)  # quiet for four times the headers' limit
-                line = (event + "\n").encode()
-                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-                self.wfile.flush()
-            release.wait(30)
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    with pod_informer(
-        Handler, release, InformerOptions(watch_idle=60.0, watch_headers=0.2, backoff=(0.01, 0.05))
-    ) as informer:
+    options = InformerOptions(watch_idle=60.0, watch_headers=0.2, backoff=(0.01, 0.05))
+    with pod_informer(watch_handler(on_watch), release, options) as informer:
         with capture_logs() as logs:
             informer.start()
             wait_for("the late event", lambda: informer.store.get(("d", "late")) is not None)
