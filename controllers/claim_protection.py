@@ -37,7 +37,7 @@ from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import claims, pods
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
 

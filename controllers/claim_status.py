@@ -45,7 +45,7 @@ from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import claims, conditions
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
-from gpuoperator.runtime.informing import key_of
+from gpuoperator.runtime.indexing import key_of
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.recording import EventType, Recorder
 

@@ -55,7 +55,7 @@ from gpuoperator.model import gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key, key_of
+from gpuoperator.runtime.indexing import Key, key_of
 from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)

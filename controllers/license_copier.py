@@ -56,13 +56,15 @@ from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, lean, own_key
 from gpuoperator.kinds import GPUClass
 from gpuoperator.model import classes, conditions, licensing, tenants
-from gpuoperator.runtime import errors, informing
+from gpuoperator.runtime import errors, indexing
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Informer, InformerOptions, Key, newest
+from gpuoperator.runtime.indexing import Key
+from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import Recorder
+from gpuoperator.runtime.versions import newest
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -438,7 +440,7 @@ def register(
             label_selector=names.LICENSE_OF_LABEL,
             transform=licensing.slim_copy,
             page_size=COPIES_PAGE,
-            indexers={BY_CLASS: informing.by_label(names.LICENSE_OF_LABEL)},
+            indexers={BY_CLASS: indexing.by_label(names.LICENSE_OF_LABEL)},
         ),
         name=COPIES_INFORMER,
     )

@@ -29,11 +29,12 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key, newest
+from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
+from gpuoperator.runtime.versions import newest
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)

@@ -117,7 +117,7 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key, key_of
+from gpuoperator.runtime.indexing import Key, key_of
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings

@@ -28,7 +28,8 @@ from gpuoperator.model import policy_params
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Informer, InformerOptions, Key
+from gpuoperator.runtime.indexing import Key
+from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)

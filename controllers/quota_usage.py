@@ -28,7 +28,7 @@ from gpuoperator.model import quota_usage
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key, key_of
+from gpuoperator.runtime.indexing import Key, key_of
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 

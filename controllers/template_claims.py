@@ -51,7 +51,7 @@ from gpuoperator.model import claims, references, templates
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings

@@ -17,7 +17,7 @@ from gpuoperator.model import claims
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key
+from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)

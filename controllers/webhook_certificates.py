@@ -34,7 +34,8 @@ from gpuoperator.model import certificates
 from gpuoperator.runtime.client import Client, Kind, Obj
 from gpuoperator.runtime.clock import Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, Key
+from gpuoperator.runtime.indexing import Key
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
 from gpuoperator.runtime.kinds import MutatingWebhookConfiguration, ValidatingWebhookConfiguration
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry

@@ -19,7 +19,7 @@ from gpuoperator.kinds import (
     Workload,
 )
 from gpuoperator.model import gpu_hours, slimming
-from gpuoperator.runtime import informing
+from gpuoperator.runtime import indexing
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager
 
@@ -29,12 +29,12 @@ BY_NODE = "node"
 BY_CLASS = "class"
 
 
-def own_key(obj: dict[str, Any]) -> list[informing.Key]:
+def own_key(obj: dict[str, Any]) -> list[indexing.Key]:
     """An object's own key: for controllers keyed by the objects they watch."""
-    return [informing.key_of(obj)]
+    return [indexing.key_of(obj)]
 
 
-def class_of_claim(claim: dict[str, Any]) -> list[informing.Key]:
+def class_of_claim(claim: dict[str, Any]) -> list[indexing.Key]:
     """The key of the class a claim names (for controllers keyed by class)."""
     class_name = (claim.get("spec") or {}).get("className")
     return [("", class_name)] if class_name else []
@@ -57,7 +57,7 @@ class Caches:
     #: like the KubeVirt CR.
     vmis: Informer
 
-    def class_keys(self) -> list[informing.Key]:
+    def class_keys(self) -> list[indexing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
         return [("", name) for _, name in self.classes.store]
 
@@ -82,8 +82,8 @@ def register(manager: Manager) -> Caches:
             InformerOptions(
                 transform=slimming.slim_pod,
                 indexers={
-                    BY_NAMESPACE: informing.by_namespace,
-                    BY_NODE: informing.by_field("spec", "nodeName"),
+                    BY_NAMESPACE: indexing.by_namespace,
+                    BY_NODE: indexing.by_field("spec", "nodeName"),
                 },
             ),
         ),
@@ -93,9 +93,9 @@ def register(manager: Manager) -> Caches:
             InformerOptions(
                 transform=slimming.slim_claim,
                 indexers={
-                    BY_NAMESPACE: informing.by_namespace,
-                    BY_NODE: informing.by_field("status", "nodeName"),
-                    BY_CLASS: informing.by_field("spec", "className"),
+                    BY_NAMESPACE: indexing.by_namespace,
+                    BY_NODE: indexing.by_field("status", "nodeName"),
+                    BY_CLASS: indexing.by_field("spec", "className"),
                 },
             ),
         ),
@@ -106,18 +106,18 @@ def register(manager: Manager) -> Caches:
         ),
         quotas=manager.informer(
             pykube.ResourceQuota,
-            InformerOptions(transform=lean, indexers={BY_NAMESPACE: informing.by_namespace}),
+            InformerOptions(transform=lean, indexers={BY_NAMESPACE: indexing.by_namespace}),
         ),
         workloads=manager.informer(
             Workload,
-            InformerOptions(transform=lean, indexers={BY_NAMESPACE: informing.by_namespace}),
+            InformerOptions(transform=lean, indexers={BY_NAMESPACE: indexing.by_namespace}),
         ),
         vmis=manager.informer(
             VirtualMachineInstance,
             InformerOptions(
                 optional=True,
                 transform=slimming.slim_vmi,
-                indexers={BY_NAMESPACE: informing.by_namespace},
+                indexers={BY_NAMESPACE: indexing.by_namespace},
             ),
         ),
     )

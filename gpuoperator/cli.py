@@ -44,7 +44,8 @@ from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import certificates
 from gpuoperator.runtime import admitting, errors, leading, logs, servercerts, serving
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.kubeconfig import load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
 
@@ -429,7 +430,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     # Claims by phase and reason, and the oldest pending claim: computed on each scrape.
     claim_metrics.register(manager, shared)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
-    # The one write-back of claim bindings, shared by the binder and placement.
+    # The one write-back of claim status, shared by the binder, placement, GPU-hours and
+    # draining.
     statuses = claim_status.ClaimStatus(
         manager.writer_for(binder.NAME), inventory, recorder, registry=manager.registry
     )

@@ -50,7 +50,10 @@ from gpuoperator.model import binding, capacity, catalog, eligibility, hostdevic
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.clock import SYSTEM, Clock
-from gpuoperator.runtime.informing import Feed, Handlers, Key, key_of, resource_version
+from gpuoperator.runtime.feeding import Feed
+from gpuoperator.runtime.indexing import Key, key_of
+from gpuoperator.runtime.informing import Handlers
+from gpuoperator.runtime.versions import resource_version
 
 Obj = dict[str, Any]
 

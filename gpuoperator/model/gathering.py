@@ -11,9 +11,10 @@ The claims on the other nodes move to the first target that
 * has free units of each resource for all moving claims together (classes may share a
   resource, so their needs add up per resource).
 
-The binder plans with the same figures (:mod:`gpuoperator.model.binding`); the caller holds
-the inventory's decision lock across this decision and the writes of its moves, so the two
-never hand out the same units.
+The binder and draining plan with the same figures (:mod:`gpuoperator.model.binding`,
+:mod:`gpuoperator.model.draining`); each caller holds the inventory's decision lock
+(``Inventory.allocation_lock``) across its decision and the writes it makes, so no two of
+them hand out the same units.
 
 Pure and idempotent: the same claims, node figures, classes and time give the same answer.
 """

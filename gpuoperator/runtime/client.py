@@ -14,7 +14,7 @@ What pykube-ng leaves to its callers, done once here:
 * writes by PUT with the object's resourceVersion (a stale write is a 409, never a silent
   overwrite), status writes through the status subresource, merge and JSON patches;
 * credentials: in a pod the service-account token is re-read when the server answers 401
-  (bound tokens expire); inline ``client-key-data`` is written to a file only we can read;
+  (bound tokens expire); the configuration itself comes from ``kubeconfig.load_config``;
 * fencing: ``Client.fenced(guard, remaining=...)`` returns a view whose writes raise
   ``NotLeaderError`` once ``guard()`` is false, so a replica that lost its Lease stops
   writing at once. The guard is asked before *every* attempt (after the client-side
@@ -25,22 +25,20 @@ What pykube-ng leaves to its callers, done once here:
   is still waited for when the next leader starts.
 
 Objects are plain dicts (``Obj``); kinds are the pykube classes of ``kinds.py`` or pykube's.
+
+One concept, a little over 600 lines: reads, writes and watches share the client's
+per-thread sessions, its throttle, its credential reload and its request metrics; the watch
+path could leave only with all of these made public to it.
 """
 
 from __future__ import annotations
 
-import atexit
-import base64
 import enum
 import json
-import os
 import random
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pykube
@@ -48,10 +46,9 @@ import requests
 import structlog
 import tenacity
 import urllib3
-import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpuoperator.runtime import errors
+from gpuoperator.runtime import errors, kubeconfig
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.ratelimiting import BucketRateLimiter
@@ -81,7 +78,6 @@ WATCH_HEADERS_SECONDS = 10.0
 _RETRY_READ_CODES = frozenset({500, 502, 503, 504})
 #: Seconds a fenced write's attempt must end before another replica may take over.
 FENCE_MARGIN = 1.0
-_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class PatchType(enum.Enum):
@@ -90,45 +86,6 @@ class PatchType(enum.Enum):
     MERGE = "application/merge-patch+json"
     JSON = "application/json-patch+json"
     STRATEGIC = "application/strategic-merge-patch+json"
-
-
-def load_config(kubeconfig: str | None = None) -> pykube.KubeConfig:
-    """A kubeconfig file (``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``), or
-    the pod's service account when none exists and we run in a cluster."""
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    if not Path(path).exists():
-        if kubeconfig:
-            raise FileNotFoundError(f"kubeconfig {kubeconfig} does not exist")
-        if (_SA_DIR / "token").exists():
-            return pykube.KubeConfig.from_service_account()
-        raise FileNotFoundError(f"no kubeconfig at {path} and not running in a pod")
-    doc = yaml.safe_load(Path(path).read_text())
-    _move_inline_keys(doc)
-    config = pykube.KubeConfig(doc)
-    config.filepath = Path(path)  # relative certificate paths resolve against it
-    return config
-
-
-_private_dir: Path | None = None
-
-
-def _move_inline_keys(doc: Obj) -> None:
-    """Write inline ``client-key-data`` to a 0600 file in a private directory (pykube would
-    put it under the shared temp dir with default permissions)."""
-    global _private_dir  # noqa: PLW0603 - one private directory per process
-    for user in doc.get("users") or []:
-        u = user.get("user") or {}
-        data = u.pop("client-key-data", None)
-        if data is None:
-            continue
-        if _private_dir is None:
-            _private_dir = Path(tempfile.mkdtemp(prefix="gpuoperator-"))
-            atexit.register(shutil.rmtree, _private_dir, True)
-        key = _private_dir / f"{user.get('name', 'user')}.key"
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(base64.b64decode(data))
-        u["client-key"] = str(key)
 
 
 class _Metrics:
@@ -362,7 +319,7 @@ class Client:
         if resp.ok:
             return resp.json() if resp.content else None
         error = errors.from_status(resp.status_code, _status_body(resp))
-        if resp.status_code == 401 and (_SA_DIR / "token").exists():
+        if resp.status_code == 401 and (kubeconfig.SERVICE_ACCOUNT_DIR / "token").exists():
             self._reload_credentials(config)
             raise _RetryableError(error, 0.0)
         retry_after = _retry_after(resp)
@@ -565,7 +522,7 @@ class Client:
             opened(resp)
         try:
             if not resp.ok:
-                if resp.status_code == 401 and (_SA_DIR / "token").exists():
+                if resp.status_code == 401 and (kubeconfig.SERVICE_ACCOUNT_DIR / "token").exists():
                     self._reload_credentials(self._config)
                 raise errors.from_status(resp.status_code, _status_body(resp))
             lines = event_lines(resp.iter_content(chunk_size=WATCH_READ_BYTES))

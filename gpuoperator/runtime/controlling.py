@@ -145,14 +145,17 @@ class Controller(Generic[K]):
         self._log.info("controller started", workers=self.workers, queued=len(queue))
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop taking keys, let in-flight reconciles finish (up to ``timeout``)."""
+        """Stop taking keys and let in-flight reconciles finish: waits at most ``timeout``
+        real seconds in all, for the reconciles and then for the workers to end. Returns
+        whether every reconcile handed out finished in time (a worker still running one is
+        a daemon thread: it never holds up process exit)."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             queue, threads = self._queue, self._threads
             self._queue, self._threads = None, []
         if queue is None:
             return True
         drained = queue.shutdown_with_drain(timeout)
-        deadline = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self._log.info("controller stopped", drained=drained)

@@ -1,6 +1,8 @@
 """Informers: a per-kind cache kept current by list + watch, with indexes and handlers.
 
-This reproduces client-go's reflector + indexer + shared informer, in the small:
+This reproduces client-go's reflector and shared informer, in the small, over the indexer
+of ``indexing`` (one class here: the list/watch loop and the handlers share the lock under
+which the store changes, so each handler sees changes in the order the store took them):
 
 * **List, then watch.** A paginated list fills the cache and gives a resourceVersion; a
   watch from it (with bookmarks and a server-side timeout) keeps the cache current. A
@@ -17,12 +19,12 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
 * **410 Gone means relist.** Whether the server says it as an HTTP status or as an ERROR
   event inside the stream, the informer lists again, and every object that vanished across
   the relist is delivered as a delete: nothing is lost while the watch was down.
-* **Backoff** between failed lists and watches: 0.8 s doubling to 30 s, with jitter, as
-  client-go's reflector. It starts again from 0.8 s whenever the server answers healthily
-  (a list that completed, a watch it opened), so failures spread over a long fault do not
-  add up to half-minute waits once the server is back. 401, 403 and 429 (an API server
-  that just started answers them until its authorizer and storage caches are filled) wait
-  at most ``refused_backoff_cap``.
+* **Backoff** between failed lists and watches (``backoff.Backoff``): 0.8 s doubling to
+  30 s, with jitter, as client-go's reflector. It starts again from 0.8 s whenever the server
+  answers healthily (a list that completed, a watch it opened), so failures spread over a
+  long fault do not add up to half-minute waits once the server is back. 401, 403 and 429
+  (an API server that just started answers them until its authorizer and storage caches are
+  filled) wait at most ``refused_backoff_cap``.
 * **Staleness and readiness.** From the first failure (a 410, a failed list or watch)
   until a list completes or a watch is open again, the cache is *stale*: it may miss
   changes. A re-opened watch has caught up only once the server delivered something on it
@@ -43,10 +45,9 @@ This reproduces client-go's reflector + indexer + shared informer, in the small:
   large cluster is watched to count GPU use; whole pod objects would not fit in memory).
 * **Handlers** run in the informer's thread, in event order, and must be quick: they map
   the event to keys and enqueue them (level-triggered controllers read the cache again).
-* **Indexes** map an index value to the keys of the objects that have it, kept in step with
-  every change: by namespace, by label, by ``status.nodeName``, by ``spec.className``...
+* **Indexes** of the cache are the ``indexing.Store``'s, kept in step with every change.
 
-Keys are ``(namespace, name)`` with ``""`` for cluster-scoped objects.
+Keys are ``(namespace, name)`` with ``""`` for cluster-scoped objects (``indexing.Key``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import contextlib
 import random
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,8 +64,8 @@ import requests
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuoperator.model import objects
 from gpuoperator.runtime import errors
+from gpuoperator.runtime.backoff import Backoff
 from gpuoperator.runtime.client import (
     WATCH_HEADERS_SECONDS,
     WATCH_IDLE_SECONDS,
@@ -73,149 +74,12 @@ from gpuoperator.runtime.client import (
     Obj,
 )
 from gpuoperator.runtime.clock import SYSTEM, Clock
+from gpuoperator.runtime.indexing import IndexFunc, Store, key_of
 from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
 
-Key = objects.Key
-IndexFunc = Callable[[Obj], Iterable[str]]
 Transform = Callable[[Obj], Obj]
-
-
-#: The object key, defined once for the runtime and the model.
-key_of = objects.key
-
-
-def resource_version(obj: Obj) -> int | None:
-    """The object's resourceVersion as a number, for "which is newer" (etcd revisions are
-    integers); ``None`` when it is absent or not a number."""
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-
-
-def newest(cached: Obj | None, written: Obj | None) -> Obj | None:
-    """The newer of a cached object and the server's reply to our own write of it: the
-    write while the cache has not delivered it yet (same uid, higher resourceVersion), else
-    the cache (``None`` when the cache no longer has it)."""
-    if cached is None or written is None:
-        return cached
-    if (cached.get("metadata") or {}).get("uid") != (written.get("metadata") or {}).get("uid"):
-        return cached
-    mine, seen = resource_version(written), resource_version(cached)
-    if mine is not None and seen is not None and mine > seen:
-        return written
-    return cached
-
-
-# ---- index functions ----------------------------------------------------------------------
-def by_namespace(obj: Obj) -> Iterable[str]:
-    ns = (obj.get("metadata") or {}).get("namespace")
-    return [ns] if ns else []
-
-
-def by_label(label: str) -> IndexFunc:
-    def index(obj: Obj) -> Iterable[str]:
-        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
-        return [value] if value is not None else []
-
-    return index
-
-
-def by_field(*path: str) -> IndexFunc:
-    """Index by a nested string field, e.g. ``by_field("status", "nodeName")``."""
-
-    def index(obj: Obj) -> Iterable[str]:
-        node: Any = obj
-        for part in path:
-            if not isinstance(node, dict):
-                return []
-            node = node.get(part)
-        return [node] if isinstance(node, str) and node else []
-
-    return index
-
-
-class Store:
-    """A thread-safe map of key → object with secondary indexes.
-
-    Invariant: for every index, ``value → keys`` holds exactly the keys of the stored
-    objects whose index function returns ``value`` (updated under one lock with the map).
-    Readers get the stored objects themselves: treat them as read-only.
-    """
-
-    def __init__(self, indexers: dict[str, IndexFunc] | None = None) -> None:
-        self._lock = threading.RLock()
-        self._items: dict[Key, Obj] = {}
-        self._indexers = dict(indexers or {})
-        self._indexes: dict[str, dict[str, set[Key]]] = {n: {} for n in self._indexers}
-
-    def get(self, key: Key) -> Obj | None:
-        with self._lock:
-            return self._items.get(key)
-
-    def values(self) -> list[Obj]:
-        with self._lock:
-            return list(self._items.values())
-
-    def keys(self) -> list[Key]:
-        with self._lock:
-            return list(self._items)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-    def __iter__(self) -> Iterator[Key]:
-        """The keys, as a snapshot (safe while others write)."""
-        return iter(self.keys())
-
-    def by_index(self, index: str, value: str) -> list[Obj]:
-        with self._lock:
-            return [self._items[k] for k in self._indexes[index].get(value, ())]
-
-    def index_keys(self, index: str, value: str) -> list[Key]:
-        with self._lock:
-            return list(self._indexes[index].get(value, ()))
-
-    def index_values(self, index: str) -> list[str]:
-        with self._lock:
-            return [v for v, keys in self._indexes[index].items() if keys]
-
-    def put(self, obj: Obj) -> Obj | None:
-        """Store ``obj``; return the object it replaced, if any."""
-        key = key_of(obj)
-        with self._lock:
-            old = self._items.get(key)
-            if old is not None:
-                self._unindex(key, old)
-            self._items[key] = obj
-            self._index(key, obj)
-            return old
-
-    def remove(self, key: Key) -> Obj | None:
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._unindex(key, old)
-            return old
-
-    def _index(self, key: Key, obj: Obj) -> None:
-        for name, fn in self._indexers.items():
-            for value in fn(obj):
-                self._indexes[name].setdefault(value, set()).add(key)
-
-    def _unindex(self, key: Key, obj: Obj) -> None:
-        for name, fn in self._indexers.items():
-            index = self._indexes[name]
-            for value in fn(obj):
-                keys = index.get(value)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
-                        del index[value]
 
 
 @dataclass
@@ -226,57 +90,6 @@ class Handlers:
     on_add: Callable[[Obj], None] | None = None
     on_update: Callable[[Obj, Obj], None] | None = None
     on_delete: Callable[[Obj], None] | None = None
-
-
-class Feed:
-    """A source of change notices that are not API objects (the inventory's figures, for
-    instance), wired to controllers like an informer: each notice reaches every handler's
-    ``on_add``, in the thread that publishes it, and handlers must be quick (map the notice
-    to keys and enqueue them)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._handlers: list[Handlers] = []
-        self._lock = threading.Lock()
-
-    def add_handlers(self, handlers: Handlers) -> None:
-        with self._lock:
-            self._handlers.append(handlers)
-
-    def publish(self, notice: Obj) -> None:
-        with self._lock:
-            handlers = list(self._handlers)
-        for h in handlers:
-            if h.on_add is None:
-                continue
-            try:
-                h.on_add(notice)
-            except Exception:
-                log.exception("feed handler failed", feed=self.name, reason="HandlerError")
-
-
-class Backoff:
-    """Exponential backoff with jitter: ``initial`` doubling up to ``cap``; ``reset`` after
-    a success."""
-
-    def __init__(
-        self,
-        initial: float = 0.8,
-        cap: float = 30.0,
-        jitter: float = 1.0,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.initial, self.cap, self.jitter = initial, cap, jitter
-        self._next = initial
-        self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.cap, self._next * 2)
-        return min(self.cap, delay * (1 + self._rng.random() * self.jitter))
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 class _Metrics:
@@ -457,7 +270,7 @@ class Informer:
     def add_handlers(self, handlers: Handlers) -> None:
         """Register a consumer; it is told about every object already in the cache first
         (as adds), so a late consumer misses nothing."""
-        with self._handlers_lock, self.store._lock:
+        with self._handlers_lock, self.store.held():
             self._handlers.append(handlers)
             if handlers.on_add is not None:
                 for obj in self.store.values():

@@ -41,8 +41,10 @@ from gpuoperator.runtime.authorizing import Authorizer
 from gpuoperator.runtime.client import Client, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Reconciler
-from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, Key
-from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, LeaderElector
+from gpuoperator.runtime.indexing import Key
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
+from gpuoperator.runtime.leading import LeaderElectionConfig, LeaderElector
+from gpuoperator.runtime.leases import KubeLeaseStore
 
 log = structlog.get_logger(__name__)
 

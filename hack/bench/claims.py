@@ -26,7 +26,8 @@ from typing import Any
 import pykube
 
 from gpuoperator.kinds import GPUClaim
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.kubeconfig import load_config
 from localcluster.cluster import REPO, LocalCluster
 
 NAMESPACE = "bench-tenant"

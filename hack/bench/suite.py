@@ -60,8 +60,9 @@ from claims import histogram_quantiles
 from gpuoperator import cli, names
 from gpuoperator.kinds import GPUClaim, GPUNode, Workload
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.kinds import Lease
+from gpuoperator.runtime.kubeconfig import load_config
 from harness.kubevirt import KubeVirtSimulator, controller_client
 from localcluster import deployment
 from localcluster import profile as profilemod

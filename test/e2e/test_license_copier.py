@@ -32,8 +32,9 @@ from gpuoperator import caches, names, settings
 from gpuoperator.caches import Caches
 from gpuoperator.kinds import GPUClaim, GPUClass
 from gpuoperator.model import conditions, licensing
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.informing import Informer
+from gpuoperator.runtime.kubeconfig import load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
 from gpuoperator.runtime.recording import Recorder
 from harness.kube import Obj, mutate, replace

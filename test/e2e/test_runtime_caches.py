@@ -18,8 +18,10 @@ import pytest
 import yaml
 from chaos import store
 
-from gpuoperator.runtime.client import Client, load_config
-from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions, by_label
+from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.indexing import by_label
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
+from gpuoperator.runtime.kubeconfig import load_config
 from harness.proxy import PartitionableProxy
 from harness.waiting import wait_for
 from localcluster.cluster import LocalCluster

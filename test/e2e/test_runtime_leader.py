@@ -15,9 +15,11 @@ import pytest
 
 from gpuoperator import names
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.kinds import Lease
-from gpuoperator.runtime.leading import KubeLeaseStore, LeaderElectionConfig, LeaderElector
+from gpuoperator.runtime.kubeconfig import load_config
+from gpuoperator.runtime.leading import LeaderElectionConfig, LeaderElector
+from gpuoperator.runtime.leases import KubeLeaseStore
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for
 

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim
-from gpuoperator.runtime.client import Client, load_config
+from gpuoperator.runtime.client import Client
+from gpuoperator.runtime.kubeconfig import load_config
 from harness.fleet import Fleet
 from harness.operator import Deployed, OperatorProcess
 from harness.waiting import wait_for

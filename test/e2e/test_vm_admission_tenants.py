@@ -210,14 +210,14 @@ def _create(client: pykube.HTTPClient, ns: str, name: str, box: dict[str, Obj | 
         box[name] = str(exc)
 
 
-def _at_once(client: pykube.HTTPClient, ns: str, names_: list[str]) -> dict[str, Obj | str]:
-    """Create the VMIs ``names_`` on claim ``hold`` from one thread each, at once: each
+def _at_once(client: pykube.HTTPClient, ns: str, vmi_names: list[str]) -> dict[str, Obj | str]:
+    """Create the VMIs ``vmi_names`` on claim ``hold`` from one thread each, at once: each
     created VMI's object, or the refusal's text."""
     box: dict[str, Obj | str] = {}
-    clients = [pykube.HTTPClient(client.config, timeout=30) for _ in names_]
+    clients = [pykube.HTTPClient(client.config, timeout=30) for _ in vmi_names]
     threads = [
         threading.Thread(target=_create, args=(c, ns, n, box))
-        for c, n in zip(clients, names_, strict=True)
+        for c, n in zip(clients, vmi_names, strict=True)
     ]
     for t in threads:
         t.start()

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pykube
 
@@ -33,6 +34,27 @@ def open_watch(handler: BaseHTTPRequestHandler) -> None:
     handler.send_header("Transfer-Encoding", "chunked")
     handler.end_headers()
     handler.wfile.flush()
+
+
+def watch_handler(
+    on_watch: Callable[[BaseHTTPRequestHandler], None], resource_version: str = "7"
+) -> type[BaseHTTPRequestHandler]:
+    """A request handler whose lists answer empty at ``resource_version`` and whose watch
+    requests ``on_watch`` answers (headers with ``open_watch``, a stream, or silence)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if "watch=true" not in self.path:
+                answer_empty_list(self, resource_version)
+                return
+            on_watch(self)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    return Handler
 
 
 @contextmanager

@@ -31,7 +31,8 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Reconciler
-from gpuoperator.runtime.informing import Informer, InformerOptions, Key, ListWatcher
+from gpuoperator.runtime.indexing import Key
+from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
 from gpuoperator.runtime.managing import Manager, Mapper, Source
 from gpuoperator.runtime.recording import Recorder
 

@@ -51,7 +51,8 @@ _CALLERS = {"client", "writer", "_client", "_writer"}
 
 #: Needed beyond the calls ast finds, each with its reason.
 BY_HAND: dict[Permission, str] = {
-    # gpuoperator/runtime/leading.py talks to pykube directly: get, then create or update.
+    # gpuoperator/runtime/leases.py (the elector's Lease store) talks to pykube directly: get,
+    # then create or update.
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ""): "leader election: first Lease",
     (NAMESPACE, "coordination.k8s.io", "leases", "get", "gpu-operator"): "leader election",
     (NAMESPACE, "coordination.k8s.io", "leases", "update", "gpu-operator"): "leader election",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuoperator.model import objects
-from gpuoperator.runtime import informing
+from gpuoperator.runtime import indexing
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ from gpuoperator.runtime import informing
 )
 def test_key(obj: dict[str, Any], expected: tuple[str, str]) -> None:
     assert objects.key(obj) == expected
-    assert informing.key_of(obj) == expected
+    assert indexing.key_of(obj) == expected
 
 
 def test_labels_and_annotations_read_as_empty_when_absent_or_malformed() -> None:

@@ -24,7 +24,7 @@ from gpuoperator.model import (
     templates,
     vmi_admission,
 )
-from gpuoperator.runtime import informing
+from gpuoperator.runtime import indexing
 
 
 def full_pod() -> dict[str, object]:
@@ -504,9 +504,9 @@ def claim_readings(claim: dict[str, Any]) -> tuple[object, ...]:
         gpu_hours.read(claim),
         gpu_hours.served_vmi_name(claim),
         names.CLAIM_PROTECTION_FINALIZER in (claim["metadata"].get("finalizers") or []),
-        informing.by_field("status", "nodeName")(claim),
-        informing.by_field("spec", "className")(claim),
-        informing.by_namespace(claim),
+        indexing.by_field("status", "nodeName")(claim),
+        indexing.by_field("spec", "className")(claim),
+        indexing.by_namespace(claim),
         {k: claim["metadata"].get(k) for k in ("uid", "resourceVersion", "generation")},
     )
 

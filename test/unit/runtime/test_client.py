@@ -1,26 +1,23 @@
 """The client layer against a scripted HTTP server on loopback: retries, Retry-After,
-typed errors, pagination, watch errors, fencing, and credentials handling."""
+typed errors, pagination, watch errors, fencing, client-side limits and proxies."""
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pykube
 import pytest
 import requests
-import yaml
 
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import client as clientmod
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, load_config, resource_of
+from gpuoperator.runtime.client import FENCE_MARGIN, Client, PatchType, resource_of
 from gpuoperator.runtime.clock import FakeClock
 from harness import objects
 
@@ -324,32 +321,6 @@ def test_a_fenced_write_gives_up_before_the_lease_may_pass_to_another_replica(
     script.reply(201, claim(), Delay="5")
     with pytest.raises(requests.Timeout):
         writer.create(GPUClaim, claim(None))
-
-
-def test_inline_client_keys_are_written_readable_by_the_owner_only(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [
-                    {"name": "u", "user": {"client-key-data": base64.b64encode(b"KEY").decode()}}
-                ],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    config = load_config(str(kubeconfig))
-    key = Path(config.doc["users"][0]["user"]["client-key"])
-    assert key.read_bytes() == b"KEY"
-    assert key.stat().st_mode & 0o077 == 0
-    assert key.parent.stat().st_mode & 0o077 == 0
-
-
-def test_a_missing_kubeconfig_names_the_path(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="nope"):
-        load_config(str(tmp_path / "nope"))
 
 
 def test_a_view_with_its_own_limit_does_not_wait_behind_the_client_bucket(

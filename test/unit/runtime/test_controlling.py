@@ -4,6 +4,7 @@ log line per result, keys never reconciled twice at once."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -269,3 +270,27 @@ def test_different_keys_are_reconciled_at_once_by_several_workers() -> None:
         assert c.stop(5)
     assert sorted(passed) == [("", "a"), ("", "b")]
     assert journal.peak == 2
+
+
+def test_stop_waits_at_most_its_timeout_in_all_for_a_reconcile_that_does_not_end() -> None:
+    """A reconcile stuck past the timeout: stop gives up once, at the timeout, instead of
+    waiting for the drain and then again as long for the workers."""
+    running, release = threading.Event(), threading.Event()
+
+    class Stuck:
+        def reconcile(self, key: Key) -> None:
+            running.set()
+            release.wait(WAIT)
+
+    c: Controller[Key] = Controller("stuck", Stuck(), workers=1, registry=CollectorRegistry())
+    c.start()
+    try:
+        c.enqueue(("", "a"))
+        assert running.wait(WAIT)
+        timeout = 1.0
+        began = time.monotonic()
+        assert not c.stop(timeout)
+        took = time.monotonic() - began
+    finally:
+        release.set()
+    assert timeout <= took < 1.9 * timeout  # waiting twice would take at least 2 * timeout

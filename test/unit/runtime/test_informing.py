@@ -16,18 +16,11 @@ from structlog.testing import capture_logs
 
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.informing import (
-    Backoff,
-    Handlers,
-    Informer,
-    InformerOptions,
-    Store,
-    by_field,
-    by_label,
-    by_namespace,
-)
+from gpuoperator.runtime.indexing import by_field, by_label, by_namespace
+from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
 from harness import objects
-from harness.loopback import answer_empty_list, open_watch, pod_informer
+from harness.loopback import open_watch, pod_informer, watch_handler
+from harness.scripted import Cut, ScriptedSource
 from harness.waiting import wait_for
 
 Obj = dict[str, Any]
@@ -35,73 +28,6 @@ Obj = dict[str, Any]
 
 def pod(name: str, rv: str, node: str = "", ns: str = "default", **labels: str) -> Obj:
     return objects.pod(name, namespace=ns, rv=rv, labels=labels, node_name=node, containers=[])
-
-
-class Cut:
-    """A scripted watch that the server opens, streams ``events`` on, and then loses on
-    the connection."""
-
-    def __init__(self, *events: tuple[str, Obj]) -> None:
-        self.events = list(events)
-
-
-class Opened:
-    """What ``opened`` receives for a watch the server accepted."""
-
-    ok = True
-    raw = None
-
-    def close(self) -> None:
-        pass
-
-
-class ScriptedSource:
-    """Stands in for ``Client.list``/``Client.watch``: each call takes the next scripted
-    answer; a watch with nothing scripted blocks until the informer stops. An exception
-    is a watch the server refused; a list of events, or a :class:`Cut`, one it opened."""
-
-    def __init__(self) -> None:
-        self.lists: queue.Queue[tuple[list[Obj], str] | Exception] = queue.Queue()
-        self.watches: queue.Queue[list[tuple[str, Obj]] | Cut | Exception] = queue.Queue()
-        self.watch_rvs: list[str] = []
-        self.list_calls = 0
-
-    def list(
-        self, kind: Any, namespace: Any = None, *, transform: Any = None, **_kw: Any
-    ) -> tuple[list[Obj], str]:
-        self.list_calls += 1
-        answer = self.lists.get(timeout=10)
-        if isinstance(answer, Exception):
-            raise answer
-        items, rv = answer
-        return [transform(o) for o in items] if transform else items, rv
-
-    def watch(
-        self,
-        kind: Any,
-        namespace: Any = None,
-        *,
-        resource_version: str,
-        stop: threading.Event | None = None,
-        opened: Any = None,
-        **_kw: Any,
-    ) -> Iterator[tuple[str, Obj]]:
-        assert stop is not None
-        self.watch_rvs.append(resource_version)
-        while not stop.is_set():
-            try:
-                answer = self.watches.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if isinstance(answer, Exception):
-                raise answer
-            if opened is not None:
-                opened(Opened())
-            if isinstance(answer, Cut):
-                yield from answer.events
-                raise requests.ConnectionError("Connection reset by peer")
-            yield from answer
-            return
 
 
 class Recorder:
@@ -294,24 +220,6 @@ def test_the_transform_shapes_what_is_stored_and_handed_out(source: ScriptedSour
         inf.stop()
 
 
-def test_store_indexes_follow_updates_and_removals() -> None:
-    store = Store({"node": by_field("spec", "nodeName")})
-    store.put(pod("a", "1", node="n1"))
-    store.put(pod("b", "1", node="n1"))
-    store.put(pod("a", "2", node="n2"))
-    assert store.index_keys("node", "n1") == [("default", "b")]
-    assert store.index_keys("node", "n2") == [("default", "a")]
-    store.remove(("default", "b"))
-    assert store.index_values("node") == ["n2"]
-
-
-def test_backoff_doubles_to_its_cap_and_resets() -> None:
-    b = Backoff(0.8, 30.0, jitter=0.0)
-    assert [b.next() for _ in range(7)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0]
-    b.reset()
-    assert b.next() == 0.8
-
-
 def test_an_optional_kind_that_is_not_served_counts_as_synced_and_empty(
     source: ScriptedSource,
 ) -> None:
@@ -334,21 +242,12 @@ def test_stop_aborts_a_watch_that_is_waiting_for_its_next_event() -> None:
     blocked on the socket until the server-side timeout."""
     opened, release = threading.Event(), threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def on_watch(handler: BaseHTTPRequestHandler) -> None:
+        open_watch(handler)
+        opened.set()
+        release.wait(30)  # an idle watch: no event, no bookmark
 
-        def do_GET(self) -> None:
-            if "watch=true" not in self.path:
-                answer_empty_list(self, "1")
-                return
-            open_watch(self)
-            opened.set()
-            release.wait(30)  # an idle watch: no event, no bookmark
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    with pod_informer(Handler, release, InformerOptions()) as informer:
+    with pod_informer(watch_handler(on_watch, "1"), release, InformerOptions()) as informer:
         informer.start()
         assert opened.wait(10)
         assert informer.stop(timeout=10), "the watch was not aborted"
@@ -503,26 +402,19 @@ def test_an_informer_whose_thread_died_is_not_current(
         inf.stop()
 
 
-def _silent_watches(watch_paths: list[str], release: threading.Event) -> type:
+def _silent_watches(
+    watch_paths: list[str], release: threading.Event
+) -> type[BaseHTTPRequestHandler]:
     """A handler whose lists answer empty at resourceVersion 7 and whose watches are opened
     (headers sent) and then silent, as on a connection that died without a reset; it
     records each watch's path in ``watch_paths``."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def on_watch(handler: BaseHTTPRequestHandler) -> None:
+        watch_paths.append(handler.path)
+        open_watch(handler)
+        release.wait(30)
 
-        def do_GET(self) -> None:
-            if "watch=true" not in self.path:
-                answer_empty_list(self)
-                return
-            watch_paths.append(self.path)
-            open_watch(self)
-            release.wait(30)
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    return Handler
+    return watch_handler(on_watch)
 
 
 def test_a_watch_silent_for_longer_than_watch_idle_is_reopened_from_the_same_version() -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import math
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -17,11 +15,11 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from gpuoperator import names
-from gpuoperator.runtime import errors, leading
+from gpuoperator.runtime import errors, leading, leases
 from gpuoperator.runtime.clock import FakeClock
+from harness.leases import InMemoryLeaseStore
 
 NS = "gpu-system"
-MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -95,11 +93,11 @@ class FlakyStore:
     ``before_update`` runs just before each update (to let a rival write first);
     ``crash`` raises a non-API error (a bug)."""
 
-    def __init__(self, inner: leading.LeaseStore) -> None:
+    def __init__(self, inner: leases.LeaseStore) -> None:
         self.inner = inner
         self.down = False
         self.crash = False
-        self.before_update: Callable[[leading.LeaderElectionRecord], None] | None = None
+        self.before_update: Callable[[leases.LeaderElectionRecord], None] | None = None
 
     def _check(self) -> None:
         if self.crash:
@@ -107,11 +105,11 @@ class FlakyStore:
         if self.down:
             raise errors.ApiError(503, "ServiceUnavailable", "etcd is down")
 
-    def get(self, namespace: str, name: str) -> tuple[leading.LeaderElectionRecord, str] | None:
+    def get(self, namespace: str, name: str) -> tuple[leases.LeaderElectionRecord, str] | None:
         self._check()
         return self.inner.get(namespace, name)
 
-    def create(self, namespace: str, name: str, record: leading.LeaderElectionRecord) -> str:
+    def create(self, namespace: str, name: str, record: leases.LeaderElectionRecord) -> str:
         self._check()
         return self.inner.create(namespace, name, record)
 
@@ -119,7 +117,7 @@ class FlakyStore:
         self,
         namespace: str,
         name: str,
-        record: leading.LeaderElectionRecord,
+        record: leases.LeaderElectionRecord,
         resource_version: str,
     ) -> str:
         self._check()
@@ -130,7 +128,7 @@ class FlakyStore:
 
 def make(
     identity: str,
-    store: leading.LeaseStore,
+    store: leases.LeaseStore,
     clock: FakeClock,
     *,
     registry: CollectorRegistry | None = None,
@@ -156,7 +154,7 @@ def make(
     return elector, rec
 
 
-def record(store: leading.LeaseStore) -> leading.LeaderElectionRecord:
+def record(store: leases.LeaseStore) -> leases.LeaderElectionRecord:
     got = store.get(NS, names.LEADER_LEASE)
     assert got is not None
     return got[0]
@@ -173,13 +171,13 @@ T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
 def test_an_absent_lease_is_created_with_us_as_holder() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
 
     assert store.get(NS, names.LEADER_LEASE) is None
     assert a.try_acquire_or_renew()
 
-    assert record(store) == leading.LeaderElectionRecord(
+    assert record(store) == leases.LeaderElectionRecord(
         holder_identity="a",
         lease_duration_seconds=15,
         acquire_time=T0,
@@ -191,7 +189,7 @@ def test_an_absent_lease_is_created_with_us_as_holder() -> None:
 
 
 def test_a_second_candidate_cannot_acquire_while_the_holder_renews() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     b, _ = make("b", store, clock)
     assert a.try_acquire_or_renew()
@@ -208,7 +206,7 @@ def test_a_second_candidate_cannot_acquire_while_the_holder_renews() -> None:
 
 
 def test_takeover_waits_lease_duration_from_the_candidates_own_observation() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     b, _ = make("b", store, clock)
     assert a.try_acquire_or_renew()  # t=0, then a stops renewing
@@ -234,7 +232,7 @@ def test_takeover_waits_lease_duration_from_the_candidates_own_observation() -> 
 def test_takeover_ignores_the_timestamps_in_the_record(skew_days: int) -> None:
     clock_a, clock_b = FakeClock(), FakeClock()
     clock_a.step_wall(skew_days * 86400)  # a's wall clock is a year off; monotonic time is not
-    store = leading.InMemoryLeaseStore()
+    store = InMemoryLeaseStore()
     a, _ = make("a", store, clock_a)
     b, _ = make("b", store, clock_b)
     assert a.try_acquire_or_renew()
@@ -253,7 +251,7 @@ def test_takeover_ignores_the_timestamps_in_the_record(skew_days: int) -> None:
 
 
 def test_the_holders_lease_duration_in_the_record_decides_not_the_candidates() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock, lease_duration=30)
     b, _ = make("b", store, clock)  # b itself would hold for 15 s
     assert a.try_acquire_or_renew()
@@ -267,7 +265,7 @@ def test_the_holders_lease_duration_in_the_record_decides_not_the_candidates() -
 
 
 def test_a_conflict_on_update_fails_the_attempt() -> None:
-    clock, inner = FakeClock(), leading.InMemoryLeaseStore()
+    clock, inner = FakeClock(), InMemoryLeaseStore()
     store = FlakyStore(inner)
     a, _ = make("a", store, clock)
     b, _ = make("b", inner, clock)
@@ -275,7 +273,7 @@ def test_a_conflict_on_update_fails_the_attempt() -> None:
     assert holder.try_acquire_or_renew()
     assert holder.release()  # a free lease both may take
 
-    def rival_writes_first(_: leading.LeaderElectionRecord) -> None:
+    def rival_writes_first(_: leases.LeaderElectionRecord) -> None:
         store.before_update = None
         assert b.try_acquire_or_renew()
 
@@ -290,7 +288,7 @@ def test_a_conflict_on_update_fails_the_attempt() -> None:
 
 
 def test_transitions_count_only_changes_of_holder() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     b, _ = make("b", store, clock)
     assert a.try_acquire_or_renew()
@@ -317,7 +315,7 @@ def test_transitions_count_only_changes_of_holder() -> None:
 
 
 def test_a_released_lease_is_taken_at_the_next_attempt() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     b, _ = make("b", store, clock)
     assert a.try_acquire_or_renew()
@@ -326,7 +324,7 @@ def test_a_released_lease_is_taken_at_the_next_attempt() -> None:
 
     assert a.release()
     assert not a.is_leader()
-    assert record(store) == leading.LeaderElectionRecord(
+    assert record(store) == leases.LeaderElectionRecord(
         holder_identity="",
         lease_duration_seconds=1,
         acquire_time=at(T0, 1),
@@ -343,7 +341,7 @@ def test_a_released_lease_is_taken_at_the_next_attempt() -> None:
 
 
 def test_release_never_clobbers_a_new_holder() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     b, _ = make("b", store, clock)
     assert a.try_acquire_or_renew()
@@ -357,7 +355,7 @@ def test_release_never_clobbers_a_new_holder() -> None:
 
 
 def test_is_leader_turns_false_when_renews_stall_even_before_the_loop_runs() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     assert not a.is_leader()
     assert a.try_acquire_or_renew()
@@ -371,7 +369,7 @@ def test_is_leader_turns_false_when_renews_stall_even_before_the_loop_runs() -> 
 
 
 def test_is_leader_is_false_once_another_holder_is_observed() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     assert a.try_acquire_or_renew()
     rival = dataclasses.replace(record(store), holder_identity="x")
@@ -385,7 +383,7 @@ def test_is_leader_is_false_once_another_holder_is_observed() -> None:
 
 
 def test_api_errors_fail_the_attempt_without_raising() -> None:
-    clock, inner = FakeClock(), leading.InMemoryLeaseStore()
+    clock, inner = FakeClock(), InMemoryLeaseStore()
     store = FlakyStore(inner)
     a, _ = make("a", store, clock)
     store.down = True
@@ -396,7 +394,7 @@ def test_api_errors_fail_the_attempt_without_raising() -> None:
 
 
 def test_on_new_leader_is_told_each_change_of_holder() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, rec_a = make("a", store, clock)
     b, rec_b = make("b", store, clock)
     assert a.try_acquire_or_renew()
@@ -414,7 +412,7 @@ def test_on_new_leader_is_told_each_change_of_holder() -> None:
 
 
 def test_run_leads_and_on_stop_releases_then_stops_leading() -> None:
-    clock, inner = FakeClock(), leading.InMemoryLeaseStore()
+    clock, inner = FakeClock(), InMemoryLeaseStore()
     store = FlakyStore(inner)
     stop = threading.Event()
     driver = Driver(stop, clock)
@@ -444,7 +442,7 @@ def test_run_leads_and_on_stop_releases_then_stops_leading() -> None:
 def test_on_stop_the_lease_is_released_only_after_the_controllers_stopped() -> None:
     """As client-go's ReleaseOnCancel requires: what the lease guards stops (and its writes
     finish) before another replica can take over."""
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     driver = Driver(stop, clock)
     holders_while_stopping: list[str] = []
@@ -470,7 +468,7 @@ def test_on_stop_the_lease_is_released_only_after_the_controllers_stopped() -> N
 
 
 def test_on_stop_a_lease_whose_controllers_did_not_drain_is_left_to_expire() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     driver = Driver(stop, clock)
     a = leading.LeaderElector(
@@ -494,7 +492,7 @@ def test_on_stop_a_lease_whose_controllers_did_not_drain_is_left_to_expire() -> 
 
 
 def test_lease_remaining_counts_down_to_when_another_candidate_may_take_over() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     a, _ = make("a", store, clock)
     assert a.lease_remaining() == 0.0
     assert a.try_acquire_or_renew()
@@ -505,7 +503,7 @@ def test_lease_remaining_counts_down_to_when_another_candidate_may_take_over() -
 
 
 def test_run_without_release_on_cancel_leaves_the_lease_to_expire() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     driver = Driver(stop, clock)
     a, rec = make("a", store, clock, wait=driver, release_on_cancel=False)
@@ -528,7 +526,7 @@ def test_run_without_release_on_cancel_leaves_the_lease_to_expire() -> None:
 def test_renews_failing_past_renew_deadline_lose_leadership(
     retry_period: float, down_at: float, last_renew: float, last_failed: float, lost_at: float
 ) -> None:
-    clock, inner = FakeClock(), leading.InMemoryLeaseStore()
+    clock, inner = FakeClock(), InMemoryLeaseStore()
     store = FlakyStore(inner)
     stop = threading.Event()
     driver = Driver(stop, clock)
@@ -557,7 +555,7 @@ def test_renews_failing_past_renew_deadline_lose_leadership(
 
 
 def test_observing_another_holder_loses_leadership_at_once() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     driver = Driver(stop, clock)
     a, rec = make("a", store, clock, wait=driver)
@@ -581,7 +579,7 @@ def test_observing_another_holder_loses_leadership_at_once() -> None:
 
 
 def test_acquire_retries_with_jitter_when_the_attempt_fails_for_another_reason() -> None:
-    clock, inner = FakeClock(), leading.InMemoryLeaseStore()
+    clock, inner = FakeClock(), InMemoryLeaseStore()
     store = FlakyStore(inner)
     store.down = True
     stop = threading.Event()
@@ -599,7 +597,7 @@ def test_while_another_lease_runs_attempts_come_every_period_and_at_its_expiry()
     """No jitter while a live holder is watched: a renew is seen at most one period late,
     and the expired lease is taken the moment it expires (lease_duration + retry_period
     after the holder's last renew at worst)."""
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     holder, _ = make("h", store, clock)
     assert holder.try_acquire_or_renew()
     clock.advance(1.0)
@@ -617,7 +615,7 @@ def test_while_another_lease_runs_attempts_come_every_period_and_at_its_expiry()
 
 
 def test_stop_set_before_run_returns_at_once() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     stop.set()
     driver = Driver(stop, clock)
@@ -628,7 +626,7 @@ def test_stop_set_before_run_returns_at_once() -> None:
 
 
 def test_a_bug_while_leading_fences_stops_leading_and_propagates() -> None:
-    clock, inner = FakeClock(), leading.InMemoryLeaseStore()
+    clock, inner = FakeClock(), InMemoryLeaseStore()
     store = FlakyStore(inner)
     stop = threading.Event()
     driver = Driver(stop, clock)
@@ -650,7 +648,7 @@ def test_a_bug_while_leading_fences_stops_leading_and_propagates() -> None:
 
 
 def test_run_with_the_default_wait_returns_when_stop_is_set() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     calls: list[str] = []
 
@@ -678,7 +676,7 @@ def test_run_with_the_default_wait_returns_when_stop_is_set() -> None:
 
 
 def test_metrics_follow_leadership() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     driver = Driver(stop, clock)
     registry = CollectorRegistry()
@@ -702,7 +700,7 @@ def test_metrics_follow_leadership() -> None:
 
 
 def test_one_log_event_per_transition() -> None:
-    clock, store = FakeClock(), leading.InMemoryLeaseStore()
+    clock, store = FakeClock(), InMemoryLeaseStore()
     stop = threading.Event()
     driver = Driver(stop, clock)
     a, _ = make("a", store, clock, wait=driver)
@@ -722,22 +720,7 @@ def test_one_log_event_per_transition() -> None:
     assert all(e["lease"] == f"{NS}/{names.LEADER_LEASE}" and e["identity"] == "a" for e in logs)
 
 
-# --- MicroTime and configuration -------------------------------------------------------------
-
-
-def test_micro_time_has_exactly_six_fractional_digits_in_utc() -> None:
-    assert leading.format_micro_time(T0) == "2026-01-01T00:00:00.000000Z"
-    plus_two = datetime.timezone(datetime.timedelta(hours=2))
-    t = datetime.datetime(2026, 1, 1, 2, 0, 0, 1234, tzinfo=plus_two)
-    assert leading.format_micro_time(t) == "2026-01-01T00:00:00.001234Z"
-    assert leading.parse_micro_time("2026-01-01T00:00:00.001234Z") == at(T0, 0.001234)
-    assert leading.parse_micro_time("2026-01-01T00:00:00Z") == T0
-    assert leading.parse_micro_time("2026-01-01T00:00:00.123456789Z").microsecond == 123456
-
-    spec = leading.LeaderElectionRecord("a", 15, T0, at(T0, 0.5), 3).to_spec()
-    assert MICRO_TIME.match(spec["acquireTime"]) and MICRO_TIME.match(spec["renewTime"])
-    assert spec["renewTime"] == "2026-01-01T00:00:00.500000Z"
-    assert leading.LeaderElectionRecord.from_spec(spec).renew_time == at(T0, 0.5)
+# --- configuration ---------------------------------------------------------------------------
 
 
 def test_config_defaults_are_client_go_s() -> None:
@@ -784,131 +767,3 @@ def test_unique_identity_differs_per_process_even_with_one_pod_name() -> None:
     one, two = leading.unique_identity("pod-0"), leading.unique_identity("pod-0")
     assert one.startswith("pod-0_") and two.startswith("pod-0_")
     assert one != two
-
-
-# --- stores ----------------------------------------------------------------------------------
-
-
-def test_in_memory_store_enforces_resource_version_preconditions() -> None:
-    store = leading.InMemoryLeaseStore()
-    rec = leading.LeaderElectionRecord("a", 15, T0, T0, 0)
-    with pytest.raises(errors.NotFoundError):
-        store.update(NS, "l", rec, "1")
-    v1 = store.create(NS, "l", rec)
-    with pytest.raises(errors.AlreadyExistsError):
-        store.create(NS, "l", rec)
-    v2 = store.update(NS, "l", dataclasses.replace(rec, holder_identity="b"), v1)
-    assert v2 != v1
-    with pytest.raises(errors.ConflictError):
-        store.update(NS, "l", rec, v1)
-    assert store.get(NS, "l") == (dataclasses.replace(rec, holder_identity="b"), v2)
-
-
-@dataclasses.dataclass
-class FakeResponse:
-    status_code: int
-    body: Any
-
-    def json(self) -> Any:
-        if isinstance(self.body, str):
-            raise ValueError("not JSON")
-        return self.body
-
-
-class FakeAPI:
-    """Stands in for ``pykube.HTTPClient``: records requests, answers from a queue."""
-
-    def __init__(self, *responses: FakeResponse) -> None:
-        self.responses = list(responses)
-        self.requests: list[tuple[str, dict[str, Any]]] = []
-
-    def _answer(self, method: str, kwargs: dict[str, Any]) -> FakeResponse:
-        self.requests.append((method, kwargs))
-        return self.responses.pop(0)
-
-    def get(self, **kwargs: Any) -> FakeResponse:
-        return self._answer("GET", kwargs)
-
-    def post(self, **kwargs: Any) -> FakeResponse:
-        return self._answer("POST", kwargs)
-
-    def put(self, **kwargs: Any) -> FakeResponse:
-        return self._answer("PUT", kwargs)
-
-
-def lease_obj(rv: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": "l",
-            "namespace": NS,
-            "resourceVersion": rv,
-            "labels": {"team": "gpu"},
-        },
-        "spec": spec,
-    }
-
-
-def status(code: int, reason: str) -> FakeResponse:
-    return FakeResponse(code, {"kind": "Status", "code": code, "reason": reason, "message": "m"})
-
-
-def test_kube_store_puts_the_whole_lease_with_its_resource_version() -> None:
-    held = {
-        "holderIdentity": "a",
-        "leaseDurationSeconds": 15,
-        "leaseTransitions": 2,
-        "acquireTime": "2026-01-01T00:00:00.000000Z",
-        "renewTime": "2026-01-01T00:00:01.000000Z",
-        "strategy": "OldestEmulationVersion",
-    }
-    api = FakeAPI(FakeResponse(200, lease_obj("7", held)), FakeResponse(200, lease_obj("8", {})))
-    store = leading.KubeLeaseStore(api)
-
-    got = store.get(NS, "l")
-    assert got == (leading.LeaderElectionRecord("a", 15, T0, at(T0, 1), 2), "7")
-    new = leading.LeaderElectionRecord("b", 15, at(T0, 2), at(T0, 2), 3)
-    assert store.update(NS, "l", new, "7") == "8"
-
-    method, kwargs = api.requests[1]
-    assert method == "PUT"
-    assert (kwargs["version"], kwargs["namespace"], kwargs["url"].strip("/")) == (
-        "coordination.k8s.io/v1",
-        NS,
-        "leases/l",
-    )
-    sent = json.loads(kwargs["data"])
-    assert sent["metadata"]["resourceVersion"] == "7"
-    assert sent["metadata"]["labels"] == {"team": "gpu"}  # a PUT must not drop what it read
-    assert sent["spec"] == {
-        "holderIdentity": "b",
-        "leaseDurationSeconds": 15,
-        "leaseTransitions": 3,
-        "acquireTime": "2026-01-01T00:00:02.000000Z",
-        "renewTime": "2026-01-01T00:00:02.000000Z",
-        "strategy": "OldestEmulationVersion",
-    }
-
-
-def test_kube_store_maps_responses_to_typed_errors() -> None:
-    rec = leading.LeaderElectionRecord("a", 15, T0, T0, 0)
-    api = FakeAPI(
-        status(404, "NotFound"),
-        status(409, "AlreadyExists"),
-        status(409, "Conflict"),
-        status(403, "Forbidden"),
-        FakeResponse(502, "<html>bad gateway</html>"),
-    )
-    store = leading.KubeLeaseStore(api)
-    assert store.get(NS, "l") is None
-    with pytest.raises(errors.AlreadyExistsError):
-        store.create(NS, "l", rec)
-    assert api.requests[1][0] == "POST" and api.requests[1][1]["url"].strip("/") == "leases"
-    with pytest.raises(errors.ConflictError):
-        store.update(NS, "l", rec, "3")
-    with pytest.raises(errors.ForbiddenError):
-        store.get(NS, "l")
-    with pytest.raises(errors.ApiError) as info:
-        store.get(NS, "l")
-    assert info.value.code == 502
