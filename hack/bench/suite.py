@@ -25,7 +25,7 @@ the ratio of the two; nothing is asserted. The suite starts its own clusters (na
   (KubeVirt stand-in), p50 and p99.
 
     make bench                      # the quick form (a few minutes)
-    make bench BENCH_ARGS=--full    # issue 13's sizes (P1 1,000 x 8 / 5,000; P4 5,000 nodes)
+    make bench BENCH_ARGS=--full    # the full sizes (P1 1,000 x 8 / 5,000; P4 5,000 nodes)
     PYTHONPATH=hack:test .venv/bin/python hack/bench/suite.py --help
 """
 
@@ -1178,7 +1178,11 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--full", action="store_true", help="issue 13's sizes")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the full sizes (P1 1,000 x 8 nodes / 5,000 claims; P4 5,000 nodes)",
+    )
     p.add_argument("--only", default="P1,P2,P3,P4,P5,P6", help="which figures (comma list)")
     p.add_argument("--nodes", type=int, help="P1: nodes per pool (quick 100, full 1000)")
     p.add_argument("--orders", type=int, help="P1: orders and peer pods (quick 500, full 5000)")

@@ -1,4 +1,4 @@
-"""Chaos fixtures (issue 9, "prove it"): a control plane of its own, two operator replicas
+"""Chaos fixtures: a control plane of its own, two operator replicas
 behind one webhook address, the KubeVirt stand-in, and a record of every GPUClaim version
 read from etcd for the whole package.
 

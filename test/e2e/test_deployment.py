@@ -19,7 +19,7 @@ from harness.waiting import wait_for
 from localcluster import deployment
 from localcluster.cluster import apply_docs, kubectl, kubectl_binary
 
-#: The kinds issue 10 names, each of which the rendering must hold at least once.
+#: The kinds a deployment of the product consists of; the rendering must hold each at least once.
 EXPECTED_KINDS = {
     "Namespace",
     "CustomResourceDefinition",
