@@ -135,7 +135,6 @@ RETRY: Final = 1.0
 
 
 BOUND: Final = gpuclaims.BOUND_CONDITION
-UNSCHEDULABLE: Final = "Unschedulable"
 
 PINNED = "Pinned"
 WAITING = "WaitingForPlacement"
@@ -143,10 +142,7 @@ MOVED = "Moved"
 REFUSED = "RefusedByNode"
 PIN_FAILED = "PinFailed"
 
-_PLACED_KINDS: Final = ("launcher", "ephemeral")
-
-
-# ---- pure reading of pods and claims -------------------------------------------------------
+# ---- reading objects -----------------------------------------------------------------------
 
 
 def _meta(obj: Obj | None) -> dict[str, Any]:
@@ -161,53 +157,6 @@ def _status(obj: Obj | None) -> dict[str, Any]:
 
 def _text(key: Key) -> str:
     return f"{key[0]}/{key[1]}"
-
-
-def is_unschedulable(pod: Obj) -> bool:
-    """Whether kube-scheduler reports the pod unschedulable (``PodScheduled`` False with
-    reason ``Unschedulable``; a gated pod's reason is ``SchedulingGated``)."""
-    scheduled = conditions.find(_status(pod).get("conditions"), "PodScheduled")
-    return (
-        scheduled is not None
-        and scheduled.get("status") == "False"
-        and scheduled.get("reason") == UNSCHEDULABLE
-    )
-
-
-def _placed_pod(pod: Obj) -> bool:
-    return launcher_pods.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
-        "deletionTimestamp"
-    )
-
-
-def needs_pin(pod: Obj) -> bool:
-    """A launcher (or temporary) pod still held at the placement gate."""
-    return _placed_pod(pod) and launcher_pods.is_gated(pod)
-
-
-def maybe_refused(pod: Obj) -> bool:
-    """A launcher (or temporary) pod without the gate that the scheduler cannot place: a
-    refusal if the operator pinned it (only the full pod shows the affinity)."""
-    return (
-        _placed_pod(pod)
-        and not launcher_pods.is_gated(pod)
-        and not pods.node_name(pod)
-        and is_unschedulable(pod)
-    )
-
-
-def watched(pod: Obj) -> bool:
-    """Whether the pod is one this controller acts on."""
-    return needs_pin(pod) or maybe_refused(pod)
-
-
-def vmi_name_of(pod: Obj) -> str:
-    """The name of the pod's VMI as the pod itself says it ("" when it does not): its
-    controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
-    owner = gpuclaims.controlling_vmi(pod)
-    if owner is not None:
-        return owner.name
-    return str((_meta(pod).get("labels") or {}).get(names.VM_NAME_LABEL) or "")
 
 
 def _phase(claim: Obj) -> str:
@@ -271,7 +220,7 @@ class Placement:
         if owed is not None:
             return self._record(key, owed)
         pod = self.caches.pods.store.get(key)
-        if pod is None or not watched(pod):
+        if pod is None or not launcher_pods.watched(pod):
             self._forget(key)
             return None
         vmi_name, vmi_uid = self._vmi_of(pod)
@@ -292,7 +241,7 @@ class Placement:
             for name, ref in zip(names_, refs, strict=True)
             if isinstance(ref, references.TemplateRef)
         }
-        if needs_pin(pod):
+        if launcher_pods.needs_pin(pod):
             with self._lock:
                 pinned = self._pinned.get(key) == _meta(pod).get("uid")
             if pinned:
@@ -510,7 +459,9 @@ class Placement:
             full = self.writer.get(pykube.Pod, key[1], key[0])
         except errors.NotFoundError:
             return None
-        if not maybe_refused(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
+        if not launcher_pods.maybe_rejected(full) or _meta(full).get("uid") != _meta(pod).get(
+            "uid"
+        ):
             return None  # the cache was behind: the pod was scheduled or replaced
         node = launcher_pods.pinned_node(full)
         if node is None:
@@ -546,7 +497,7 @@ class Placement:
         owed = _Refusal(
             pod=full,
             node=node,
-            detail=said or UNSCHEDULABLE,
+            detail=said or launcher_pods.UNSCHEDULABLE,
             now=now,
             until=now + datetime.timedelta(seconds=self.settings.refusal_ttl),
             vmi_name=vmi_name,
@@ -750,7 +701,7 @@ def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
     return sorted(
         key_of(pod)
         for pod in caches.pods.store.by_index(BY_NAMESPACE, namespace)
-        if watched(pod) and vmi_name_of(pod) == vmi_name
+        if launcher_pods.watched(pod) and launcher_pods.vmi_name_of(pod) == vmi_name
     )
 
 
@@ -776,11 +727,11 @@ def register(
         NAME,
         placement,
         workers=workers,
-        seed=lambda: [key_of(p) for p in caches.pods.store.values() if watched(p)],
+        seed=lambda: [key_of(p) for p in caches.pods.store.values() if launcher_pods.watched(p)],
     )
 
     def own_pod(pod: Obj) -> list[Key]:
-        if watched(pod):
+        if launcher_pods.watched(pod):
             return [key_of(pod)]
         placement.seen_unwatched(key_of(pod))
         return []

@@ -1236,7 +1236,7 @@ def test_migration_targets_are_never_touched(world: World, pod: Obj) -> None:
     assert world.api.calls == []
     assert world.recorder.events == []
     assert world.api.objects[("Pod", NS, POD[1])] == stored
-    assert not placement.watched(slimming.slim_pod(stored))
+    assert not launcher_pods.watched(slimming.slim_pod(stored))
 
 
 def test_claims_and_vmis_map_to_the_watched_launcher_pods(world: World) -> None:
