@@ -21,11 +21,12 @@ from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
 from controllers import gpu_hours as gpuhoursmod
-from controllers import placement as placementmod
+from controllers import node_rejections
 from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.model import node_rejections as model_rejections
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
@@ -513,9 +514,9 @@ def test_a_lost_claim_that_cannot_be_bound_again_waits_as_pending_with_the_reaso
 
 
 def refuse(world: World, name: str, node_name: str) -> bool:
-    """Placement records that ``node_name`` refused the claim's pinned pod (its one claim
+    """Placement records that ``node_name`` rejected the claim's pinned pod (its one claim
     status write: refusedNodes, back to Pending) on the claim as the cache has it."""
-    placement = placementmod.Placement(
+    rejections = node_rejections.NodeRejections(
         world.caches,
         world.inventory,
         cast("Client", world.api),
@@ -528,7 +529,7 @@ def refuse(world: World, name: str, node_name: str) -> bool:
     assert cached is not None
     now = world.clock.now()
     until = now + datetime.timedelta(minutes=10)
-    owed = placementmod._Refusal(
+    owed = model_rejections.Rejection(
         pod={},
         node=node_name,
         detail="no room",
@@ -538,7 +539,7 @@ def refuse(world: World, name: str, node_name: str) -> bool:
         vmi_uid="",
         claim_names=(name,),
     )
-    return placement._refuse(cached, owed, (NS, "virt-launcher-vm1"))
+    return rejections.write(cached, owed, (NS, "virt-launcher-vm1"))
 
 
 def unconfirmed_refusal(world: World, name: str, node_name: str) -> None:

@@ -23,7 +23,14 @@ from typing import Any, cast
 import pykube
 import pytest
 
-from controllers import attachments, claim_protection, claim_status, placement, template_claims
+from controllers import (
+    attachments,
+    claim_protection,
+    claim_status,
+    node_rejections,
+    placement,
+    template_claims,
+)
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
@@ -1049,10 +1056,10 @@ def test_refusal_waits_while_the_node_releases_gpus(world: World) -> None:
 
     wait = requeue(controller.reconcile(POD))
     assert wait is not None
-    assert 0 < wait <= placement.SETTLE
+    assert 0 < wait <= node_rejections.SETTLE
     assert world.api.writes() == []
 
-    world.clock.advance(placement.SETTLE)
+    world.clock.advance(node_rejections.SETTLE)
     assert controller.reconcile(POD) is None
     assert world.api.writes()[0][0] == "delete"
 
@@ -1125,7 +1132,7 @@ def test_refusal_waits_while_the_nodes_lifecycle_taint_lags_behind_its_ready_sta
 
     wait = requeue(controller.reconcile(POD))
     assert wait is not None
-    assert 0 < wait <= placement.SETTLE
+    assert 0 < wait <= node_rejections.SETTLE
     assert world.api.writes() == []
 
     world.caches.nodes.store.put(slimming.slim_node(objects.node("n1", 4, taints=[])))
@@ -1163,11 +1170,11 @@ def test_refusal_waits_while_the_scheduler_has_not_seen_the_node(world: World) -
 
     wait = requeue(controller.reconcile(POD))
     assert wait is not None
-    assert 0 < wait <= placement.SETTLE
+    assert 0 < wait <= node_rejections.SETTLE
     assert world.api.writes() == []
     assert "RefusedByNode" not in world.recorder.reasons()
 
-    world.clock.advance(placement.SETTLE)
+    world.clock.advance(node_rejections.SETTLE)
     assert controller.reconcile(POD) is None
     assert world.api.writes()[0][0] == "delete"
 
