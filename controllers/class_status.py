@@ -31,9 +31,10 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key, newest
+from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
@@ -78,14 +79,12 @@ class ClassStatus:
         self._held_lock = threading.Lock()
         self._pacer: Pacer[str] = Pacer(status_interval, clock=clock)
         #: class name -> the GPUClass as this controller last wrote its status
-        self._written: dict[str, Obj] = {}
+        self._written: OwnWrites[str] = OwnWrites()
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
         cached = self.caches.classes.store.get(("", name))
-        cls = newest(cached, self._written.get(name))
-        if cls is cached:
-            self._written.pop(name, None)  # the cache has caught up with our last write
+        cls = self._written.current(name, cached)
         if cls is None:
             self._pacer.forget(name)
             for kind in ("allocatable", "allocated", "free"):
@@ -149,11 +148,11 @@ class ClassStatus:
             if wait > 0:
                 return Result(requeue_after=wait)  # written at most once per interval
             try:
-                self._written[name] = self.writer.replace_status(
-                    GPUClass, {**cls, "status": desired}
+                self._written.wrote(
+                    name, self.writer.replace_status(GPUClass, {**cls, "status": desired})
                 )
             except errors.ConflictError:
-                self._written.pop(name, None)  # changed meanwhile: read the cache again
+                self._written.forget(name)  # changed meanwhile: read the cache again
                 raise
             self._pacer.wrote(name)
             if was != figures.available or "conditions" not in status:

@@ -60,8 +60,9 @@ from gpuoperator.runtime import errors, informing
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Informer, InformerOptions, Key, newest
+from gpuoperator.runtime.informing import Informer, InformerOptions, Key
 from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
@@ -115,7 +116,7 @@ class LicenseCopier:
         self.clock = clock
         #: class name -> the GPUClass as this controller last wrote its status (newer than
         #: the cache until the cache delivers it)
-        self._written: dict[str, Obj] = {}
+        self._written: OwnWrites[str] = OwnWrites()
 
     def reconcile(self, key: Key) -> Result | None:
         class_name = key[1]
@@ -129,7 +130,7 @@ class LicenseCopier:
         refusal: licensing.SourceRefusal | None = None
         wanted: set[str] = set()
         if cls is None:
-            self._written.pop(class_name, None)
+            self._written.forget(class_name)
             why = "ClassGone"
         elif not licensing.licensed(cls):
             why = "NotLicensed"
@@ -208,11 +209,7 @@ class LicenseCopier:
         """Keep ``LicenseReady`` current (absent on a class without a license); only that
         condition is changed, under the class's resourceVersion."""
         name = classes.name(cls)
-        written = self._written.pop(name, None)
-        latest = newest(cls, written)
-        if latest is not None and latest is not cls:
-            cls = latest
-            self._written[name] = latest  # the cache has not caught up with our write yet
+        cls = self._written.current(name, cls) or cls
         status = dict(cls.get("status") or {})
         current = status.get("conditions")
         old = conditions.find(current, LICENSE_READY)
@@ -244,8 +241,11 @@ class LicenseCopier:
                 now=self.clock.now(),
                 observed_generation=generation,
             )
-        self._written[name] = self.writer.replace_status(
-            GPUClass, {**cls, "status": {**status, "conditions": updated}}
+        self._written.wrote(
+            name,
+            self.writer.replace_status(
+                GPUClass, {**cls, "status": {**status, "conditions": updated}}
+            ),
         )
         if refusal is None:
             log.info(

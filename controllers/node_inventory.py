@@ -29,9 +29,10 @@ from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
-from gpuoperator.runtime.informing import Key, newest
+from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
@@ -75,18 +76,16 @@ class NodeInventory:
         self._exported: dict[str, set[str]] = {}
         self._pacer: Pacer[str] = Pacer(status_interval, clock=clock)
         #: node -> the GPUNode as this controller last wrote it
-        self._written: dict[str, Obj] = {}
+        self._written: OwnWrites[str] = OwnWrites()
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
         view = self.inventory.node(name)
         cached = self.caches.gpunodes.store.get(("", name))
-        current = newest(cached, self._written.get(name))
-        if current is cached:
-            self._written.pop(name, None)  # the cache has caught up with our last write
+        current = self._written.current(name, cached)
         if view is None:
             self._unexport(name)
-            self._written.pop(name, None)
+            self._written.forget(name)
             self._pacer.forget(name)
             if current is not None:
                 self._delete(current, "the node is gone or has no GPU resource")
@@ -105,11 +104,11 @@ class NodeInventory:
                 (current.get("status") or {}).get("conditions"), OVERCOMMITTED
             )
             try:
-                self._written[name] = self.writer.replace_status(
-                    GPUNode, {**current, "status": status}
+                self._written.wrote(
+                    name, self.writer.replace_status(GPUNode, {**current, "status": status})
                 )
             except errors.ConflictError:
-                self._written.pop(name, None)  # changed meanwhile: read the cache again
+                self._written.forget(name)  # changed meanwhile: read the cache again
                 raise
             self._pacer.wrote(name)
             now_over = conditions.is_true(status["conditions"], OVERCOMMITTED)

@@ -52,8 +52,9 @@ Choices where DESIGN.md is silent:
 * Waits are reported once per message (log line and Event), not on every look.
 * **A pod this replica pinned is not judged again while the cache still shows it gated.**
   A scheduling gate cannot be added back after a pod's creation, so a cached pod of the
-  same uid that still carries the gate is only the cache lagging behind the pin: the watch
-  brings the pinned version; reading or patching the pod again would be wasted requests.
+  same uid older than the pin (``runtime.own_writes``) is only the cache lagging behind it:
+  the watch brings the pinned version; reading or patching the pod again would be wasted
+  requests.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key, key_of
 from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings
 
@@ -150,8 +152,8 @@ class Placement:
         self._lock = threading.Lock()
         #: pod key -> the last wait message reported (Events and logs only on change)
         self._waits: dict[Key, str] = {}
-        #: pod key -> uid of the pod this replica pinned, until the cache shows it ungated
-        self._pinned: dict[Key, str] = {}
+        #: pod key -> the pod as this replica pinned it, until the cache shows that version
+        self._pinned: OwnWrites[Key] = OwnWrites()
         self.rejections = node_rejections.NodeRejections(
             caches, inventory, writer, statuses, recorder, settings, clock=clock
         )
@@ -183,9 +185,7 @@ class Placement:
             if isinstance(ref, references.TemplateRef)
         }
         if launcher_pods.needs_pin(pod):
-            with self._lock:
-                pinned = self._pinned.get(key) == _meta(pod).get("uid")
-            if pinned:
+            if self._pinned.current(key, pod) is not pod:
                 log.debug("pinned already; the cache has not caught up", reason="Pinned")
                 return None
             return self._place(pod, vmi_name, vmi_uid, names_, made)
@@ -282,7 +282,7 @@ class Placement:
         full = pod  # the cached gated pod carries everything the patch is built from
         try:
             try:
-                self.writer.patch(
+                pinned = self.writer.patch(
                     pykube.Pod, key[1], launcher_pods.pin_and_ungate(pod, node), key[0]
                 )
             except errors.ConflictError:
@@ -293,7 +293,7 @@ class Placement:
                 ):
                     log.info("pod changed meanwhile; judging again", reason="Stale")
                     return Result(requeue_after=RETRY)
-                self.writer.patch(
+                pinned = self.writer.patch(
                     pykube.Pod, key[1], launcher_pods.pin_and_ungate(full, node), key[0]
                 )
         except errors.ConflictError:
@@ -306,8 +306,7 @@ class Placement:
             self._event_pod(full, "Warning", PIN_FAILED, f"could not pin to node {node}: {exc}")
             return None
         self._forget(key)
-        with self._lock:
-            self._pinned[key] = str(_meta(pod).get("uid") or "")
+        self._pinned.wrote(key, pinned)
         log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
         self._event_pod(
             full,
@@ -409,7 +408,7 @@ class Placement:
     def _forget(self, key: Key) -> None:
         with self._lock:
             self._waits.pop(key, None)
-            self._pinned.pop(key, None)
+        self._pinned.forget(key)
         self.rejections.forget(key)
 
     def seen_unwatched(self, key: Key) -> None:
