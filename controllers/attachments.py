@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -61,13 +61,12 @@ from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import attachments as rules
 from gpuoperator.model import conditions, orders, references
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
 from gpuoperator.runtime.managing import Manager
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -88,12 +87,17 @@ def _meta(obj: Obj | None) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+class ApiAccess(protocols.Gets, protocols.Patches, Protocol):
+    """What the attachments controller asks of the API server: live reads of VMIs, and merge
+    patches of claim status."""
+
+
 class Attachments:
     def __init__(
         self,
         caches: Caches,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
@@ -327,7 +331,11 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
 
 
 def register(
-    manager: Manager, caches: Caches, recorder: Recorder, settings: Settings, workers: int = 2
+    manager: Manager,
+    caches: Caches,
+    recorder: protocols.RecordsEvents,
+    settings: Settings,
+    workers: int = 2,
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,

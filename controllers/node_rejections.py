@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Final
+from typing import Final, Protocol
 
 import pykube
 import structlog
@@ -48,12 +48,11 @@ from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import node_rejections as rules
 from gpuoperator.model.node_rejections import Rejection
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Key, key_of
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -72,6 +71,11 @@ BOUND: Final = gpuclaims.BOUND_CONDITION
 REFUSED_BY_NODE: Final = "RefusedByNode"
 
 
+class ApiAccess(protocols.Gets, protocols.Deletes, Protocol):
+    """What node rejections ask of the API server: the pod read live, and deleted under
+    preconditions."""
+
+
 class NodeRejections:
     """The placement controller's node rejections. Of one pod key at a time (the placement
     controller never reconciles a key twice at once) it keeps when this replica first saw
@@ -81,9 +85,9 @@ class NodeRejections:
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
+        writer: ApiAccess,
         statuses: ClaimStatus,
-        recorder: Recorder,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,

@@ -60,7 +60,7 @@ Choices where DESIGN.md is silent:
 from __future__ import annotations
 
 import threading
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import pykube
 import structlog
@@ -80,8 +80,8 @@ from gpuoperator.model import (
     references,
     templates,
 )
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key, key_of
@@ -130,14 +130,19 @@ def _node(claim: Obj) -> str:
 # ---- the controller --------------------------------------------------------------------------
 
 
+class ApiAccess(protocols.Gets, protocols.Patches, protocols.Deletes, Protocol):
+    """What placement asks of the API server: pods read live, patched (the pin) and deleted (a
+    node rejection, ``node_rejections``)."""
+
+
 class Placement:
     def __init__(
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
+        writer: ApiAccess,
         statuses: ClaimStatus,
-        recorder: Recorder,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,

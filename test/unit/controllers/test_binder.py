@@ -519,9 +519,9 @@ def refuse(world: World, name: str, node_name: str) -> bool:
     rejections = node_rejections.NodeRejections(
         world.caches,
         world.inventory,
-        cast("Client", world.api),
+        world.api,
         world.statuses,
-        cast("Recorder", world.events),
+        world.events,
         Settings.model_validate({}),
         clock=world.clock,
     )

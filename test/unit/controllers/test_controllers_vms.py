@@ -18,7 +18,7 @@ import copy
 import datetime
 import functools
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import pykube
 import pytest
@@ -36,10 +36,8 @@ from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import launcher_pods, references, slimming, templates, vmi_admission
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness import objects
 from harness.offline import FakeApi, FakeRecorder, offline_caches
@@ -90,12 +88,12 @@ class World:
         self.caches.classes.store.put(A10_CLASS)
 
     @property
-    def writer(self) -> Client:
-        return cast("Client", self.api)
+    def writer(self) -> FakeApi:
+        return self.api
 
     @property
-    def events(self) -> Recorder:
-        return cast("Recorder", self.recorder)
+    def events(self) -> FakeRecorder:
+        return self.recorder
 
     def put_claim(self, obj: Obj) -> Obj:
         """The claim as the API server and the caches (and so the inventory) have it."""
@@ -149,7 +147,8 @@ class World:
         return claim_protection.ClaimProtection(self.caches, self.writer, self.events)
 
     def placement(self) -> placement.Placement:
-        statuses = claim_status.ClaimStatus(self.writer, self.inventory, self.events)
+        # The claim status write-back takes the whole client and recorder.
+        statuses = claim_status.ClaimStatus(self.api.client, self.inventory, self.recorder.recorder)
         return placement.Placement(
             self.caches,
             self.inventory,
