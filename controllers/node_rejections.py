@@ -32,6 +32,7 @@ API and keep their names.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
 from typing import Final, Protocol
@@ -76,34 +77,24 @@ class ApiAccess(protocols.Gets, protocols.Deletes, Protocol):
     preconditions."""
 
 
+@dataclasses.dataclass(eq=False)
 class NodeRejections:
     """The placement controller's node rejections. Of one pod key at a time (the placement
     controller never reconciles a key twice at once) it keeps when this replica first saw
     its pod rejected, and the rejection owed to the claims once the pod is deleted."""
 
-    def __init__(
-        self,
-        caches: Caches,
-        inventory: Inventory,
-        writer: ApiAccess,
-        statuses: ClaimStatus,
-        recorder: protocols.RecordsEvents,
-        settings: Settings,
-        *,
-        clock: Clock = SYSTEM,
-    ) -> None:
-        self.caches = caches
-        self.inventory = inventory
-        self.writer = writer
-        self.statuses = statuses
-        self.recorder = recorder
-        self.settings = settings
-        self.clock = clock
-        self._lock = threading.Lock()
-        #: pod key -> (pod uid, monotonic time this replica first saw it rejected)
-        self._since: dict[Key, tuple[str, float]] = {}
-        #: pod key -> a rejection whose pod is deleted and whose claims are still to be written
-        self._owed: dict[Key, Rejection] = {}
+    caches: Caches
+    inventory: Inventory
+    writer: ApiAccess
+    statuses: ClaimStatus
+    recorder: protocols.RecordsEvents
+    settings: Settings
+    clock: Clock = dataclasses.field(default=SYSTEM, kw_only=True)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
+    #: pod key -> (pod uid, monotonic time this replica first saw it rejected)
+    _since: dict[Key, tuple[str, float]] = dataclasses.field(default_factory=dict, init=False)
+    #: pod key -> a rejection whose pod is deleted and whose claims are still to be written
+    _owed: dict[Key, Rejection] = dataclasses.field(default_factory=dict, init=False)
 
     def owed(self, key: Key) -> Rejection | None:
         """The rejection of the pod at ``key`` still to be written on its claims, if any."""
