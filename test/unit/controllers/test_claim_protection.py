@@ -21,10 +21,9 @@ from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.runtime.controlling import Result
 from harness import objects
+from harness import vm_controllers as vm
 from harness.objects import NS
 from harness.offline import OfflineCluster
-from harness.vm_controllers import VMI_UID, claim, launcher_pod, vmi
-from harness.vm_controllers import World as VmWorld
 
 Obj = objects.Obj
 FINALIZER = names.CLAIM_PROTECTION_FINALIZER
@@ -188,8 +187,8 @@ def test_claim_protection_is_woken_by_claims_and_by_the_vmis_they_serve(world: W
 
 
 @pytest.fixture
-def vm_world() -> VmWorld:
-    return VmWorld()
+def vm_world() -> vm.World:
+    return vm.World()
 
 
 def deleting(obj: Obj) -> Obj:
@@ -197,7 +196,7 @@ def deleting(obj: Obj) -> Obj:
     return obj
 
 
-def _finalizer_writes(vm_world: VmWorld) -> list[list[str]]:
+def _finalizer_writes(vm_world: vm.World) -> list[list[str]]:
     return [
         c[3]["metadata"].get("finalizers", [])
         for c in vm_world.api.calls
@@ -209,29 +208,31 @@ def _finalizer_writes(vm_world: VmWorld) -> list[list[str]]:
     ("obj", "user"),
     [
         pytest.param(
-            claim("vm1-gpu-1", owner_uid=VMI_UID, phase="Bound", node="n1"),
-            vmi(),
+            vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID, phase="Bound", node="n1"),
+            vm.vmi(),
             id="a-template-claim-of-a-running-vmi",
         ),
         pytest.param(
-            claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}, phase="Bound", node="n1"),
-            vmi(deleting=True),
+            vm.claim(
+                "hold-a", attached={"vmi": "vm1", "uid": vm.VMI_UID}, phase="Bound", node="n1"
+            ),
+            vm.vmi(deleting=True),
             id="a-held-claim-of-a-vmi-being-deleted",
         ),
         pytest.param(
-            claim("vm1-gpu-1", owner_uid=VMI_UID, phase="Bound", node="n1"),
-            vmi(deleting=True),
+            vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID, phase="Bound", node="n1"),
+            vm.vmi(deleting=True),
             id="a-template-claim-of-a-vmi-being-deleted",
         ),
         pytest.param(
-            claim("hold-a", attached={"vmi": "vm1"}, phase="Bound", node="n1"),
-            vmi(),
+            vm.claim("hold-a", attached={"vmi": "vm1"}, phase="Bound", node="n1"),
+            vm.vmi(),
             id="a-held-claim-with-an-unconfirmed-attachment",
         ),
     ],
 )
 def test_a_deleted_claim_keeps_its_finalizer_while_its_vmi_is_not_gone(
-    vm_world: VmWorld, obj: Obj, user: Obj
+    vm_world: vm.World, obj: Obj, user: Obj
 ) -> None:
     vm_world.put_vmi(user)
     vm_world.put_claim(deleting(obj))
@@ -243,24 +244,26 @@ def test_a_deleted_claim_keeps_its_finalizer_while_its_vmi_is_not_gone(
     assert "vm1" in vm_world.recorder.events[0]["message"]
 
 
-def test_a_held_deletion_is_reported_once_per_state(vm_world: VmWorld) -> None:
-    vm_world.put_vmi(vmi())
-    vm_world.put_claim(deleting(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID})))
+def test_a_held_deletion_is_reported_once_per_state(vm_world: vm.World) -> None:
+    vm_world.put_vmi(vm.vmi())
+    vm_world.put_claim(deleting(vm.claim("hold-a", attached={"vmi": "vm1", "uid": vm.VMI_UID})))
     protection = vm_world.protection()
 
     protection.reconcile((NS, "hold-a"))
     protection.reconcile((NS, "hold-a"))
     assert vm_world.recorder.reasons() == ["DeletionHeld"]
 
-    vm_world.put_vmi(vmi(deleting=True))  # the VM starts its shutdown: news
+    vm_world.put_vmi(vm.vmi(deleting=True))  # the VM starts its shutdown: news
     protection.reconcile((NS, "hold-a"))
     assert vm_world.recorder.reasons() == ["DeletionHeld", "DeletionHeld"]
     assert "is being deleted" in vm_world.recorder.events[-1]["message"]
 
 
-def test_a_deleted_claim_is_held_when_only_the_cache_lags_behind_its_vmi(vm_world: VmWorld) -> None:
-    vm_world.api.add(VirtualMachineInstance, vmi())  # exists, not cached yet
-    vm_world.put_claim(deleting(claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID})))
+def test_a_deleted_claim_is_held_when_only_the_cache_lags_behind_its_vmi(
+    vm_world: vm.World,
+) -> None:
+    vm_world.api.add(VirtualMachineInstance, vm.vmi())  # exists, not cached yet
+    vm_world.put_claim(deleting(vm.claim("hold-a", attached={"vmi": "vm1", "uid": vm.VMI_UID})))
 
     vm_world.protection().reconcile((NS, "hold-a"))
     assert vm_world.api.writes() == []
@@ -269,18 +272,22 @@ def test_a_deleted_claim_is_held_when_only_the_cache_lags_behind_its_vmi(vm_worl
 @pytest.mark.parametrize(
     ("obj", "user"),
     [
-        pytest.param(claim("vm1-gpu-1", owner_uid=VMI_UID), None, id="template-owner-gone"),
+        pytest.param(vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID), None, id="template-owner-gone"),
         pytest.param(
-            claim("vm1-gpu-1", owner_uid=VMI_UID), vmi(uid="uid-new"), id="template-owner-replaced"
+            vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID),
+            vm.vmi(uid="uid-new"),
+            id="template-owner-replaced",
         ),
         pytest.param(
-            claim("hold-a", attached={"vmi": "vm1", "uid": VMI_UID}), None, id="attached-vmi-gone"
+            vm.claim("hold-a", attached={"vmi": "vm1", "uid": vm.VMI_UID}),
+            None,
+            id="attached-vmi-gone",
         ),
-        pytest.param(claim("hold-a"), vmi(), id="no-user"),
+        pytest.param(vm.claim("hold-a"), vm.vmi(), id="no-user"),
     ],
 )
 def test_a_deleted_claim_is_released_once_its_vmi_is_gone(
-    vm_world: VmWorld, obj: Obj, user: Obj | None
+    vm_world: vm.World, obj: Obj, user: Obj | None
 ) -> None:
     if user is not None:
         vm_world.put_vmi(user)
@@ -292,15 +299,15 @@ def test_a_deleted_claim_is_released_once_its_vmi_is_gone(
 
 
 def test_a_vmi_deleted_in_the_foreground_releases_its_template_claims_once_its_pods_are_gone(
-    vm_world: VmWorld,
+    vm_world: vm.World,
 ) -> None:
     """The garbage collector waits for the claim (blockOwnerDeletion): waiting for the VMI
     in turn would deadlock; once no pod of the VMI is left, nothing holds the GPU."""
-    foreground = vmi(deleting=True)
+    foreground = vm.vmi(deleting=True)
     foreground["metadata"]["finalizers"] = ["foregroundDeletion"]
     vm_world.put_vmi(foreground)
-    vm_world.put_claim(deleting(claim("vm1-gpu-1", owner_uid=VMI_UID)))
-    pod = vm_world.put_pod(launcher_pod(gated=False))
+    vm_world.put_claim(deleting(vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID)))
+    pod = vm_world.put_pod(vm.launcher_pod(gated=False))
 
     vm_world.protection().reconcile((NS, "vm1-gpu-1"))
     assert vm_world.api.writes() == []
@@ -310,8 +317,8 @@ def test_a_vmi_deleted_in_the_foreground_releases_its_template_claims_once_its_p
     assert _finalizer_writes(vm_world) == [[]]
 
 
-def test_a_new_claim_gets_the_protection_finalizer(vm_world: VmWorld) -> None:
-    fresh = claim("hold-a")
+def test_a_new_claim_gets_the_protection_finalizer(vm_world: vm.World) -> None:
+    fresh = vm.claim("hold-a")
     fresh["metadata"]["finalizers"] = []
     vm_world.put_claim(fresh)
 
@@ -319,13 +326,13 @@ def test_a_new_claim_gets_the_protection_finalizer(vm_world: VmWorld) -> None:
     assert _finalizer_writes(vm_world) == [[names.CLAIM_PROTECTION_FINALIZER]]
 
 
-def test_vmis_map_to_the_claims_they_own_or_are_attached_to(vm_world: VmWorld) -> None:
-    vm_world.put_claim(claim("vm1-gpu-1", owner_uid=VMI_UID))
-    vm_world.put_claim(claim("hold-a", attached={"vmi": "vm1"}))
-    vm_world.put_claim(claim("hold-b", attached={"vmi": "vm2"}))
-    vm_world.put_claim(claim("hold-c"))
+def test_vmis_map_to_the_claims_they_own_or_are_attached_to(vm_world: vm.World) -> None:
+    vm_world.put_claim(vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID))
+    vm_world.put_claim(vm.claim("hold-a", attached={"vmi": "vm1"}))
+    vm_world.put_claim(vm.claim("hold-b", attached={"vmi": "vm2"}))
+    vm_world.put_claim(vm.claim("hold-c"))
 
-    assert claim_protection.claims_of_vmi(vm_world.caches, vmi()) == [
+    assert claim_protection.claims_of_vmi(vm_world.caches, vm.vmi()) == [
         (NS, "hold-a"),
         (NS, "vm1-gpu-1"),
     ]

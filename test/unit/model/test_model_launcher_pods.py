@@ -47,45 +47,33 @@ def pod(
     }
 
 
+#: An ungated pod kube-scheduler reports unschedulable.
+UNPLACED: Obj = {"gated": False, "reason": "Unschedulable"}
+
+NEEDS_PIN = {
+    "gated-launcher": pod(),
+    "gated-temporary-pod": pod(ephemeral=True),
+}
+MAYBE_REJECTED = {
+    "unschedulable-launcher": pod(**UNPLACED),
+    "unschedulable-temporary-pod": pod(**UNPLACED, ephemeral=True),
+}
+NEITHER = {
+    "ungated-not-yet-judged": pod(gated=False, reason=""),
+    "scheduled-condition-true": pod(**UNPLACED, status="True"),
+    "bound-to-node": pod(**UNPLACED, node="n1"),
+    "gated-being-deleted": pod(deleting=True),
+    "unschedulable-being-deleted": pod(**UNPLACED, deleting=True),
+    "gated-migration-target": pod(migration=True),
+    "unschedulable-migration-target": pod(**UNPLACED, migration=True),
+}
+
+
 @pytest.mark.parametrize(
     ("obj", "gated", "rejected"),
-    [
-        pytest.param(pod(), True, False, id="gated-launcher"),
-        pytest.param(pod(ephemeral=True), True, False, id="gated-temporary-pod"),
-        pytest.param(
-            pod(gated=False, reason="Unschedulable"), False, True, id="unschedulable-launcher"
-        ),
-        pytest.param(
-            pod(gated=False, reason="Unschedulable", ephemeral=True),
-            False,
-            True,
-            id="unschedulable-temporary-pod",
-        ),
-        pytest.param(pod(gated=False, reason=""), False, False, id="ungated-not-yet-judged"),
-        pytest.param(
-            pod(gated=False, reason="Unschedulable", status="True"),
-            False,
-            False,
-            id="scheduled-condition-true",
-        ),
-        pytest.param(
-            pod(gated=False, reason="Unschedulable", node="n1"), False, False, id="bound-to-node"
-        ),
-        pytest.param(pod(deleting=True), False, False, id="gated-being-deleted"),
-        pytest.param(
-            pod(gated=False, reason="Unschedulable", deleting=True),
-            False,
-            False,
-            id="unschedulable-being-deleted",
-        ),
-        pytest.param(pod(migration=True), False, False, id="gated-migration-target"),
-        pytest.param(
-            pod(gated=False, reason="Unschedulable", migration=True),
-            False,
-            False,
-            id="unschedulable-migration-target",
-        ),
-    ],
+    [pytest.param(p, True, False, id=i) for i, p in NEEDS_PIN.items()]
+    + [pytest.param(p, False, True, id=i) for i, p in MAYBE_REJECTED.items()]
+    + [pytest.param(p, False, False, id=i) for i, p in NEITHER.items()],
 )
 def test_which_pods_placement_acts_on(obj: Obj, gated: bool, rejected: bool) -> None:
     before = copy.deepcopy(obj)

@@ -1,10 +1,12 @@
 """Reading one's own writes (``runtime.own_writes``): the reply to a write counts over an
 older cached version of the same object, and is forgotten once the cache delivers that
-version or a newer one, or another object of that name."""
+version or a newer one, or another object of that name, or no longer has the object."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import pytest
 
 from gpuoperator.runtime.own_writes import OwnWrites
 
@@ -25,41 +27,25 @@ def test_the_write_counts_while_the_cache_is_older() -> None:
     assert "a" in writes
 
 
-def test_the_write_is_forgotten_once_the_cache_catches_up() -> None:
+@pytest.mark.parametrize(
+    "cached",
+    [
+        pytest.param(obj("12", free=3), id="caught-up"),
+        pytest.param(obj("15", free=0), id="newer"),
+        pytest.param(obj("3", uid="u2"), id="another-object-of-that-name"),
+        pytest.param(None, id="gone"),
+    ],
+)
+def test_the_cache_wins_once_it_is_not_older_and_the_write_is_forgotten(
+    cached: Obj | None,
+) -> None:
     writes: OwnWrites[str] = OwnWrites()
     writes.wrote("a", obj("12", free=3))
-    delivered = obj("12", free=3)
 
-    assert writes.current("a", delivered) is delivered
+    assert writes.current("a", cached) is cached
     assert "a" not in writes
     older = obj("11", free=1)
     assert writes.current("a", older) is older  # nothing left to answer with
-
-
-def test_a_newer_cached_version_wins_over_the_write() -> None:
-    writes: OwnWrites[str] = OwnWrites()
-    writes.wrote("a", obj("12", free=3))
-    newer = obj("15", free=0)
-
-    assert writes.current("a", newer) is newer
-    assert "a" not in writes
-
-
-def test_another_object_of_that_name_is_not_answered_with_the_write() -> None:
-    writes: OwnWrites[str] = OwnWrites()
-    writes.wrote("a", obj("12"))
-    replaced = obj("3", uid="u2")
-
-    assert writes.current("a", replaced) is replaced
-    assert "a" not in writes
-
-
-def test_an_object_gone_from_the_cache_is_gone() -> None:
-    writes: OwnWrites[str] = OwnWrites()
-    writes.wrote("a", obj("12"))
-
-    assert writes.current("a", None) is None
-    assert "a" not in writes
 
 
 def test_a_forgotten_write_no_longer_counts() -> None:
