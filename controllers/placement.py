@@ -152,7 +152,6 @@ class Placement:
         self.writer = writer
         self.statuses = statuses
         self.recorder = recorder
-        self.settings = settings
         self.clock = clock
         self._lock = threading.Lock()
         #: pod key -> the last wait message reported (Events and logs only on change)
