@@ -17,6 +17,7 @@ it or a newer version.
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
@@ -27,8 +28,8 @@ from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClass
 from gpuoperator.model import conditions
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
@@ -56,13 +57,18 @@ def _gauge(registry: CollectorRegistry) -> Gauge:
     )
 
 
+class ApiAccess(protocols.Replaces, protocols.ReplacesStatus, Protocol):
+    """What class status asks of the API server: the class replaced (its finalizer) and its
+    status replaced."""
+
+
 class ClassStatus:
     def __init__(
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry = REGISTRY,

@@ -17,6 +17,8 @@ not send a write based on a version already replaced, which the server would ref
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
@@ -25,8 +27,8 @@ from gpuoperator.caches import Caches, own_key
 from gpuoperator.inventory import Inventory, NodeView, changed_nodes
 from gpuoperator.kinds import GPUNode
 from gpuoperator.model import conditions, eligibility
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.informing import Key
@@ -55,13 +57,18 @@ def _gauge(registry: CollectorRegistry) -> Gauge:
     )
 
 
+class ApiAccess(protocols.Creates, protocols.ReplacesStatus, protocols.Deletes, Protocol):
+    """What node inventory asks of the API server: GPUNodes created, their status replaced, and
+    deleted."""
+
+
 class NodeInventory:
     def __init__(
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry = REGISTRY,

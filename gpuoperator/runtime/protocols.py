@@ -34,8 +34,14 @@ class Creates(Protocol):
 
 
 class Replaces(Protocol):
-    def replace(self, kind: Kind, obj: Obj, *, subresource: str | None = None) -> Obj:
-        """Replace ``obj`` (or its ``subresource``) under its resourceVersion."""
+    def replace(self, kind: Kind, obj: Obj) -> Obj:
+        """Replace ``obj`` under its resourceVersion."""
+        ...
+
+
+class ReplacesStatus(Protocol):
+    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
+        """Replace the status of ``obj`` under its resourceVersion."""
         ...
 
 
