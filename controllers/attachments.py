@@ -52,21 +52,21 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
-from gpuoperator.model import claims, conditions, orders, references
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.model import attachments as rules
+from gpuoperator.model import conditions, orders, references
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -75,13 +75,11 @@ NAME = "attachments"
 #: Seconds an attachment may stay unconfirmed (no UID, no VMI) before it is cleared.
 GRACE: Final = 30.0
 
-ATTACHED = "Attached"
+#: Event reason for an attachment recorded (also the ``Attached`` condition's reason).
+ATTACHED = rules.ATTACHED
 DETACHED = "Detached"
 CLAIM_IN_USE = "ClaimInUse"
-#: The claim's condition saying which VM instance holds it and which wait.
-CONDITION = "Attached"
-VMS_WAITING = "VMsWaiting"
-NOT_ATTACHED = "NotAttached"
+CONDITION = rules.CONDITION
 
 
 def _meta(obj: Obj | None) -> dict[str, Any]:
@@ -89,94 +87,17 @@ def _meta(obj: Obj | None) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def attachment(claim: Obj) -> dict[str, Any]:
-    """The claim's ``status.attachment`` (``{}`` when none)."""
-    found = (claim.get("status") or {}).get("attachment")
-    return found if isinstance(found, dict) else {}
-
-
-def uses_claim(vmi: Obj, claim_name: str) -> bool:
-    """Whether the VMI names ``claim_name`` as a held claim in its references (pure)."""
-    if not references.has_references(vmi):
-        return False
-    try:
-        refs = references.from_object(vmi)
-    except references.AnnotationError:
-        return False
-    return claim_name in references.held_claims(refs)
-
-
-def confirms(vmi: Obj | None, claim_name: str) -> bool:
-    """Whether ``vmi`` is one an unconfirmed attachment of ``claim_name`` may be confirmed
-    for: it exists with a UID (being deleted or not) and uses the claim (pure)."""
-    return vmi is not None and bool(_meta(vmi).get("uid")) and uses_claim(vmi, claim_name)
-
-
-def stale_reason(attached: dict[str, Any], vmi: Obj | None) -> tuple[str, str] | None:
-    """Why a confirmed attachment (with UID) no longer holds — ``(reason, message)`` — or
-    ``None`` while its VMI is a live user: it exists with that UID, being deleted or not
-    (``model.claims.is_live_user``; pure)."""
-    name, uid = str(attached.get("vmi") or ""), str(attached.get("uid") or "")
-    if claims.is_live_user(claims.VmiRef(name, uid), vmi):
-        return None
-    if vmi is None:
-        return ("VMDeleted", f"VM instance {name} (uid {uid}) no longer exists")
-    return (
-        "VMReplaced",
-        f"VM instance {name} now has uid {_meta(vmi).get('uid')}, not the uid {uid} the claim "
-        "was attached to",
-    )
-
-
-def age(vmi: Obj) -> tuple[str, str, str]:
-    """The order in which VMIs get a claim: oldest ``creationTimestamp`` first (RFC 3339 in
-    UTC, so the strings compare as times), then name, then UID (pure)."""
-    meta = _meta(vmi)
-    return (
-        str(meta.get("creationTimestamp") or ""),
-        str(meta.get("name") or ""),
-        str(meta.get("uid") or ""),
-    )
-
-
-def live_users(vmis: list[Obj], claim_name: str) -> list[Obj]:
-    """The VMIs that may be given ``claim_name``: they exist with a UID, name it in their
-    references, are not being deleted and have not finished; oldest first (:func:`age`;
-    pure). (A VMI being deleted keeps an attachment it has, but gets none.)"""
-    return sorted(
-        (
-            v
-            for v in vmis
-            if confirms(v, claim_name)
-            and not claims.is_vmi_final(v)
-            and not _meta(v).get("deletionTimestamp")
-        ),
-        key=age,
-    )
-
-
-def condition_for(holder: str, uid: str, waiting: list[str]) -> tuple[bool, str, str]:
-    """The claim's ``Attached`` condition (status, reason, message) for the VMI ``holder``
-    with ``uid`` ("" holder: none) and the ``waiting`` VMIs' names (pure)."""
-    if not holder:
-        return (False, NOT_ATTACHED, "no VM instance uses this claim")
-    held = f"attached to VM instance {holder} (uid {uid})"
-    if not waiting:
-        return (True, ATTACHED, held)
-    return (
-        True,
-        VMS_WAITING,
-        f"{held}; also named by VM instance {', '.join(waiting)}, which waits with its "
-        f"launcher pod gated until {holder} is gone (a claim serves one VM at a time)",
-    )
+class ApiAccess(protocols.Gets, protocols.Patches, Protocol):
+    """What the attachments controller asks of the API server: live reads of VMIs, and merge
+    patches of claim status."""
 
 
 class Attachments:
     def __init__(
         self,
         caches: Caches,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
@@ -194,7 +115,7 @@ class Attachments:
 
     def reconcile(self, key: Key) -> Result | None:
         claim = self.caches.claims.store.get(key)
-        attached = attachment(claim) if claim is not None else {}
+        attached = rules.recorded(claim) if claim is not None else {}
         vmi_name = str(attached.get("vmi") or "")
         if claim is None or not vmi_name or attached.get("uid"):
             self._forget(key)
@@ -204,18 +125,18 @@ class Attachments:
             return self._restore(claim)
         vmi = self.caches.vmis.store.get((key[0], vmi_name))
         if attached.get("uid"):
-            why = stale_reason(attached, vmi)
+            why = rules.stale_reason(attached, vmi)
             if why is None:
                 self._report_waiters(claim)
                 return None
             live = self.writer.get_or_none(VirtualMachineInstance, vmi_name, key[0])
-            why = stale_reason(attached, live)
+            why = rules.stale_reason(attached, live)
             if why is None:
                 log.info("cache behind; attachment holds", reason="VMIExists", vmi=vmi_name)
                 return None
             self._clear(claim, *why)
             return None
-        if confirms(vmi, key[1]):
+        if rules.confirms(vmi, key[1]):
             assert vmi is not None
             self._fill(claim, vmi)
             return None
@@ -224,7 +145,7 @@ class Attachments:
             log.debug("attachment unconfirmed; waiting", reason="Unconfirmed", vmi=vmi_name)
             return Result(requeue_after=self.grace - waited)
         live = self.writer.get_or_none(VirtualMachineInstance, vmi_name, key[0])
-        if confirms(live, key[1]):
+        if rules.confirms(live, key[1]):
             assert live is not None
             self._fill(claim, live)
             return None
@@ -259,7 +180,7 @@ class Attachments:
 
     # ---- writes ---------------------------------------------------------------------------
     def _condition(self, claim: Obj, holder: str, uid: str, waiting: list[str]) -> list[Obj]:
-        status, reason, message = condition_for(holder, uid, waiting)
+        status, reason, message = rules.condition_for(holder, uid, waiting)
         return conditions.set_condition(
             (claim.get("status") or {}).get("conditions"),
             CONDITION,
@@ -273,7 +194,7 @@ class Attachments:
         """The live VMIs other than ``holder`` that name the claim (oldest first)."""
         ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
         vmis = self.caches.vmis.store.by_index(BY_NAMESPACE, ns)
-        return [v for v in live_users(vmis, name) if _meta(v).get("name") != holder]
+        return [v for v in rules.live_users(vmis, name) if _meta(v).get("name") != holder]
 
     def _patch(
         self, claim: Obj, new_attachment: dict[str, Any] | None, waiting: Sequence[Obj] = ()
@@ -335,7 +256,7 @@ class Attachments:
         )
 
     def _clear(self, claim: Obj, reason: str, message: str) -> None:
-        vmi_name = attachment(claim).get("vmi")
+        vmi_name = rules.recorded(claim).get("vmi")
         if not self._patch(claim, None):
             return
         self._forget((_meta(claim)["namespace"], _meta(claim)["name"]))
@@ -353,7 +274,7 @@ class Attachments:
         if not self.settings.gpu_for_vms or orders.is_template_claim(claim):
             return None
         ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
-        users = live_users(self.caches.vmis.store.by_index(BY_NAMESPACE, ns), name)
+        users = rules.live_users(self.caches.vmis.store.by_index(BY_NAMESPACE, ns), name)
         if not users:
             return None
         vmi, waiting = users[0], users[1:]
@@ -379,10 +300,12 @@ class Attachments:
     def _report_waiters(self, claim: Obj) -> None:
         """Keep the ``Attached`` condition of a claim attached to a live VMI true to the VMIs
         that wait for it; when they change, each is told by an Event."""
-        attached = attachment(claim)
+        attached = rules.recorded(claim)
         holder, uid = str(attached["vmi"]), str(attached["uid"])
         waiting = self._waiting(claim, holder)
-        _, reason, message = condition_for(holder, uid, [str(_meta(v)["name"]) for v in waiting])
+        _, reason, message = rules.condition_for(
+            holder, uid, [str(_meta(v)["name"]) for v in waiting]
+        )
         found = conditions.find((claim.get("status") or {}).get("conditions"), CONDITION)
         if found is not None and (found.get("reason"), found.get("message")) == (reason, message):
             return
@@ -399,7 +322,7 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
     keys = {
         (ns, str(_meta(c).get("name")))
         for c in caches.claims.store.by_index(BY_NAMESPACE, ns)
-        if attachment(c).get("vmi") == name
+        if rules.recorded(c).get("vmi") == name
     }
     if references.has_references(vmi):
         with contextlib.suppress(references.AnnotationError):
@@ -408,7 +331,11 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
 
 
 def register(
-    manager: Manager, caches: Caches, recorder: Recorder, settings: Settings, workers: int = 2
+    manager: Manager,
+    caches: Caches,
+    recorder: protocols.RecordsEvents,
+    settings: Settings,
+    workers: int = 2,
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,

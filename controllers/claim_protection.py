@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 
@@ -35,11 +36,11 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import claims, pods
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
-from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +50,15 @@ FINALIZER = names.CLAIM_PROTECTION_FINALIZER
 HELD = "DeletionHeld"
 
 
+class ApiAccess(protocols.Gets, protocols.Replaces, Protocol):
+    """What claim protection asks of the API server: a live read, and the claim replaced
+    without its finalizer."""
+
+
 class ClaimProtection:
-    def __init__(self, caches: Caches, writer: Client, recorder: Recorder) -> None:
+    def __init__(
+        self, caches: Caches, writer: ApiAccess, recorder: protocols.RecordsEvents
+    ) -> None:
         self.caches = caches
         self.writer = writer
         self.recorder = recorder
@@ -151,7 +159,7 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
 
 
 def register(
-    manager: Manager, caches: Caches, recorder: Recorder, workers: int = 2
+    manager: Manager, caches: Caches, recorder: protocols.RecordsEvents, workers: int = 2
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,

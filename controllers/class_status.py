@@ -17,6 +17,7 @@ it or a newer version.
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
@@ -27,16 +28,16 @@ from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClass
 from gpuoperator.model import conditions
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
-from gpuoperator.runtime.versions import newest
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -56,13 +57,18 @@ def _gauge(registry: CollectorRegistry) -> Gauge:
     )
 
 
+class ApiAccess(protocols.Replaces, protocols.ReplacesStatus, Protocol):
+    """What class status asks of the API server: the class replaced (its finalizer) and its
+    status replaced."""
+
+
 class ClassStatus:
     def __init__(
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry = REGISTRY,
@@ -79,14 +85,12 @@ class ClassStatus:
         self._held_lock = threading.Lock()
         self._pacer: Pacer[str] = Pacer(status_interval, clock=clock)
         #: class name -> the GPUClass as this controller last wrote its status
-        self._written: dict[str, Obj] = {}
+        self._written: OwnWrites[str] = OwnWrites()
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
         cached = self.caches.classes.store.get(("", name))
-        cls = newest(cached, self._written.get(name))
-        if cls is cached:
-            self._written.pop(name, None)  # the cache has caught up with our last write
+        cls = self._written.current(name, cached)
         if cls is None:
             self._pacer.forget(name)
             for kind in ("allocatable", "allocated", "free"):
@@ -150,11 +154,11 @@ class ClassStatus:
             if wait > 0:
                 return Result(requeue_after=wait)  # written at most once per interval
             try:
-                self._written[name] = self.writer.replace_status(
-                    GPUClass, {**cls, "status": desired}
+                self._written.wrote(
+                    name, self.writer.replace_status(GPUClass, {**cls, "status": desired})
                 )
             except errors.ConflictError:
-                self._written.pop(name, None)  # changed meanwhile: read the cache again
+                self._written.forget(name)  # changed meanwhile: read the cache again
                 raise
             self._pacer.wrote(name)
             if was != figures.available or "conditions" not in status:

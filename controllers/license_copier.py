@@ -63,8 +63,8 @@ from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.recording import Recorder
-from gpuoperator.runtime.versions import newest
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -117,7 +117,7 @@ class LicenseCopier:
         self.clock = clock
         #: class name -> the GPUClass as this controller last wrote its status (newer than
         #: the cache until the cache delivers it)
-        self._written: dict[str, Obj] = {}
+        self._written: OwnWrites[str] = OwnWrites()
 
     def reconcile(self, key: Key) -> Result | None:
         class_name = key[1]
@@ -131,7 +131,7 @@ class LicenseCopier:
         refusal: licensing.SourceRefusal | None = None
         wanted: set[str] = set()
         if cls is None:
-            self._written.pop(class_name, None)
+            self._written.forget(class_name)
             why = "ClassGone"
         elif not licensing.licensed(cls):
             why = "NotLicensed"
@@ -210,11 +210,7 @@ class LicenseCopier:
         """Keep ``LicenseReady`` current (absent on a class without a license); only that
         condition is changed, under the class's resourceVersion."""
         name = classes.name(cls)
-        written = self._written.pop(name, None)
-        latest = newest(cls, written)
-        if latest is not None and latest is not cls:
-            cls = latest
-            self._written[name] = latest  # the cache has not caught up with our write yet
+        cls = self._written.current(name, cls) or cls
         status = dict(cls.get("status") or {})
         current = status.get("conditions")
         old = conditions.find(current, LICENSE_READY)
@@ -246,8 +242,11 @@ class LicenseCopier:
                 now=self.clock.now(),
                 observed_generation=generation,
             )
-        self._written[name] = self.writer.replace_status(
-            GPUClass, {**cls, "status": {**status, "conditions": updated}}
+        self._written.wrote(
+            name,
+            self.writer.replace_status(
+                GPUClass, {**cls, "status": {**status, "conditions": updated}}
+            ),
         )
         if refusal is None:
             log.info(

@@ -17,6 +17,8 @@ not send a write based on a version already replaced, which the server would ref
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
@@ -25,16 +27,16 @@ from gpuoperator.caches import Caches, own_key
 from gpuoperator.inventory import Inventory, NodeView, changed_nodes
 from gpuoperator.kinds import GPUNode
 from gpuoperator.model import conditions, eligibility
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.pacing import Pacer
 from gpuoperator.runtime.recording import Recorder
-from gpuoperator.runtime.versions import newest
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -55,13 +57,18 @@ def _gauge(registry: CollectorRegistry) -> Gauge:
     )
 
 
+class ApiAccess(protocols.Creates, protocols.ReplacesStatus, protocols.Deletes, Protocol):
+    """What node inventory asks of the API server: GPUNodes created, their status replaced, and
+    deleted."""
+
+
 class NodeInventory:
     def __init__(
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry = REGISTRY,
@@ -76,18 +83,16 @@ class NodeInventory:
         self._exported: dict[str, set[str]] = {}
         self._pacer: Pacer[str] = Pacer(status_interval, clock=clock)
         #: node -> the GPUNode as this controller last wrote it
-        self._written: dict[str, Obj] = {}
+        self._written: OwnWrites[str] = OwnWrites()
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
         view = self.inventory.node(name)
         cached = self.caches.gpunodes.store.get(("", name))
-        current = newest(cached, self._written.get(name))
-        if current is cached:
-            self._written.pop(name, None)  # the cache has caught up with our last write
+        current = self._written.current(name, cached)
         if view is None:
             self._unexport(name)
-            self._written.pop(name, None)
+            self._written.forget(name)
             self._pacer.forget(name)
             if current is not None:
                 self._delete(current, "the node is gone or has no GPU resource")
@@ -106,11 +111,11 @@ class NodeInventory:
                 (current.get("status") or {}).get("conditions"), OVERCOMMITTED
             )
             try:
-                self._written[name] = self.writer.replace_status(
-                    GPUNode, {**current, "status": status}
+                self._written.wrote(
+                    name, self.writer.replace_status(GPUNode, {**current, "status": status})
                 )
             except errors.ConflictError:
-                self._written.pop(name, None)  # changed meanwhile: read the cache again
+                self._written.forget(name)  # changed meanwhile: read the cache again
                 raise
             self._pacer.wrote(name)
             now_over = conditions.is_true(status["conditions"], OVERCOMMITTED)

@@ -1,5 +1,5 @@
 """Placement: a VM's launcher pod pinned to the node its claims are bound to, and moved on
-when that node refuses it (DESIGN.md §5 "VMs").
+when that node rejects it (DESIGN.md §5 "VMs").
 
 Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
 WaitForFirstConsumer volumes (``launcher_pods.launcher_pod_kind``) of a VM with claim
@@ -36,19 +36,10 @@ pinned for this one), and is Bound. Then:
   event on this pod).
 
 **A pinned pod reported Unschedulable** (no gate, PodScheduled False with reason
-``Unschedulable``, and the required affinity ``pin_and_ungate`` wrote): the node refused the
-set. The pod is deleted first, with its UID and the resourceVersion it was judged on as
-preconditions: kube-scheduler retries a refused pod by itself, and a pod it placed between
-the look and the deletion (its binding changes the resourceVersion) is judged again instead,
-so a running launcher pod is never separated from its claims. KubeVirt then fails the VMI
-and the VirtualMachine controller starts a new one after its backoff (deletion is the last
-resort, used only here). Then each claim of the VMI that no other live VM uses gets the node
-in ``status.refusedNodes`` until ``now + refusalTTL`` (``binding.add_refusal``); the claims
-Bound to that node go back to ``Pending`` without ``nodeName`` (the ``Bound`` condition says
-``RefusedByNode``), so the binder places them elsewhere, skipping the node. A claim write
-that loses a race is tried again: the refusal is owed until written (in memory: a replica
-that dies in between loses it, and the set's next pod, pinned to the same node, is judged
-afresh). Events ``RefusedByNode`` on each claim and on the VMI.
+``Unschedulable``, and the required affinity ``pin_and_ungate`` wrote): the node rejected the
+set. ``controllers.node_rejections`` takes the rejection (the pod is deleted) once it is not
+transient, and records it on the set's claims, which go back to ``Pending`` when Bound to
+that node, so the binder places them elsewhere.
 
 Choices where DESIGN.md is silent:
 
@@ -56,69 +47,46 @@ Choices where DESIGN.md is silent:
   ``Inventory.allocation_lock``, the lock every binder pass holds too, and it goes through the
   same write-back (``claim_status``): counted in the inventory before it is sent, kept
   there until the watch delivers a newer version.
-* **A refusal is not taken at once while the node's taints lag behind its state.** A node
-  that just became Ready (or was uncordoned) keeps ``node.kubernetes.io/not-ready`` (or
-  ``unschedulable``) until the node lifecycle controller removes it; eligibility skips those
-  taints (Ready and cordon decide them), so a set may be pinned there meanwhile and be refused
-  for the taint alone. The refusal waits (within :data:`SETTLE`) while the node carries such a
-  taint; the scheduler places the pod once it is removed.
-* **A refusal is not taken at once while kube-scheduler's view of the node lags.** When
-  node affinity is the scheduler's only reason for rejecting every node although the pinned
-  node, as the API shows it, satisfies the pod's node selection
-  (``node_selection.scheduler_view_lags``), the scheduler does not know the node yet (its
-  node informer is catching up, after an API server restart for instance) or still sees its
-  old labels; it tries the pod again once the node reaches its cache. The refusal waits
-  (within :data:`SETTLE`); one for the pod's own node selection is taken at once.
-* **A refusal is not taken at once while the node is still releasing GPUs.** When pods being
-  deleted on the pinned node still request one of the claims' resources (a restarted VM's old
-  launcher pod, for instance), kube-scheduler tries the pinned pod again as soon as they are
-  gone; the refusal waits up to :data:`SETTLE` seconds, counted from when this replica first
-  saw the pod refused, before it is recorded.
-* Claims attached to another live VM are left as they are when a pinned pod is refused: the
-  set cannot have been pinned with them, and their binding is that VM's.
 * ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
   and pinning it is the only correct way to remove the operator's gate.
 * Waits are reported once per message (log line and Event), not on every look.
 * **A pod this replica pinned is not judged again while the cache still shows it gated.**
   A scheduling gate cannot be added back after a pod's creation, so a cached pod of the
-  same uid that still carries the gate is only the cache lagging behind the pin: the watch
-  brings the pinned version; reading or patching the pod again would be wasted requests.
+  same uid older than the pin (``runtime.own_writes``) is only the cache lagging behind it:
+  the watch brings the pinned version; reading or patching the pod again would be wasted
+  requests.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import threading
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import pykube
 import structlog
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
+from controllers import node_rejections
+from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
-from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
+from gpuoperator.caches import BY_NAMESPACE, Caches
 from gpuoperator.inventory import Inventory
+from gpuoperator.model import claims as gpuclaims
+from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import (
-    binding,
     conditions,
-    eligibility,
     gathering,
     launcher_pods,
-    node_selection,
     orders,
-    pods,
     references,
     templates,
 )
-from gpuoperator.model import claims as gpuclaims
-from gpuoperator.model import classes as gpuclasses
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
 from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.recording import EventType, Recorder
 from gpuoperator.settings import Settings
 
@@ -127,26 +95,18 @@ log = structlog.get_logger(__name__)
 NAME = "placement"
 #: Seconds after which a waiting pod is looked at again without any event.
 WAIT_RECHECK: Final = 30.0
-#: Seconds a refusal may wait for what makes it transient (lagging taints, a lagging
-#: scheduler, pods being deleted on the node) to pass.
-SETTLE: Final = 60.0
 #: Seconds before a reconcile that lost a write race looks again.
 RETRY: Final = 1.0
 
 
 BOUND: Final = gpuclaims.BOUND_CONDITION
-UNSCHEDULABLE: Final = "Unschedulable"
 
 PINNED = "Pinned"
 WAITING = "WaitingForPlacement"
 MOVED = "Moved"
-REFUSED = "RefusedByNode"
 PIN_FAILED = "PinFailed"
 
-_PLACED_KINDS: Final = ("launcher", "ephemeral")
-
-
-# ---- pure reading of pods and claims -------------------------------------------------------
+# ---- reading objects -----------------------------------------------------------------------
 
 
 def _meta(obj: Obj | None) -> dict[str, Any]:
@@ -159,57 +119,6 @@ def _status(obj: Obj | None) -> dict[str, Any]:
     return status if isinstance(status, dict) else {}
 
 
-def _text(key: Key) -> str:
-    return f"{key[0]}/{key[1]}"
-
-
-def is_unschedulable(pod: Obj) -> bool:
-    """Whether kube-scheduler reports the pod unschedulable (``PodScheduled`` False with
-    reason ``Unschedulable``; a gated pod's reason is ``SchedulingGated``)."""
-    scheduled = conditions.find(_status(pod).get("conditions"), "PodScheduled")
-    return (
-        scheduled is not None
-        and scheduled.get("status") == "False"
-        and scheduled.get("reason") == UNSCHEDULABLE
-    )
-
-
-def _placed_pod(pod: Obj) -> bool:
-    return launcher_pods.launcher_pod_kind(pod) in _PLACED_KINDS and not _meta(pod).get(
-        "deletionTimestamp"
-    )
-
-
-def needs_pin(pod: Obj) -> bool:
-    """A launcher (or temporary) pod still held at the placement gate."""
-    return _placed_pod(pod) and launcher_pods.is_gated(pod)
-
-
-def maybe_refused(pod: Obj) -> bool:
-    """A launcher (or temporary) pod without the gate that the scheduler cannot place: a
-    refusal if the operator pinned it (only the full pod shows the affinity)."""
-    return (
-        _placed_pod(pod)
-        and not launcher_pods.is_gated(pod)
-        and not pods.node_name(pod)
-        and is_unschedulable(pod)
-    )
-
-
-def watched(pod: Obj) -> bool:
-    """Whether the pod is one this controller acts on."""
-    return needs_pin(pod) or maybe_refused(pod)
-
-
-def vmi_name_of(pod: Obj) -> str:
-    """The name of the pod's VMI as the pod itself says it ("" when it does not): its
-    controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
-    owner = gpuclaims.controlling_vmi(pod)
-    if owner is not None:
-        return owner.name
-    return str((_meta(pod).get("labels") or {}).get(names.VM_NAME_LABEL) or "")
-
-
 def _phase(claim: Obj) -> str:
     return str(_status(claim).get("phase") or "")
 
@@ -218,22 +127,12 @@ def _node(claim: Obj) -> str:
     return str(_status(claim).get("nodeName") or "")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Refusal:
-    """A node's refusal of a pinned pod, taken (the pod is deleted) and still to be recorded
-    on the set's claims."""
-
-    pod: Obj
-    node: str
-    detail: str
-    now: datetime.datetime
-    until: datetime.datetime
-    vmi_name: str
-    vmi_uid: str
-    claim_names: tuple[str, ...]
-
-
 # ---- the controller --------------------------------------------------------------------------
+
+
+class ApiAccess(protocols.Gets, protocols.Patches, protocols.Deletes, Protocol):
+    """What placement asks of the API server: pods read live, patched (the pin) and deleted (a
+    node rejection, ``node_rejections``)."""
 
 
 class Placement:
@@ -241,9 +140,9 @@ class Placement:
         self,
         caches: Caches,
         inventory: Inventory,
-        writer: Client,
+        writer: ApiAccess,
         statuses: ClaimStatus,
-        recorder: Recorder,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
@@ -253,25 +152,22 @@ class Placement:
         self.writer = writer
         self.statuses = statuses
         self.recorder = recorder
-        self.settings = settings
         self.clock = clock
         self._lock = threading.Lock()
         #: pod key -> the last wait message reported (Events and logs only on change)
         self._waits: dict[Key, str] = {}
-        #: pod key -> (pod uid, monotonic time this replica first saw it refused)
-        self._refused_since: dict[Key, tuple[str, float]] = {}
-        #: pod key -> uid of the pod this replica pinned, until the cache shows it ungated
-        self._pinned: dict[Key, str] = {}
-        #: pod key -> a refusal whose pod is deleted and whose claims are still to be written
-        self._owed: dict[Key, _Refusal] = {}
+        #: pod key -> the pod as this replica pinned it, until the cache shows that version
+        self._pinned: OwnWrites[Key] = OwnWrites()
+        self.rejections = node_rejections.NodeRejections(
+            caches, inventory, writer, statuses, recorder, settings, clock=clock
+        )
 
     def reconcile(self, key: Key) -> Result | None:
-        with self._lock:
-            owed = self._owed.get(key)
+        owed = self.rejections.owed(key)
         if owed is not None:
-            return self._record(key, owed)
+            return self.rejections.record(key, owed)
         pod = self.caches.pods.store.get(key)
-        if pod is None or not watched(pod):
+        if pod is None or not launcher_pods.watched(pod):
             self._forget(key)
             return None
         vmi_name, vmi_uid = self._vmi_of(pod)
@@ -292,14 +188,15 @@ class Placement:
             for name, ref in zip(names_, refs, strict=True)
             if isinstance(ref, references.TemplateRef)
         }
-        if needs_pin(pod):
-            with self._lock:
-                pinned = self._pinned.get(key) == _meta(pod).get("uid")
-            if pinned:
+        if launcher_pods.needs_pin(pod):
+            if self._pinned.current(key, pod) is not pod:
                 log.debug("pinned already; the cache has not caught up", reason="Pinned")
                 return None
             return self._place(pod, vmi_name, vmi_uid, names_, made)
-        return self._refused(pod, vmi_name, vmi_uid, names_)
+        result, gone = self.rejections.take(pod, vmi_name, vmi_uid, names_)
+        if gone:
+            self._forget(key)
+        return result
 
     def _vmi_of(self, pod: Obj) -> tuple[str, str]:
         """The pod's VMI name and UID ("" when unknown)."""
@@ -320,14 +217,12 @@ class Placement:
         return "", ""
 
     def _other_user(self, claim: Obj, vmi_name: str) -> str:
-        """Another live VMI the claim is attached to ("" when none; ``model.claims``: a VMI
-        being deleted is still live). An attachment naming this VMI's name is this VMI's (or
-        an earlier one's of that name, which is gone)."""
-        attached = gpuclaims.attachment(claim)
-        if attached is None or attached.name == vmi_name:
-            return ""
-        live = self.caches.vmis.store.get((str(_meta(claim).get("namespace")), attached.name))
-        return attached.name if gpuclaims.is_live_user(attached, live) else ""
+        """Another live VMI the claim is attached to ("" when none;
+        ``claims.other_live_user``)."""
+        ns = str(_meta(claim).get("namespace"))
+        return gpuclaims.other_live_user(
+            claim, vmi_name, lambda vmi: self.caches.vmis.store.get((ns, vmi))
+        )
 
     # ---- gated pods ------------------------------------------------------------------------
     def _place(
@@ -391,7 +286,7 @@ class Placement:
         full = pod  # the cached gated pod carries everything the patch is built from
         try:
             try:
-                self.writer.patch(
+                pinned = self.writer.patch(
                     pykube.Pod, key[1], launcher_pods.pin_and_ungate(pod, node), key[0]
                 )
             except errors.ConflictError:
@@ -402,7 +297,7 @@ class Placement:
                 ):
                     log.info("pod changed meanwhile; judging again", reason="Stale")
                     return Result(requeue_after=RETRY)
-                self.writer.patch(
+                pinned = self.writer.patch(
                     pykube.Pod, key[1], launcher_pods.pin_and_ungate(full, node), key[0]
                 )
         except errors.ConflictError:
@@ -415,8 +310,7 @@ class Placement:
             self._event_pod(full, "Warning", PIN_FAILED, f"could not pin to node {node}: {exc}")
             return None
         self._forget(key)
-        with self._lock:
-            self._pinned[key] = str(_meta(pod).get("uid") or "")
+        self._pinned.wrote(key, pinned)
         log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
         self._event_pod(
             full,
@@ -501,220 +395,6 @@ class Placement:
         )
         return self.statuses.write(claim, status, announce).ok
 
-    # ---- refused pods ----------------------------------------------------------------------
-    def _refused(
-        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str]
-    ) -> Result | None:
-        key = key_of(pod)
-        try:
-            full = self.writer.get(pykube.Pod, key[1], key[0])
-        except errors.NotFoundError:
-            return None
-        if not maybe_refused(full) or _meta(full).get("uid") != _meta(pod).get("uid"):
-            return None  # the cache was behind: the pod was scheduled or replaced
-        node = launcher_pods.pinned_node(full)
-        if node is None:
-            log.info("unschedulable pod not pinned by the operator; left alone", reason="NotPinned")
-            return None
-        claims = [c for c in (self.caches.claims.store.get((key[0], n)) for n in claim_names) if c]
-        scheduled = conditions.find(_status(full).get("conditions"), "PodScheduled") or {}
-        said = str(scheduled.get("message") or "")
-        wait = self._settling(key, full, said, node, claims)
-        if wait is not None:
-            return Result(requeue_after=wait)
-        # The pod goes first, and only as it was read: kube-scheduler may place it at any
-        # moment (the refusal was its last attempt, not its last word), and its binding
-        # changes the resourceVersion. A pod placed meanwhile runs where its claims are bound,
-        # so they must stay there; only once the refused pod is gone are they unbound.
-        try:
-            self.writer.delete(
-                pykube.Pod,
-                key[1],
-                key[0],
-                uid=_meta(full).get("uid"),
-                resource_version=_meta(full).get("resourceVersion"),
-            )
-        except errors.ConflictError:
-            log.info("refused pod changed before its deletion; judging again", reason="Stale")
-            return Result(requeue_after=RETRY)
-        except errors.NotFoundError:
-            log.info("refused pod gone before its deletion; nothing refused", reason="Gone")
-            self._forget(key)
-            return None
-        self._forget(key)
-        now = self.clock.now()
-        owed = _Refusal(
-            pod=full,
-            node=node,
-            detail=said or UNSCHEDULABLE,
-            now=now,
-            until=now + datetime.timedelta(seconds=self.settings.refusal_ttl),
-            vmi_name=vmi_name,
-            vmi_uid=vmi_uid,
-            claim_names=tuple(claim_names),
-        )
-        with self._lock:
-            self._owed[key] = owed
-        log.warning(
-            "pinned pod refused by its node; deleted",
-            reason=REFUSED,
-            node=node,
-            detail=owed.detail,
-            until=str(owed.until),
-        )
-        return self._record(key, owed)
-
-    def _record(self, key: Key, owed: _Refusal) -> Result | None:
-        """Record a refusal whose pod is deleted: each claim of the set that no other live VM
-        uses skips the node, and the claims Bound there go back to Pending. A claim write that
-        loses a race is tried again on the next look (the pod is gone; the refusal is owed)."""
-        for name in owed.claim_names:
-            cached = self.caches.claims.store.get((key[0], name))
-            if cached is None:
-                continue
-            claim = self.inventory.claim(key_of(cached)) or cached  # our own writes included
-            if _meta(claim).get("deletionTimestamp"):
-                continue
-            other = self._other_user(claim, owed.vmi_name)
-            if other:
-                log.info(
-                    "claim of another live VM left as it is",
-                    reason="AttachedElsewhere",
-                    claim=name,
-                    vmi=other,
-                )
-                continue
-            if not self._refuse(claim, owed, key):
-                return Result(requeue_after=RETRY)
-        with self._lock:
-            self._owed.pop(key, None)
-        message = (
-            f"node {owed.node} refused launcher pod {key[1]} ({owed.detail}); the pod was "
-            f"deleted, so this VM instance fails and its VM starts again after KubeVirt's "
-            f"backoff; the claims skip the node until {conditions.stamp(owed.until)} and are "
-            "placed again"
-        )
-        vmi = self.caches.vmis.store.get((key[0], owed.vmi_name))
-        if vmi is not None and (not owed.vmi_uid or _meta(vmi).get("uid") == owed.vmi_uid):
-            self.recorder.event(
-                vmi,
-                "Warning",
-                REFUSED,
-                message,
-                kind=names.VMI_KIND,
-                api_version=names.KUBEVIRT_API_VERSION,
-            )
-        else:
-            self._event_pod(owed.pod, "Warning", REFUSED, message)
-        return None
-
-    def _settling(
-        self, key: Key, pod: Obj, said: str, node: str, claims: list[Obj]
-    ) -> float | None:
-        """Seconds to wait before taking the refusal kube-scheduler ``said`` (``None``: take
-        it now): ``node`` still
-        carries a lifecycle taint its state no longer calls for
-        (``eligibility.lagging_taints``), kube-scheduler's view of it lags behind the API
-        (``node_selection.scheduler_view_lags``), or pods being deleted there still request
-        one of the claims' resources, within :data:`SETTLE` seconds of this replica first
-        seeing the refusal."""
-        uid = str(_meta(pod).get("uid") or "")
-        mono = self.clock.monotonic()
-        with self._lock:
-            seen = self._refused_since.get(key)
-            if seen is None or seen[0] != uid:
-                seen = self._refused_since[key] = (uid, mono)
-        left = SETTLE - (mono - seen[1])
-        if left <= 0:
-            return None
-        why = (
-            self._lagging_taints(node)
-            or self._unseen_node(node, pod, said)
-            or self._releasing(node, claims)
-        )
-        if why is None:
-            return None
-        message, reason, detail = why
-        log.info(message, reason=reason, node=node, **detail)
-        return max(RETRY, min(left, 5.0))
-
-    def _lagging_taints(self, node: str) -> tuple[str, str, dict[str, Any]] | None:
-        """Why a refusal on ``node`` waits for its lifecycle taints to catch up, if it does."""
-        cached = self.caches.nodes.store.get(("", node))
-        lagging = eligibility.lagging_taints(cached) if cached is not None else []
-        if not lagging:
-            return None
-        message = "refusal deferred: the node still carries taints its state no longer calls for"
-        return message, "NodeTaintsLag", {"taints": lagging}
-
-    def _unseen_node(
-        self, node: str, pod: Obj, said: str
-    ) -> tuple[str, str, dict[str, Any]] | None:
-        """Why a refusal on ``node`` waits for kube-scheduler's view of the node to catch up
-        with the API, if it does (``node_selection.scheduler_view_lags``)."""
-        cached = self.caches.nodes.store.get(("", node))
-        if cached is None or not node_selection.scheduler_view_lags(pod, cached, said):
-            return None
-        why = (
-            "refusal deferred: kube-scheduler rejected every node for node affinity alone, "
-            "which the node satisfies; its view of the node lags behind"
-        )
-        return why, "SchedulerViewLags", {"scheduler": said}
-
-    def _releasing(self, node: str, claims: list[Obj]) -> tuple[str, str, dict[str, Any]] | None:
-        """Why a refusal on ``node`` waits for pods being deleted there that still request
-        one of the claims' resources, if it does."""
-        resources: set[str] = set()
-        for claim in claims:
-            cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
-            if cls is not None and gpuclasses.resource_name(cls):
-                resources.add(gpuclasses.resource_name(cls))
-        leaving = sorted(
-            _text(key_of(p))
-            for p in self.caches.pods.store.by_index(BY_NODE, node)
-            if _meta(p).get("deletionTimestamp")
-            and not pods.is_terminated(p)
-            and resources & set(pods.requests(p))
-        )
-        if not leaving:
-            return None
-        message = "refusal deferred: pods being deleted still hold GPUs there"
-        return message, "NodeReleasing", {"pods": leaving}
-
-    def _refuse(self, claim: Obj, owed: _Refusal, pod_key: Key) -> bool:
-        node, now, until = owed.node, owed.now, owed.until
-        status = dict(_status(claim))
-        status["refusedNodes"] = binding.add_refusal(
-            status.get("refusedNodes"), node, until, now=now
-        )
-        unbind = gpuclaims.is_bound(claim) and _node(claim) == node
-        message = (
-            f"node {node} refused launcher pod {pod_key[1]} ({owed.detail}); it is skipped "
-            f"until {conditions.stamp(until)}"
-        )
-        if unbind:
-            message += "; the claim is bound again elsewhere"
-            status["phase"] = gpuclaims.Phase.PENDING
-            status.pop("nodeName", None)
-            status.pop("boundTime", None)
-            status["conditions"] = conditions.set_condition(
-                status.get("conditions"),
-                BOUND,
-                False,
-                REFUSED,
-                message,
-                now=now,
-                observed_generation=_meta(claim).get("generation"),
-            )
-        announce = Announcement(
-            "node refusal recorded",
-            REFUSED,
-            message,
-            event="Warning",
-            fields={"node": node, "unbound": unbind},
-        )
-        return self.statuses.write(claim, status, announce).outcome is not Outcome.CHANGED
-
     # ---- reporting -------------------------------------------------------------------------
     def _wait(self, pod: Obj, type_: EventType, message: str) -> Result:
         key = key_of(pod)
@@ -732,13 +412,13 @@ class Placement:
     def _forget(self, key: Key) -> None:
         with self._lock:
             self._waits.pop(key, None)
-            self._refused_since.pop(key, None)
-            self._pinned.pop(key, None)
+        self._pinned.forget(key)
+        self.rejections.forget(key)
 
     def seen_unwatched(self, key: Key) -> None:
         """The cache shows the pod at ``key`` as nothing this controller acts on (pinned and
         caught up, scheduled, gone): whatever was remembered about it is dropped."""
-        if key in self._pinned or key in self._waits or key in self._refused_since:
+        if key in self._pinned or key in self._waits or self.rejections.remembers(key):
             self._forget(key)
 
 
@@ -750,7 +430,7 @@ def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
     return sorted(
         key_of(pod)
         for pod in caches.pods.store.by_index(BY_NAMESPACE, namespace)
-        if watched(pod) and vmi_name_of(pod) == vmi_name
+        if launcher_pods.watched(pod) and launcher_pods.vmi_name_of(pod) == vmi_name
     )
 
 
@@ -776,11 +456,11 @@ def register(
         NAME,
         placement,
         workers=workers,
-        seed=lambda: [key_of(p) for p in caches.pods.store.values() if watched(p)],
+        seed=lambda: [key_of(p) for p in caches.pods.store.values() if launcher_pods.watched(p)],
     )
 
     def own_pod(pod: Obj) -> list[Key]:
-        if watched(pod):
+        if launcher_pods.watched(pod):
             return [key_of(pod)]
         placement.seen_unwatched(key_of(pod))
         return []

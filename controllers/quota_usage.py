@@ -19,14 +19,16 @@ behind is corrected by the claim event that follows.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import pykube
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.model import quota_usage
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
 from gpuoperator.runtime.managing import Manager
@@ -50,9 +52,13 @@ class _Metrics:
 _metrics = per_registry(_Metrics)
 
 
+class ApiAccess(protocols.Patches, Protocol):
+    """What quota usage asks of the API server: merge patches of ResourceQuota status."""
+
+
 class QuotaUsage:
     def __init__(
-        self, caches: Caches, writer: Client, *, registry: CollectorRegistry | None = None
+        self, caches: Caches, writer: ApiAccess, *, registry: CollectorRegistry | None = None
     ) -> None:
         self.caches = caches
         self.writer = writer

@@ -48,8 +48,8 @@ from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import claims, references, templates
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
@@ -68,6 +68,11 @@ INVALID = "InvalidClaimReferences"
 REFUSED = "TemplateClaimRefused"
 
 
+class ApiAccess(protocols.Creates, protocols.Gets, Protocol):
+    """What the template-claims controller asks of the API server: it creates claims, and reads
+    one live when its name is taken."""
+
+
 class WebhookFigures(Protocol):
     """What the template judgement reads from ``inventory.Inventory``."""
 
@@ -81,8 +86,8 @@ class TemplateClaims:
         self,
         caches: Caches,
         inventory: WebhookFigures,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
     ) -> None:
         self.caches = caches

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gpuoperator import names
@@ -179,3 +179,16 @@ def covering_vmi(claim: Mapping[str, Any]) -> Key | None:
     if ref is None or not ref.uid:
         return None
     return (key(claim)[0], ref.uid)
+
+
+def other_live_user(
+    claim: Mapping[str, Any], vmi_name: str, find_vmi: Callable[[str], Mapping[str, Any] | None]
+) -> str:
+    """Another live VMI ``claim`` is attached to, ``""`` when none (:func:`is_live_user`: a VMI
+    being deleted is still live). An attachment naming ``vmi_name`` is that VMI's (or an
+    earlier one's of that name, which is gone). ``find_vmi`` looks a VMI of the claim's
+    namespace up by name (``None`` when there is none)."""
+    attached = attachment(claim)
+    if attached is None or attached.name == vmi_name:
+        return ""
+    return attached.name if is_live_user(attached, find_vmi(attached.name)) else ""

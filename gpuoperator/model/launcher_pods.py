@@ -4,6 +4,8 @@ patches the pod webhook and the placement controller make to it.
 * :func:`launcher_pod_kind`, :func:`gate_patch`, :func:`tolerations_patch` — the pod webhook.
 * :func:`pin_and_ungate`, :func:`pinned_node` — the placement controller's single pod update,
   and how it reads the pin back.
+* :func:`needs_pin`, :func:`maybe_rejected`, :func:`watched`, :func:`vmi_name_of` — which pods
+  the placement controller acts on, and for which VMI.
 
 Choices where DESIGN.md is silent:
 
@@ -25,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from gpuoperator import names
-from gpuoperator.model import claims, objects, patches
+from gpuoperator.model import claims, conditions, objects, patches
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.node_selection import IN, NODE_NAME_FIELD
 
@@ -35,6 +37,11 @@ Obj = dict[str, Any]
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
 LauncherPodKind = Literal["launcher", "ephemeral", "migration-target", "other"]
+
+#: The kinds of pod the placement controller gates, pins and deletes when rejected.
+PLACED_KINDS: Final = ("launcher", "ephemeral")
+#: kube-scheduler's reason for a pod it cannot place (``PodScheduled`` False).
+UNSCHEDULABLE: Final = "Unschedulable"
 
 
 def launcher_pod_kind(pod: Mapping[str, Any]) -> LauncherPodKind:
@@ -274,3 +281,55 @@ def creator_refusal(pod: Mapping[str, Any], username: str, kubevirt_service_acco
             "rendered for); it holds none"
         )
     return ""
+
+
+# ---- which pods placement acts on ------------------------------------------------------------
+
+
+def is_unschedulable(pod: Mapping[str, Any]) -> bool:
+    """Whether kube-scheduler reports the pod unschedulable (``PodScheduled`` False with
+    reason ``Unschedulable``; a gated pod's reason is ``SchedulingGated``)."""
+    status = pod.get("status")
+    found = status.get("conditions") if isinstance(status, Mapping) else None
+    scheduled = conditions.find(found, "PodScheduled")
+    return (
+        scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == UNSCHEDULABLE
+    )
+
+
+def _placed(pod: Mapping[str, Any]) -> bool:
+    """A launcher (or temporary) pod not being deleted."""
+    return launcher_pod_kind(pod) in PLACED_KINDS and not objects.meta(pod).get("deletionTimestamp")
+
+
+def needs_pin(pod: Mapping[str, Any]) -> bool:
+    """A launcher (or temporary) pod still held at the placement gate."""
+    return _placed(pod) and is_gated(pod)
+
+
+def maybe_rejected(pod: Mapping[str, Any]) -> bool:
+    """A launcher (or temporary) pod without the gate that kube-scheduler cannot place: its
+    node rejects it if the operator pinned it (only the full pod shows the affinity,
+    :func:`pinned_node`)."""
+    return (
+        _placed(pod)
+        and not is_gated(pod)
+        and not _spec(pod).get("nodeName")
+        and is_unschedulable(pod)
+    )
+
+
+def watched(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is one the placement controller acts on."""
+    return needs_pin(pod) or maybe_rejected(pod)
+
+
+def vmi_name_of(pod: Mapping[str, Any]) -> str:
+    """The name of the pod's VMI as the pod itself says it ("" when it does not): its
+    controller ownerReference, else the ``vm.kubevirt.io/name`` label."""
+    owner = claims.controlling_vmi(pod)
+    if owner is not None:
+        return owner.name
+    return str(objects.labels(pod).get(names.VM_NAME_LABEL) or "")

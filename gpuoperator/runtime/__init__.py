@@ -3,10 +3,12 @@ product names) and holds one concept a module:
 
 * the API server: ``client`` (requests, retries, limits, fencing, watches), ``kubeconfig``
   (where the client's configuration comes from), ``errors`` (typed API errors), ``kinds``
-  (the Kubernetes kinds the runtime itself uses);
+  (the Kubernetes kinds the runtime itself uses), ``protocols`` (the narrow parts of the
+  client and the Event recorder a controller declares it needs);
 * caches: ``informing`` (the informer: list and watch into a store, handlers told of every
   change), ``indexing`` (the store and its indexes), ``versions`` (which of two states of
-  an object is newer), ``feeding`` (change notices that are not API objects);
+  an object is newer), ``own_writes`` (a controller's own writes read over a cache that
+  lags them), ``feeding`` (change notices that are not API objects);
 * work: ``queueing`` (the work queue), ``ratelimiting`` (its retry delays), ``controlling``
   (workers and the reconcile contract), ``backoff`` (the retry delay of one loop),
   ``pacing`` (at most one write per object per interval);

@@ -431,7 +431,7 @@ class FakeRecorder:
         message: str,
         *,
         kind: str | None = None,
-        api_version: str = names.API_VERSION,
+        api_version: str | None = None,
     ) -> None:
         with self._lock:
             self.events.append(
@@ -439,7 +439,7 @@ class FakeRecorder:
                     "name": obj["metadata"]["name"],
                     "namespace": obj["metadata"].get("namespace", ""),
                     "kind": kind,
-                    "apiVersion": api_version,
+                    "apiVersion": api_version or names.API_VERSION,
                     "type": type_,
                     "reason": reason,
                     "message": message,

@@ -21,11 +21,12 @@ from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
 from controllers import gpu_hours as gpuhoursmod
-from controllers import placement as placementmod
+from controllers import node_rejections
 from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.model import node_rejections as model_rejections
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
@@ -284,14 +285,13 @@ def test_a_failed_write_does_not_let_the_next_pass_plan_while_another_write_is_i
     # The "large" pass starts once the "small" one has settled: it has either left its lock
     # or is waiting for its writes.
     settled = threading.Event()
-    real_wait = bindermod.__dict__.get("wait")
+    real_wait = vars(bindermod)["wait"]  # KeyError if the binder no longer waits through it
 
     def waiting_for_writes(*args: Any, **kwargs: Any) -> Any:
         settled.set()
-        assert real_wait is not None
         return real_wait(*args, **kwargs)
 
-    monkeypatch.setattr(bindermod, "wait", waiting_for_writes, raising=False)
+    monkeypatch.setattr(bindermod, "wait", waiting_for_writes)
     failures: list[BaseException] = []
 
     def small_pass() -> None:
@@ -513,14 +513,14 @@ def test_a_lost_claim_that_cannot_be_bound_again_waits_as_pending_with_the_reaso
 
 
 def refuse(world: World, name: str, node_name: str) -> bool:
-    """Placement records that ``node_name`` refused the claim's pinned pod (its one claim
+    """Placement records that ``node_name`` rejected the claim's pinned pod (its one claim
     status write: refusedNodes, back to Pending) on the claim as the cache has it."""
-    placement = placementmod.Placement(
+    rejections = node_rejections.NodeRejections(
         world.caches,
         world.inventory,
-        cast("Client", world.api),
+        world.api,
         world.statuses,
-        cast("Recorder", world.events),
+        world.events,
         Settings.model_validate({}),
         clock=world.clock,
     )
@@ -528,7 +528,7 @@ def refuse(world: World, name: str, node_name: str) -> bool:
     assert cached is not None
     now = world.clock.now()
     until = now + datetime.timedelta(minutes=10)
-    owed = placementmod._Refusal(
+    owed = model_rejections.Rejection(
         pod={},
         node=node_name,
         detail="no room",
@@ -538,7 +538,7 @@ def refuse(world: World, name: str, node_name: str) -> bool:
         vmi_uid="",
         claim_names=(name,),
     )
-    return placement._refuse(cached, owed, (NS, "virt-launcher-vm1"))
+    return rejections.write(cached, owed, (NS, "virt-launcher-vm1"))
 
 
 def unconfirmed_refusal(world: World, name: str, node_name: str) -> None:

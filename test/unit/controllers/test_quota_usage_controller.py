@@ -4,14 +4,14 @@ already says the usage."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pykube
 from prometheus_client import CollectorRegistry
 
 from controllers import quota_usage as quotamod
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Kind
 from harness.offline import offline_caches
 
 Obj = dict[str, Any]
@@ -58,7 +58,7 @@ def world(writer: Writer, used: dict[str, str] | None = None) -> quotamod.QuotaU
                 "spec": {"className": cls, "count": count},
             }
         )
-    return quotamod.QuotaUsage(caches, cast("Client", writer), registry=CollectorRegistry())
+    return quotamod.QuotaUsage(caches, writer, registry=CollectorRegistry())
 
 
 def test_only_the_budget_keys_that_differ_are_patched_into_status() -> None:

@@ -6,7 +6,7 @@ leaves on a replaced version."""
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,11 +14,10 @@ from prometheus_client import CollectorRegistry
 from controllers import class_status, node_inventory
 from gpuoperator import names, settings
 from gpuoperator.inventory import Inventory
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
-from gpuoperator.runtime.recording import Recorder
-from harness.offline import offline_caches
+from harness.offline import FakeRecorder, offline_caches
 
 Obj = dict[str, Any]
 RESOURCE = "nvidia.com/GA102GL_A10"
@@ -43,6 +42,12 @@ class Writer:
 
     def replace(self, _kind: Kind, obj: Obj) -> Obj:
         return obj
+
+    def create(self, kind: Kind, obj: Obj) -> Obj:
+        raise AssertionError(f"no {kind.kind} is created here: {obj['metadata']['name']}")
+
+    def delete(self, kind: Kind, name: str, *_: Any, **__: Any) -> None:
+        raise AssertionError(f"no {kind.kind} is deleted here: {name}")
 
 
 def gpu_class() -> Obj:
@@ -104,8 +109,8 @@ def nodes(world: World, interval: float = INTERVAL) -> node_inventory.NodeInvent
     return node_inventory.NodeInventory(
         world.caches,
         world.inventory,
-        cast("Client", world.writer),
-        cast("Recorder", object()),
+        world.writer,
+        FakeRecorder(),
         clock=world.clock,
         registry=CollectorRegistry(),
         status_interval=interval,
@@ -116,8 +121,8 @@ def classes(world: World, interval: float = INTERVAL) -> class_status.ClassStatu
     return class_status.ClassStatus(
         world.caches,
         world.inventory,
-        cast("Client", world.writer),
-        cast("Recorder", object()),
+        world.writer,
+        FakeRecorder(),
         clock=world.clock,
         registry=CollectorRegistry(),
         status_interval=interval,

@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-from controllers import attachments
 from gpuoperator import names
 from gpuoperator.model import (
+    attachments,
     claims,
     draining,
     gpu_hours,

@@ -1,0 +1,262 @@
+"""Placement (``controllers.placement``): pin and ungate in one write when the set is on
+one node, waiting while it is not bound, gathering a split set where it fits, a pod pinned
+by this replica not judged again while the cache lags, migration targets never touched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pykube
+import pytest
+
+from controllers import placement
+from gpuoperator.model import launcher_pods, slimming
+from gpuoperator.runtime import errors
+from harness import vm_controllers as vm
+
+
+def test_pod_is_pinned_and_ungated_in_one_write(world: vm.World) -> None:
+    vm.bound_set(world)
+    pod = world.put_pod(vm.launcher_pod())
+
+    assert world.placement().reconcile(vm.POD) is None
+
+    [write] = world.api.writes()
+    verb, kind, name, payload = write
+    assert (verb, kind, name) == ("patch", "Pod", vm.POD[1])
+    body = payload["body"]
+    assert body["metadata"] == {"resourceVersion": pod["metadata"]["resourceVersion"]}
+    assert body["spec"]["schedulingGates"] == [{"name": "other.example.com/gate"}]
+    required = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    ]
+    assert "podAntiAffinity" in body["spec"]["affinity"]  # cached with the gated pod, kept
+    assert [c[0] for c in world.api.calls] == ["patch"]  # built from the cache, nothing read
+    pinned = world.api.objects[("Pod", vm.NS, vm.POD[1])]
+    assert launcher_pods.pinned_node(pinned) == "n1"
+    assert not launcher_pods.is_gated(pinned)
+    event = world.recorder.events[-1]
+    assert (event["reason"], event["kind"], event["name"]) == ("Pinned", "Pod", vm.POD[1])
+
+
+@pytest.mark.parametrize(
+    ("setup", "words"),
+    [
+        pytest.param(
+            lambda w: w.put_claim(vm.claim("hold-a", phase="Pending", attached=vm.OURS)),
+            "hold-a is Pending",
+            id="pending",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(vm.claim("hold-a", phase="Bound", node="n1", attached=vm.OURS)),
+            "vm1-gpu-1 does not exist yet",
+            id="template-claim-missing",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(vm.claim("hold-a", phase="Bound", node="n1")),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-not-attached-yet",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(
+                vm.claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm1", "uid": "old"})
+            ),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-attached-to-an-earlier-vmi-of-this-name",
+        ),
+        pytest.param(
+            lambda w: w.put_claim(
+                vm.claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm1"})
+            ),
+            "claim hold-a is not attached to this VM instance yet",
+            id="held-claim-attachment-without-uid",
+        ),
+    ],
+)
+def test_pod_waits_gated_until_every_claim_is_bound(
+    world: vm.World, setup: Callable[[vm.World], Any], words: str
+) -> None:
+    world.put_vmi(vm.vmi())
+    setup(world)
+    world.put_pod(vm.launcher_pod())
+    controller = world.placement()
+
+    assert vm.requeue(controller.reconcile(vm.POD)) == placement.WAIT_RECHECK
+    assert vm.requeue(controller.reconcile(vm.POD)) == placement.WAIT_RECHECK
+
+    assert world.api.calls == []  # not even a read of the pod
+    assert world.recorder.reasons() == ["WaitingForPlacement"]  # once per message
+    assert words in world.recorder.events[0]["message"]
+
+
+def test_pod_waits_while_a_claim_is_attached_to_another_live_vm(world: vm.World) -> None:
+    world.put_vmi(vm.vmi())
+    world.put_vmi(vm.vmi(name="vm2", uid="uid-vm2"))
+    world.put_claim(
+        vm.claim("hold-a", phase="Bound", node="n1", attached={"vmi": "vm2", "uid": "uid-vm2"})
+    )
+    world.put_claim(vm.claim("vm1-gpu-1", count=2, phase="Bound", node="n1", owner_uid=vm.VMI_UID))
+    world.put_pod(vm.launcher_pod())
+
+    assert vm.requeue(world.placement().reconcile(vm.POD)) == placement.WAIT_RECHECK
+    assert world.api.writes() == []
+    assert (
+        "attached to VM instance vm2, which still exists; this VM instance waits"
+        in (world.recorder.events[-1]["message"])
+    )
+
+
+def test_pod_waits_for_its_own_template_claim_not_an_earlier_vmis(world: vm.World) -> None:
+    world.put_vmi(vm.vmi())
+    world.put_claim(vm.claim("hold-a", phase="Bound", node="n1"))
+    world.put_claim(vm.claim("vm1-gpu-1", count=2, phase="Bound", node="n1", owner_uid="uid-old"))
+    world.put_pod(vm.launcher_pod())
+
+    assert vm.requeue(world.placement().reconcile(vm.POD)) == placement.WAIT_RECHECK
+    assert world.api.writes() == []
+
+
+def test_split_set_is_gathered_where_it_fits_then_pinned(world: vm.World) -> None:
+    vm.bound_set(world, hold_node="n1", template_node="n2")
+    world.put_pod(vm.launcher_pod())
+    controller = world.placement()
+
+    assert vm.requeue(controller.reconcile(vm.POD)) == placement.WAIT_RECHECK
+
+    [(verb, _kind, name, moved)] = world.api.writes()
+    assert (verb, name) == ("replace_status", "hold-a")  # the smaller share moves
+    assert moved["status"]["nodeName"] == "n2"
+    assert moved["status"]["phase"] == "Bound"
+    assert moved["status"]["attachment"] == {"vmi": "vm1", "uid": vm.VMI_UID}
+    bound = next(c for c in moved["status"]["conditions"] if c["type"] == "Bound")
+    assert (bound["status"], bound["reason"]) == ("True", "Moved")
+    assert vm.free_units(world, "n2") == 1
+    assert vm.free_units(world, "n1") == 4
+    assert "Moved" in world.recorder.reasons()
+
+    world.sync_claim("hold-a")
+    assert controller.reconcile(vm.POD) is None
+    assert launcher_pods.pinned_node(world.api.objects[("Pod", vm.NS, vm.POD[1])]) == "n2"
+
+
+def test_split_set_that_fits_nowhere_waits_gated(world: vm.World) -> None:
+    vm.bound_set(world, hold_node="n1", template_node="n2")
+    # Fill both nodes: n1 keeps 1 free (needs 2 for the template), n2 keeps 0 (needs 1).
+    world.put_claim(vm.claim("big-1", count=2, phase="Bound", node="n1"))
+    world.put_claim(vm.claim("big-2", count=1, phase="Bound", node="n1"))
+    world.put_claim(vm.claim("big-3", count=2, phase="Bound", node="n2"))
+    world.put_pod(vm.launcher_pod())
+
+    assert vm.requeue(world.placement().reconcile(vm.POD)) == placement.WAIT_RECHECK
+
+    assert world.api.writes() == []
+    event = world.recorder.events[-1]
+    assert (event["type"], event["reason"]) == ("Warning", "WaitingForPlacement")
+    assert "different nodes" in event["message"]
+    assert f"1 unit of {vm.A10} needed, 0 free" in event["message"]
+
+
+def test_split_set_is_not_moved_to_a_node_a_claim_refused(world: vm.World) -> None:
+    vm.bound_set(world, hold_node="n1", template_node="n2")
+    refused = world.caches.claims.store.get((vm.NS, "hold-a"))
+    assert refused is not None
+    world.put_claim(
+        {
+            **refused,
+            "status": {
+                **refused["status"],
+                "refusedNodes": [{"nodeName": "n2", "until": "2026-01-01T00:05:00Z"}],
+            },
+        }
+    )
+    world.put_pod(vm.launcher_pod())
+
+    world.placement().reconcile(vm.POD)
+
+    # n2 is skipped for hold-a; the template claim moves to n1 instead (n1 has 3 free).
+    [(verb, _kind, name, moved)] = world.api.writes()
+    assert (verb, name, moved["status"]["nodeName"]) == ("replace_status", "vm1-gpu-1", "n1")
+
+
+def test_pin_on_a_stale_cache_reads_the_pod_and_pins_it_at_once(world: vm.World) -> None:
+    vm.bound_set(world)
+    world.put_pod(vm.launcher_pod())
+    newer = world.api.stored(pykube.Pod, vm.POD[1], vm.NS)
+    assert newer is not None
+    newer["metadata"]["labels"]["example.com/changed"] = "yes"
+    world.api.add(pykube.Pod, newer)  # the API server is one version ahead of the cache
+
+    assert world.placement().reconcile(vm.POD) is None
+
+    assert [c[0] for c in world.api.calls] == ["patch", "get", "patch"]
+    pinned = world.api.objects[("Pod", vm.NS, vm.POD[1])]
+    assert launcher_pods.pinned_node(pinned) == "n1"
+    assert not launcher_pods.is_gated(pinned)
+    assert pinned["metadata"]["labels"]["example.com/changed"] == "yes"
+
+
+def test_pin_that_loses_a_race_looks_again(world: vm.World) -> None:
+    vm.bound_set(world)
+    world.put_pod(vm.launcher_pod())
+    world.api.refuse[("patch", vm.NS)] = errors.ConflictError(409, "Conflict", "modified")
+
+    assert vm.requeue(world.placement().reconcile(vm.POD)) == placement.RETRY
+    assert [c[0] for c in world.api.calls] == ["patch", "get", "patch"]
+    assert world.recorder.events == []
+
+
+def test_a_pinned_pod_is_not_judged_again_while_the_cache_lags(world: vm.World) -> None:
+    vm.bound_set(world)
+    world.put_pod(vm.launcher_pod())
+    controller = world.placement()
+    assert controller.reconcile(vm.POD) is None
+    calls = len(world.api.calls)
+
+    # A claim's update brings the pod back while the cache still shows it gated.
+    assert controller.reconcile(vm.POD) is None
+    assert len(world.api.calls) == calls
+
+    # Once the cache has the pinned pod, nothing is remembered of it; a new pod of the
+    # same name (another uid) is judged afresh.
+    controller.seen_unwatched(vm.POD)
+    world.put_pod(vm.launcher_pod() | {"metadata": {**vm.launcher_pod()["metadata"], "uid": "u2"}})
+    assert controller.reconcile(vm.POD) is None
+    assert len(world.api.calls) == calls + 1
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(vm.launcher_pod(migration=True), id="gated-migration-target"),
+        pytest.param(
+            vm.launcher_pod(migration=True, gated=False, pinned_to="n1", unschedulable=True),
+            id="unschedulable-migration-target",
+        ),
+    ],
+)
+def test_migration_targets_are_never_touched(world: vm.World, pod: vm.Obj) -> None:
+    vm.bound_set(world)
+    stored = world.put_pod(pod)
+
+    assert world.placement().reconcile(vm.POD) is None
+
+    assert world.api.calls == []
+    assert world.recorder.events == []
+    assert world.api.objects[("Pod", vm.NS, vm.POD[1])] == stored
+    assert not launcher_pods.watched(slimming.slim_pod(stored))
+
+
+def test_claims_and_vmis_map_to_the_watched_launcher_pods(world: vm.World) -> None:
+    world.put_pod(vm.launcher_pod())
+    world.put_pod(vm.launcher_pod(name="virt-launcher-vm1-target", migration=True))
+    hold = vm.claim("hold-a", attached={"vmi": "vm1"})
+    template = vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID)
+
+    assert placement.vmis_of_claim(hold) == {"vm1"}
+    assert placement.vmis_of_claim(template) == {"vm1"}
+    assert placement.pods_of_vmi(world.caches, vm.NS, "vm1") == [vm.POD]
+    assert placement.pods_of_vmi(world.caches, vm.NS, "vm2") == []
