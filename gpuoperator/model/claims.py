@@ -88,6 +88,11 @@ def is_bound(claim: Mapping[str, Any]) -> bool:
     return phase(claim) == Phase.BOUND and bool(node_name(claim))
 
 
+def is_bound_to(claim: Mapping[str, Any], node: str) -> bool:
+    """Whether the claim holds units on ``node``."""
+    return is_bound(claim) and node_name(claim) == node
+
+
 def is_deleting(claim: Mapping[str, Any]) -> bool:
     """Whether the claim is being deleted (``metadata.deletionTimestamp``): it still exists,
     holds what it holds and is charged, but is never given units again."""
