@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextvars
 import datetime
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
@@ -53,7 +52,7 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClaim
-from gpuoperator.model import binding, conditions, gpu_hours, orders
+from gpuoperator.model import binding, claim_states, conditions, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -66,8 +65,6 @@ from gpuoperator.settings import Settings
 log = structlog.get_logger(__name__)
 
 NAME = "binder"
-BOUND = gpuclaims.BOUND_CONDITION
-NODE_LOST = "NodeLost"
 #: Seconds before a pass that left out a claim with a write in flight looks again (a safety
 #: net: the write's outcome or the watch's next version wakes the class too).
 UNCONFIRMED_RECHECK = 1.0
@@ -128,7 +125,7 @@ class Binder:
         lost = [
             c
             for c in claims
-            if _phase(c) == gpuclaims.Phase.BOUND and not self.inventory.has_node(_node(c))
+            if gpuclaims.is_bound(c) and not self.inventory.has_node(gpuclaims.node_name(c))
         ]
         for claim in lost:
             self._lose(claim)
@@ -205,7 +202,12 @@ class Binder:
         would let the next pass plan on figures the writes still running are about to take.
         """
         intended = [
-            (self.status.assume(claim, self._bound(claim, node, now)), node)
+            (
+                self.status.assume(
+                    claim, claim_states.bound(claim, node, now, self.caches.served_vmi(claim))
+                ),
+                node,
+            )
             for claim, node in bindings
         ]
         futures: list[Future[None]] = [
@@ -215,18 +217,6 @@ class Binder:
         wait(futures)
         for future in futures:
             future.result()  # raises the first failure, now that none is in flight
-
-    def _bound(self, claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
-        """The status of ``claim`` bound to ``node`` at ``now``, with the usage interval the
-        hold opens (``gpu_hours.transition``): recorded in the binding itself, the
-        GPU-hours controller finds nothing to write."""
-        status = _bound(claim, node, now)
-        change = gpu_hours.transition(
-            {**claim, "status": status}, self.caches.served_vmi(claim), now
-        )
-        if change is not None:
-            status["usage"] = gpu_hours.to_status(change[1])
-        return status
 
     # ---- decisions --------------------------------------------------------------------
     def _refusal(
@@ -255,7 +245,7 @@ class Binder:
             intended,
             Announcement(
                 "claim bound",
-                "Bound",
+                claim_states.BOUND,
                 f"bound to node {node} ({count} unit(s))",
                 fields={"node": node, "count": count},
             ),
@@ -267,119 +257,39 @@ class Binder:
                 self._metrics.wait.observe(max(0.0, waited))
 
     def _wait(self, claim: Obj, reason: str, message: str) -> None:
-        status = dict(claim.get("status") or {})
-        current = conditions.find(status.get("conditions"), BOUND)
-        lost = _phase(claim) == gpuclaims.Phase.LOST
-        # Lost is transient: a claim that cannot be bound again waits as Pending, and its
-        # condition says why, and which node it lost until it is bound again.
-        message += _lost_note(_node(claim)) if lost else _carried_lost_note(current)
-        if (
-            not lost
-            and current
-            and (current.get("reason"), current.get("message")) == (reason, message)
-            and status.get("phase")
-        ):
-            return
-        now = self.clock.now()
-        status["phase"] = (
-            gpuclaims.Phase.PENDING if lost else (status.get("phase") or gpuclaims.Phase.PENDING)
+        status = claim_states.waiting(claim, reason, message, self.clock.now())
+        if status is None:
+            return  # it says so already
+        current = conditions.find(
+            (claim.get("status") or {}).get("conditions"), gpuclaims.BOUND_CONDITION
         )
-        if lost:
-            status.pop("nodeName", None)
-            status.pop("boundTime", None)
-        status["observedGeneration"] = claim["metadata"].get("generation")
-        status["conditions"] = conditions.set_condition(
-            status.get("conditions"),
-            BOUND,
-            False,
-            reason,
-            message,
-            now=now,
-            observed_generation=claim["metadata"].get("generation"),
-        )
+        lost = gpuclaims.phase(claim) == gpuclaims.Phase.LOST
         announce = None
         if lost or not current or current.get("reason") != reason:
+            told = claim_states.waiting_message(claim, message)
             announce = Announcement(
                 "claim waits",
                 reason,
-                message,
+                told,
                 event="Normal" if reason == binding.WaitReason.QUEUED.value else "Warning",
-                fields={"detail": message},
+                fields={"detail": told},
             )
         self.status.write(claim, status, announce)
 
     def _lose(self, claim: Obj) -> None:
-        node = _node(claim)
-        message = f"node {node} is gone; the claim will be bound again"
-        status = dict(claim.get("status") or {})
-        status["phase"] = gpuclaims.Phase.LOST
-        status["conditions"] = conditions.set_condition(
-            status.get("conditions"),
-            BOUND,
-            False,
-            NODE_LOST,
-            message,
-            now=self.clock.now(),
-            observed_generation=claim["metadata"].get("generation"),
-        )
+        node = gpuclaims.node_name(claim)
         self.status.write(
             claim,
-            status,
+            claim_states.lost(claim, self.clock.now()),
             Announcement(
                 "claim lost its node",
-                NODE_LOST,
-                message,
+                claim_states.NODE_LOST,
+                claim_states.lost_message(node),
                 event="Warning",
                 level="warning",
                 fields={"node": node},
             ),
         )
-
-
-_LOST_NOTE = "; its node {node} is gone"
-
-
-def _lost_note(node: str) -> str:
-    return _LOST_NOTE.format(node=node)
-
-
-def _carried_lost_note(condition: Obj | None) -> str:
-    """The lost-node note of a waiting claim's ``Bound`` condition ("" when none)."""
-    message = str((condition or {}).get("message") or "")
-    start = message.rfind(_LOST_NOTE.split("{", 1)[0])
-    if start < 0 or not message.endswith(_LOST_NOTE.rsplit("}", 1)[1]):
-        return ""
-    return message[start:]
-
-
-def _bound(claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
-    """The status of ``claim`` bound to ``node`` at ``now``."""
-    generation = claim["metadata"].get("generation")
-    status = dict(claim.get("status") or {})
-    status.update(
-        phase=gpuclaims.Phase.BOUND,
-        nodeName=node,
-        boundTime=conditions.stamp(now),
-        observedGeneration=generation,
-        conditions=conditions.set_condition(
-            status.get("conditions"),
-            BOUND,
-            True,
-            "Bound",
-            f"bound to node {node}",
-            now=now,
-            observed_generation=generation,
-        ),
-    )
-    return status
-
-
-def _phase(claim: Obj) -> str:
-    return str((claim.get("status") or {}).get("phase") or "")
-
-
-def _node(claim: Obj) -> str:
-    return str((claim.get("status") or {}).get("nodeName") or "")
 
 
 def _refusals(claim: Obj) -> bool:

@@ -41,7 +41,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, conditions, draining, gpu_hours
+from gpuoperator.model import binding, claim_states, conditions, draining, gpu_hours
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
 from gpuoperator.runtime.client import Obj
@@ -56,7 +57,6 @@ from gpuoperator.settings import Settings
 log = structlog.get_logger(__name__)
 
 NAME = "draining"
-BOUND: Final = "Bound"
 DRAIN_BLOCKED: Final = "DrainBlocked"
 #: Seconds before a pass that lost a write race looks again.
 RETRY: Final = 1.0
@@ -122,7 +122,7 @@ class Draining:
                     retry = self._move(name, h) is None or retry
             # Only a movable hold that stays carries the condition.
             movable = {h.key for h in holds if moves and h.role is Role.MOVABLE}
-            self._clear_conditions([c for c in claims if _key(c) not in movable])
+            self._clear_conditions([c for c in claims if gpuclaims.key(c) not in movable])
         fresh = draining.holds_on(
             name,
             [self.inventory.claim(h.key) or {} for h in holds],
@@ -134,7 +134,7 @@ class Draining:
     def _claims_on(self, name: str) -> list[Obj]:
         """The claims the cache files under node ``name``, as the inventory counts them."""
         return [
-            self.inventory.claim(_key(c)) or c
+            self.inventory.claim(gpuclaims.key(c)) or c
             for c in self.caches.claims.store.by_index(BY_NODE, name)
         ]
 
@@ -142,7 +142,7 @@ class Draining:
     def _move(self, source: str, h: Hold) -> bool | None:
         """Move one hold, or report it stuck: True moved, False stuck, None lost a race."""
         claim = self.inventory.claim(h.key)
-        if claim is None or not draining.bound_to(claim, source):
+        if claim is None or not gpuclaims.is_bound_to(claim, source):
             return True
         cls = self.caches.classes.store.get(("", h.class_name))
         if cls is None:
@@ -154,31 +154,13 @@ class Draining:
             message = draining.stuck_message(source, h.count, gpuclasses.resource_name(cls))
             return False if self._mark_stuck(claim, message) else None
         message = draining.moved_message(source, target)
-        generation = (claim.get("metadata") or {}).get("generation")
-        status = dict(claim.get("status") or {})
-        status.update(
-            phase=BOUND,
-            nodeName=target,
-            boundTime=conditions.stamp(now),
-            conditions=_without(
-                conditions.set_condition(
-                    status.get("conditions"),
-                    BOUND,
-                    True,
-                    draining.MOVED,
-                    message,
-                    now=now,
-                    observed_generation=generation,
-                ),
-                draining.CONDITION,
-            ),
-        )
+        status = claim_states.moved(claim, target, message, now, clear=(draining.CONDITION,))
         written = self.statuses.write(
             claim,
             status,
             Announcement(
                 "hold moved off a cordoned node",
-                draining.MOVED,
+                claim_states.MOVED,
                 message,
                 fields={"source": source, "node": target, "count": h.count},
             ),
@@ -235,7 +217,7 @@ class Draining:
         if claim is None or not flagged(claim):
             return None
         node = str((claim.get("status") or {}).get("nodeName") or "")
-        if draining.bound_to(claim, node) and draining.draining(
+        if gpuclaims.is_bound_to(claim, node) and draining.draining(
             self.caches.nodes.store.get(("", node))
         ):
             return None  # its node's pass decides
@@ -287,11 +269,6 @@ def flagged(claim: Obj) -> bool:
     return conditions.find(found, draining.CONDITION) is not None
 
 
-def _key(claim: Obj) -> Key:
-    meta = claim.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
 def _without(items: list[Obj] | None, type_: str) -> list[Obj]:
     return [c for c in items or [] if c.get("type") != type_]
 
@@ -326,7 +303,7 @@ def register(
         key = ("", node)
         if node and draining.draining(caches.nodes.store.get(key)):
             return [key]
-        return [_key(claim)] if flagged(claim) else []
+        return [gpuclaims.key(claim)] if flagged(claim) else []
 
     # The cordoned nodes, kept from the node events (read back from the cache, so the order
     # of an update's old and new objects does not matter): a change of the figures wakes

@@ -100,7 +100,7 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import (
-    binding,
+    claim_states,
     conditions,
     eligibility,
     gathering,
@@ -134,12 +134,10 @@ SETTLE: Final = 60.0
 RETRY: Final = 1.0
 
 
-BOUND: Final = gpuclaims.BOUND_CONDITION
 UNSCHEDULABLE: Final = "Unschedulable"
 
 PINNED = "Pinned"
 WAITING = "WaitingForPlacement"
-MOVED = "Moved"
 REFUSED = "RefusedByNode"
 PIN_FAILED = "PinFailed"
 
@@ -208,14 +206,6 @@ def vmi_name_of(pod: Obj) -> str:
     if owner is not None:
         return owner.name
     return str((_meta(pod).get("labels") or {}).get(names.VM_NAME_LABEL) or "")
-
-
-def _phase(claim: Obj) -> str:
-    return str(_status(claim).get("phase") or "")
-
-
-def _node(claim: Obj) -> str:
-    return str(_status(claim).get("nodeName") or "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,11 +362,16 @@ class Placement:
                     "controller records it)",
                 )
             if not gpuclaims.is_bound(claim):
-                bound = conditions.find(_status(claim).get("conditions"), BOUND) or {}
+                bound = (
+                    conditions.find(_status(claim).get("conditions"), gpuclaims.BOUND_CONDITION)
+                    or {}
+                )
                 why = bound.get("message") or "not bound yet"
-                return self._wait(pod, "Normal", f"claim {name} is {_phase(claim) or 'new'}: {why}")
+                return self._wait(
+                    pod, "Normal", f"claim {name} is {gpuclaims.phase(claim) or 'new'}: {why}"
+                )
             claims.append(claim)
-        nodes = sorted({_node(c) for c in claims})
+        nodes = sorted({gpuclaims.node_name(c) for c in claims})
         if len(nodes) == 1:
             node = nodes[0]
             if not self.inventory.has_node(node):
@@ -436,12 +431,12 @@ class Placement:
             if any(self.inventory.unconfirmed(key_of(c)) for c in claims):
                 return Result(requeue_after=RETRY)
             fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
-            if len({_node(c) for c in fresh}) == 1:
+            if len({gpuclaims.node_name(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
             plan = self._move_plan(fresh)
             target, moving, why = plan.target, plan.moving, plan.why
             if target is None:
-                where = ", ".join(f"{_meta(c)['name']} on {_node(c)}" for c in fresh)
+                where = ", ".join(f"{_meta(c)['name']} on {gpuclaims.node_name(c)}" for c in fresh)
                 return self._wait(
                     pod,
                     "Warning",
@@ -458,7 +453,7 @@ class Placement:
     def _move_plan(self, claims: list[Obj]) -> gathering.Gathering:
         """Where ``claims`` gather, on the inventory's figures (``model.gathering``)."""
         class_free: dict[str, dict[str, int] | None] = {}
-        for node in {_node(c) for c in claims}:
+        for node in {gpuclaims.node_name(c) for c in claims}:
             if not self.inventory.has_node(node):
                 class_free[node] = None
                 continue
@@ -472,30 +467,15 @@ class Placement:
 
     def _move(self, claim: Obj, target: str, vmi_name: str) -> bool:
         now = self.clock.now()
-        source = _node(claim)
+        source = gpuclaims.node_name(claim)
         message = (
             f"moved from node {source} to node {target} to join the other claims of VM "
             f"instance {vmi_name}"
         )
-        generation = _meta(claim).get("generation")
-        status = dict(_status(claim))
-        status.update(
-            phase=gpuclaims.Phase.BOUND,
-            nodeName=target,
-            boundTime=conditions.stamp(now),
-            conditions=conditions.set_condition(
-                status.get("conditions"),
-                BOUND,
-                True,
-                MOVED,
-                message,
-                now=now,
-                observed_generation=generation,
-            ),
-        )
+        status = claim_states.moved(claim, target, message, now)
         announce = Announcement(
             "claim moved",
-            MOVED,
+            claim_states.MOVED,
             message,
             fields={"source": source, "node": target, "vmi": vmi_name},
         )
@@ -683,29 +663,14 @@ class Placement:
 
     def _refuse(self, claim: Obj, owed: _Refusal, pod_key: Key) -> bool:
         node, now, until = owed.node, owed.now, owed.until
-        status = dict(_status(claim))
-        status["refusedNodes"] = binding.add_refusal(
-            status.get("refusedNodes"), node, until, now=now
-        )
-        unbind = gpuclaims.is_bound(claim) and _node(claim) == node
+        unbind = gpuclaims.is_bound_to(claim, node)
         message = (
             f"node {node} refused launcher pod {pod_key[1]} ({owed.detail}); it is skipped "
             f"until {conditions.stamp(until)}"
         )
         if unbind:
             message += "; the claim is bound again elsewhere"
-            status["phase"] = gpuclaims.Phase.PENDING
-            status.pop("nodeName", None)
-            status.pop("boundTime", None)
-            status["conditions"] = conditions.set_condition(
-                status.get("conditions"),
-                BOUND,
-                False,
-                REFUSED,
-                message,
-                now=now,
-                observed_generation=_meta(claim).get("generation"),
-            )
+        status = claim_states.refused(claim, node, until, REFUSED, message, now)
         announce = Announcement(
             "node refusal recorded",
             REFUSED,
