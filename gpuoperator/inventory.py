@@ -55,11 +55,6 @@ from gpuoperator.runtime.informing import Feed, Handlers, Key, key_of, resource_
 Obj = dict[str, Any]
 
 
-#: Appended to a claim's name for the ledger entry of the stored hold an unconfirmed
-#: assumption releases ("/" is never part of an object's name).
-_RELEASING = "/releasing"
-
-
 def changed_nodes(notice: Obj) -> list[Key]:
     """The keys of the nodes an ``Inventory.changes`` notice names (a watch-list mapper)."""
     return [("", n) for n in notice.get("nodes") or ()]
@@ -209,7 +204,7 @@ class Inventory:
         with self._lock:
             self._claims_by_class.get(self._claim_class.pop(key, ""), {}).pop(key, None)
             self._assumed.pop(key, None)
-            nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+            nodes = self._ledger.remove_claim(key)
             changed = self._nodes_changed(nodes)
         self._notify(*changed)
 
@@ -241,7 +236,7 @@ class Inventory:
             if observed is None:
                 # Deleted meanwhile (its delete came before this reply): nothing to hold.
                 self._assumed.pop(key, None)
-                nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+                nodes = self._ledger.remove_claim(key)
                 changed = self._nodes_changed(nodes)
             elif not _older(resource_version(observed), version):
                 self._assumed.pop(key, None)  # the watch was quicker: it is the truth
@@ -319,7 +314,7 @@ class Inventory:
             return set(), set()
         observed = self._observed(key)
         if observed is None:
-            nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+            nodes = self._ledger.remove_claim(key)
             return self._nodes_changed(nodes)
         return self._count(observed)
 
@@ -359,10 +354,8 @@ class Inventory:
                 and gpuclaims.node_name(assumed.claim) == gpuclaims.node_name(observed)
             )
         ):
-            return self._ledger.remove_claim(_releasing(key))
-        meta = observed.get("metadata") or {}
-        held = {**observed, "metadata": {**meta, "name": _releasing(key)[1]}}
-        return self._ledger.set_claim(held, self._resource(observed))
+            return self._ledger.drop_released(key)
+        return self._ledger.keep_released(observed, self._resource(observed))
 
     def unconfirmed(self, key: Key) -> bool:
         """Whether the claim is counted in a state whose write is in flight or has an
@@ -520,10 +513,6 @@ class Inventory:
             self.apply_pod(pod)
         for claim in claims:
             self.apply_claim(claim)
-
-
-def _releasing(key: Key) -> Key:
-    return (key[0], key[1] + _RELEASING)
 
 
 def _older(version: int | None, than: int | None) -> bool:
