@@ -47,9 +47,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
-from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
+from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import binding, claim_states, conditions, orders

@@ -38,8 +38,8 @@ from typing import Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator.caches import BY_NODE, Caches
+from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import binding, claim_states, conditions, draining, gpu_hours
 from gpuoperator.model import claims as gpuclaims

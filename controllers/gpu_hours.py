@@ -49,8 +49,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.model import gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock

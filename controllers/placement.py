@@ -95,9 +95,9 @@ from typing import Any, Final
 import pykube
 import structlog
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
+from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.inventory import Inventory
 from gpuoperator.model import (
     claim_states,

@@ -5,7 +5,7 @@ A controller that writes a claim's status first *assumes* the new state: the led
 (:mod:`gpuoperator.inventory`) counts it at once, so no other decision hands out the same
 units while the write is in flight, and readers of the claim see it instead of the cache's
 older copy (the next pass does not plan a claim bound a moment ago). The write-back
-(``controllers.claim_status``) settles every assumption by its write's outcome.
+(:mod:`gpuoperator.claim_status`) settles every assumption by its write's outcome.
 
 The states of one claim's assumption (:class:`State`), and what leaves each:
 

@@ -26,7 +26,6 @@ from controllers import (
     binder,
     claim_metrics,
     claim_protection,
-    claim_status,
     class_status,
     draining,
     gpu_hours,
@@ -39,7 +38,7 @@ from controllers import (
     usage_records,
     webhook_certificates,
 )
-from gpuoperator import __version__, caches, names, settings, status
+from gpuoperator import __version__, caches, claim_status, names, settings, status
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.model import certificates

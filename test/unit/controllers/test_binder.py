@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from controllers import binder as bindermod
 from controllers import gpu_hours as gpuhoursmod
 from controllers import placement as placementmod
-from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
+from gpuoperator.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import errors

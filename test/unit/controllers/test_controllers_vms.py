@@ -23,8 +23,8 @@ from typing import Any, cast
 import pykube
 import pytest
 
-from controllers import attachments, claim_protection, claim_status, placement, template_claims
-from gpuoperator import names
+from controllers import attachments, claim_protection, placement, template_claims
+from gpuoperator import claim_status, names
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import launcher_pods, references, slimming, templates, vmi_admission

@@ -14,8 +14,8 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from controllers import draining as drainingmod
-from controllers.claim_status import ClaimStatus
 from gpuoperator import names
+from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
-from controllers.claim_status import ClaimStatus
 from gpuoperator import cli, names, settings
+from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock

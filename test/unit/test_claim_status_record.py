@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
-from controllers.claim_status import ClaimStatus, Outcome
 from gpuoperator import names
+from gpuoperator.claim_status import ClaimStatus, Outcome
 from gpuoperator.inventory import Inventory
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client

@@ -1,11 +1,15 @@
 """Writing a claim's status: the one write-back of every controller that decides where a
 claim is bound (the binder binds, loses and parks claims; placement moves them and records
-node refusals).
+node refusals; draining moves holds off cordoned nodes) and of GPU-hours' usage counts.
+The statuses written are the model's (:mod:`gpuoperator.model.claim_states`); this module
+only writes them and keeps the inventory's assumptions in step with each outcome. It is
+part of the core, below the controllers that share it.
 
 :meth:`ClaimStatus.write` does, in this order:
 
-1. **assume** the new state into the inventory (``Inventory.assume``), so the units it takes
-   are counted before the write leaves and no other decision gives them away meanwhile;
+1. **assume** the new state into the inventory (``Inventory.assume``, the assume cache of
+   :mod:`gpuoperator.assumptions`), so the units it takes are counted before the write
+   leaves and no other decision gives them away meanwhile;
 2. **write** it through the status subresource with the claim's resourceVersion as the
    precondition (through the fenced writer: a replica that stopped leading sends nothing);
 3. settle the assumption by the outcome:
@@ -54,7 +58,6 @@ log = structlog.get_logger(__name__)
 #: Seconds an assumption whose write has an unknown outcome is kept (longer than the API
 #: server's own request timeout, 60 s by default, so a write still running there lands first).
 ASSUME_TTL: Final = 90.0
-BOUND: Final = claims.BOUND_CONDITION
 
 
 class Outcome(enum.Enum):
@@ -112,7 +115,7 @@ def signature(status: Mapping[str, Any] | None) -> tuple[Any, ...]:
     status, reason and message, and the refused nodes (a write of this module sets them
     all; another writer's status differs in at least one)."""
     status = status or {}
-    bound = conditions.find(status.get("conditions"), BOUND) or {}
+    bound = conditions.find(status.get("conditions"), claims.BOUND_CONDITION) or {}
     return (
         status.get("phase"),
         status.get("nodeName"),

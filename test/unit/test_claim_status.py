@@ -11,7 +11,7 @@ import requests
 import structlog
 from prometheus_client import CollectorRegistry
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
+from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.runtime import errors
