@@ -171,19 +171,11 @@ class Draining:
         return None
 
     def _mark_stuck(self, claim: Obj, message: str) -> bool:
-        status = dict(claim.get("status") or {})
-        current = conditions.find(status.get("conditions"), draining.CONDITION)
-        if current and current.get("message") == message and current.get("status") == "True":
-            return True
-        status["conditions"] = conditions.set_condition(
-            status.get("conditions"),
-            draining.CONDITION,
-            True,
-            draining.CANNOT_MOVE,
-            message,
-            now=self.clock.now(),
-            observed_generation=(claim.get("metadata") or {}).get("generation"),
+        status = claim_states.flagged(
+            claim, draining.CONDITION, draining.CANNOT_MOVE, message, self.clock.now()
         )
+        if status is None:
+            return True  # it says so already
         return self.statuses.write(
             claim,
             status,
@@ -229,9 +221,7 @@ class Draining:
         for claim in claims:
             if not flagged(claim):
                 continue
-            status = dict(claim.get("status") or {})
-            status["conditions"] = _without(status.get("conditions"), draining.CONDITION)
-            self.statuses.write(claim, status)
+            self.statuses.write(claim, claim_states.unflagged(claim, draining.CONDITION))
 
     # ---- reporting ------------------------------------------------------------------------
     def _report(self, node: Obj, name: str, holds: list[Hold]) -> None:
@@ -267,10 +257,6 @@ def flagged(claim: Obj) -> bool:
     """Whether the claim carries the ``NodeCordoned`` condition."""
     found = (claim.get("status") or {}).get("conditions")
     return conditions.find(found, draining.CONDITION) is not None
-
-
-def _without(items: list[Obj] | None, type_: str) -> list[Obj]:
-    return [c for c in items or [] if c.get("type") != type_]
 
 
 def register(

@@ -21,6 +21,8 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
   reason, ``observedGeneration`` the claim's generation; phase ``Pending`` (a claim already
   ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName`` and ``boundTime`` and
   keeps the node it lost in ``lostNode``.
+* :func:`flagged` and :func:`unflagged` (a condition beside ``Bound``, such as draining's
+  ``NodeCordoned``): that condition True with a reason, or gone; nothing else changes.
 
 **The lost node.** ``Lost`` is transient (its node is gone, it goes back to ``Pending`` in the
 binder's same pass). ``status.lostNode`` keeps the node a claim lost until it is bound again,
@@ -221,4 +223,32 @@ def waiting(
         status["phase"] = gpuclaims.Phase.PENDING
     status["observedGeneration"] = _generation(claim)
     status["conditions"] = _bound_condition(claim, status, False, reason, told, now)
+    return status
+
+
+def flagged(
+    claim: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime.datetime
+) -> Obj | None:
+    """``claim`` with its condition ``type_`` True for ``reason`` and ``message``; ``None``
+    when it says exactly that already (nothing to write)."""
+    status = _status(claim)
+    current = conditions.find(status.get("conditions"), type_)
+    if current and current.get("message") == message and current.get("status") == "True":
+        return None
+    status["conditions"] = conditions.set_condition(
+        status.get("conditions"),
+        type_,
+        True,
+        reason,
+        message,
+        now=now,
+        observed_generation=_generation(claim),
+    )
+    return status
+
+
+def unflagged(claim: Mapping[str, Any], type_: str) -> Obj:
+    """``claim`` without its condition ``type_``."""
+    status = _status(claim)
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != type_]
     return status

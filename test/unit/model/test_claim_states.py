@@ -268,3 +268,26 @@ def test_a_message_that_only_mentions_a_gone_node_names_no_lost_node() -> None:
     )
 
     assert claim_states.lost_node(pending) == ""
+
+
+# ---- flagged and unflagged ---------------------------------------------------------------
+
+
+def test_a_flag_is_set_true_once_and_removed_without_touching_the_binding() -> None:
+    held = bound_claim("n1")
+
+    status = claim_states.flagged(held, "NodeCordoned", "CannotMove", "stuck", NOW)
+
+    assert status is not None
+    assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
+    flag = [c for c in status["conditions"] if c["type"] == "NodeCordoned"]
+    assert [(c["status"], c["reason"], c["message"]) for c in flag] == [
+        ("True", "CannotMove", "stuck")
+    ]
+    flagged = claim(status)
+    assert claim_states.flagged(flagged, "NodeCordoned", "CannotMove", "stuck", NOW) is None
+    assert claim_states.flagged(flagged, "NodeCordoned", "CannotMove", "other", NOW) is not None
+
+    cleared = claim_states.unflagged(flagged, "NodeCordoned")
+    assert [c["type"] for c in cleared["conditions"]] == ["Bound"]
+    assert cleared["nodeName"] == "n1"
