@@ -20,7 +20,7 @@ the protection controller's write comes first, and binding after it spares a con
 
 Never over-allocating rests on four things:
 
-* one decision at a time: a pass holds ``Inventory.allocation_lock`` (placement's moves take it
+* one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's moves take it
   too) from reading the figures until **every** write it started has ended — a failed
   write does not let the pass leave while the others are still in flight;
 * the claims and figures a pass reads are the inventory's *assumed* state: a plan's
@@ -50,8 +50,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
 from gpuoperator.claim_status import Announcement, ClaimStatus
-from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import binding, claim_states, conditions, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
@@ -87,7 +87,7 @@ class Binder:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         status: ClaimStatus,
         settings: Settings,
         *,
@@ -299,7 +299,7 @@ def _refusals(claim: Obj) -> bool:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     status: ClaimStatus,
     settings: Settings,
 ) -> Controller[Key]:

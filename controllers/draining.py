@@ -9,9 +9,9 @@ lost its node, was refused by it, or the node was uncordoned) is keyed by itself
 ``(namespace, name)``, and the condition is removed. One pass, for one cordoned node:
 
 * **movable holds** are moved one decision at a time, in order of creation, under
-  ``Inventory.allocation_lock`` (the lock every binder pass and placement move holds): each
+  ``Ledger.allocation_lock`` (the lock every binder pass and placement move holds): each
   target is chosen on the inventory's current figures by the binding model's rules
-  (``Inventory.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
+  (``Ledger.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
   goes through the claim status write-back (``claim_status``: assumed into the inventory
   before it is sent, resourceVersion precondition, fenced writer), so the next choice
   already counts it — moves obey the same allocation guarantees as binding. The ``Bound``
@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import binding, claim_states, conditions, draining, gpu_hours
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
@@ -85,7 +85,7 @@ class Draining:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         statuses: ClaimStatus,
         recorder: Recorder,
         settings: Settings,
@@ -262,7 +262,7 @@ def flagged(claim: Obj) -> bool:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,

@@ -22,8 +22,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
-from gpuoperator.inventory import Inventory, NodeView, changed_nodes
 from gpuoperator.kinds import GPUNode
+from gpuoperator.ledger import Ledger, NodeView, changed_nodes
 from gpuoperator.model import conditions, eligibility
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -58,7 +58,7 @@ class NodeInventory:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         writer: Client,
         recorder: Recorder,
         *,
@@ -209,7 +209,7 @@ class NodeInventory:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,

@@ -53,7 +53,7 @@ afresh). Events ``RefusedByNode`` on each claim and on the VMI.
 Choices where DESIGN.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
-  ``Inventory.allocation_lock``, the lock every binder pass holds too, and it goes through the
+  ``Ledger.allocation_lock``, the lock every binder pass holds too, and it goes through the
   same write-back (``claim_status``): counted in the inventory before it is sent, kept
   there until the watch delivers a newer version.
 * **A refusal is not taken at once while the node's taints lag behind its state.** A node
@@ -98,7 +98,7 @@ import structlog
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, BY_NODE, Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import (
     claim_states,
     conditions,
@@ -230,7 +230,7 @@ class Placement:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         writer: Client,
         statuses: ClaimStatus,
         recorder: Recorder,
@@ -728,7 +728,7 @@ def vmis_of_claim(claim: Obj) -> set[str]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,

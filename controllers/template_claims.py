@@ -45,8 +45,8 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims, references, templates
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -69,7 +69,7 @@ REFUSED = "TemplateClaimRefused"
 
 
 class WebhookFigures(Protocol):
-    """What the template judgement reads from ``inventory.Inventory``."""
+    """What the template judgement reads from ``ledger.Ledger``."""
 
     def permitted(self) -> frozenset[str] | None: ...
 
@@ -226,7 +226,7 @@ def owning_vmi(claim: Obj) -> list[Key]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,

@@ -2,7 +2,7 @@
 assumes a pod before its binding lands.
 
 A controller that writes a claim's status first *assumes* the new state: the ledger
-(:mod:`gpuoperator.inventory`) counts it at once, so no other decision hands out the same
+(:mod:`gpuoperator.ledger`) counts it at once, so no other decision hands out the same
 units while the write is in flight, and readers of the claim see it instead of the cache's
 older copy (the next pass does not plan a claim bound a moment ago). The write-back
 (:mod:`gpuoperator.claim_status`) settles every assumption by its write's outcome.

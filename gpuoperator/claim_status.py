@@ -7,14 +7,14 @@ part of the core, below the controllers that share it.
 
 :meth:`ClaimStatus.write` does, in this order:
 
-1. **assume** the new state into the inventory (``Inventory.assume``, the assume cache of
+1. **assume** the new state into the inventory (``Ledger.assume``, the assume cache of
    :mod:`gpuoperator.assumptions`), so the units it takes are counted before the write
    leaves and no other decision gives them away meanwhile;
 2. **write** it through the status subresource with the claim's resourceVersion as the
    precondition (through the fenced writer: a replica that stopped leading sends nothing);
 3. settle the assumption by the outcome:
 
-   * written: ``Inventory.confirm`` with the stored object;
+   * written: ``Ledger.confirm`` with the stored object;
    * 409: the server is asked whether the status it holds is this very write (the client
      retries a write whose first attempt may have landed, and the retry then meets its own
      result as a conflict). If so it counts as written; otherwise someone else changed the
@@ -44,8 +44,8 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuoperator import names
-from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims, conditions
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -142,7 +142,7 @@ class ClaimStatus:
     def __init__(
         self,
         writer: Client,
-        inventory: Inventory,
+        inventory: Ledger,
         recorder: Recorder,
         *,
         registry: CollectorRegistry | None = None,

@@ -7,7 +7,7 @@ ungate in one write when the set is on one node, waiting while it is not bound, 
 split set where it fits, a refused pinned pod recorded with expiry and deleted, migration
 targets never touched).
 
-Real ``Store``s (through the real shared-cache registration) and a real ``Inventory``; the
+Real ``Store``s (through the real shared-cache registration) and a real ``Ledger``; the
 API server is the harness's fake (``harness.offline.FakeApi``): it keeps objects, applies
 merge patches, honours resourceVersion and UID preconditions, and records every call.
 """
@@ -25,8 +25,8 @@ import pytest
 
 from controllers import attachments, claim_protection, placement, template_claims
 from gpuoperator import claim_status, names
-from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import launcher_pods, references, slimming, templates, vmi_admission
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
@@ -76,7 +76,7 @@ class World:
         self.recorder = FakeRecorder()
         self.clock = FakeClock(START)
         self.settings = Settings.model_validate({"gpuForVMs": gpu_for_vms, "refusalTTL": "10m"})
-        self.inventory = Inventory()
+        self.inventory = Ledger()
         self.inventory.apply_class(A10_CLASS)
         self.inventory.apply_node(gpu_node("n1"))
         self.inventory.apply_node(gpu_node("n2"))

@@ -1,6 +1,11 @@
-"""The live GPU inventory: the ledger and the class catalog, fed by the shared caches.
+"""The operator's live ledger of GPU units: the model's ledger (``capacity.Ledger``: holds,
+pod use, free units per node) and the class catalog (``catalog.Catalog``: figures per
+class), fed by the shared caches, with the claim states counted ahead of the watch.
 
-One lock guards both. Every event updates only the node(s) it touches (the Ledger and the
+(Not to be confused with the node-inventory controller, which publishes each node's figures
+as its GPUNode's status, nor with GPUNode itself.) One lock guards all of it.
+
+Every event updates only the node(s) it touches (the model's ledger and the
 Catalog are incremental) and then tells listeners which nodes and classes changed, so the
 node-inventory and class-status controllers reconcile exactly those. Webhooks and the
 binder read through the same object. ``gpuoperator status`` feeds it one-shot lists instead
@@ -9,8 +14,8 @@ of informers.
 **Assumed claims.** A claim state a controller is writing is counted before the write lands
 and until the watch delivers a newer version: the assume cache, :mod:`gpuoperator.assumptions`
 (its states and rules). This object keeps the ledger in step with it, under the same lock:
-:meth:`Inventory.assume`, :meth:`~Inventory.confirm`, :meth:`~Inventory.forget` and
-:meth:`~Inventory.expire_after` change an assumption and the holds it counts together, and
+:meth:`Ledger.assume`, :meth:`~Ledger.confirm`, :meth:`~Ledger.forget` and
+:meth:`~Ledger.expire_after` change an assumption and the holds it counts together, and
 the stored hold an unconfirmed assumption releases is kept as the ledger's *released* hold.
 A claim from the watch never goes back to an older resourceVersion than the one counted,
 with or without an assumption.
@@ -36,12 +41,12 @@ Obj = dict[str, Any]
 
 
 def changed_nodes(notice: Obj) -> list[Key]:
-    """The keys of the nodes an ``Inventory.changes`` notice names (a watch-list mapper)."""
+    """The keys of the nodes an ``Ledger.changes`` notice names (a watch-list mapper)."""
     return [("", n) for n in notice.get("nodes") or ()]
 
 
 def changed_classes(notice: Obj) -> list[Key]:
-    """The keys of the classes an ``Inventory.changes`` notice names."""
+    """The keys of the classes an ``Ledger.changes`` notice names."""
     return [("", c) for c in notice.get("classes") or ()]
 
 
@@ -56,7 +61,7 @@ class NodeView:
     overcommitted: dict[str, list[tuple[str, str]]]
 
 
-class Inventory:
+class Ledger:
     def __init__(self, *, clock: Clock = SYSTEM) -> None:
         self._clock = clock
         self._lock = threading.RLock()
