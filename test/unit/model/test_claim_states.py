@@ -36,6 +36,30 @@ def bound_condition(status: Obj) -> Obj:
     return condition
 
 
+def said(status: Obj) -> tuple[str, str, str]:
+    """What the ``Bound`` condition says: its status, reason and message."""
+    condition = bound_condition(status)
+    return (condition["status"], condition["reason"], condition["message"])
+
+
+def pending_saying(message: str) -> Obj:
+    """A Pending claim whose ``Bound`` condition says ``message`` (reason ``NoCapacity``)."""
+    return claim(
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "Bound",
+                    "status": "False",
+                    "reason": "NoCapacity",
+                    "message": message,
+                    "lastTransitionTime": EARLIER,
+                }
+            ],
+        }
+    )
+
+
 def bound_claim(node: str = "n1", **extra: Any) -> Obj:
     return claim(
         {
@@ -97,12 +121,7 @@ def test_binding_a_waiting_claim_sets_node_time_generation_and_a_true_condition(
     assert status["observedGeneration"] == 3
     assert "lostNode" not in status  # bound again: nothing lost any more
     assert status["refusedNodes"] == [{"nodeName": "n9"}]  # kept as it was
-    condition = bound_condition(status)
-    assert (condition["status"], condition["reason"], condition["message"]) == (
-        "True",
-        "Bound",
-        "bound to node n1",
-    )
+    assert said(status) == ("True", "Bound", "bound to node n1")
     assert claims.is_bound_to({**waiting, "status": status}, "n1")
 
 
@@ -126,12 +145,7 @@ def test_a_move_rebinds_to_the_target_with_reason_moved_and_clears_named_conditi
 
     assert (status["phase"], status["nodeName"]) == ("Bound", "n2")
     assert status["boundTime"] == "2024-05-01T12:00:00Z"
-    condition = bound_condition(status)
-    assert (condition["status"], condition["reason"], condition["message"]) == (
-        "True",
-        "Moved",
-        "moved away",
-    )
+    assert said(status) == ("True", "Moved", "moved away")
     assert [c["type"] for c in status["conditions"]] == ["Bound", "Other"]
     assert held["status"]["nodeName"] == "n1"
 
@@ -146,12 +160,7 @@ def test_a_refusal_by_the_claims_own_node_unbinds_it_and_records_the_node() -> N
     assert "nodeName" not in status
     assert "boundTime" not in status
     assert status["refusedNodes"] == [{"nodeName": "n1", "until": "2024-05-01T12:10:00Z"}]
-    condition = bound_condition(status)
-    assert (condition["status"], condition["reason"], condition["message"]) == (
-        "False",
-        "RefusedByNode",
-        "no",
-    )
+    assert said(status) == ("False", "RefusedByNode", "no")
 
 
 def test_a_refusal_by_another_node_only_records_it() -> None:
@@ -173,12 +182,7 @@ def test_a_claim_whose_node_is_gone_is_lost_and_records_the_node() -> None:
     assert status["phase"] == "Lost"
     assert status["lostNode"] == "n1"
     assert status["nodeName"] == "n1"  # kept until it waits
-    condition = bound_condition(status)
-    assert (condition["status"], condition["reason"], condition["message"]) == (
-        "False",
-        "NodeLost",
-        "node n1 is gone; the claim will be bound again",
-    )
+    assert said(status) == ("False", "NodeLost", "node n1 is gone; the claim will be bound again")
 
 
 def test_a_lost_claim_waits_as_pending_without_its_node_and_says_which_it_lost() -> None:
@@ -192,12 +196,7 @@ def test_a_lost_claim_waits_as_pending_without_its_node_and_says_which_it_lost()
     assert "boundTime" not in status
     assert status["lostNode"] == "n1"
     assert status["observedGeneration"] == 3
-    condition = bound_condition(status)
-    assert (condition["status"], condition["reason"], condition["message"]) == (
-        "False",
-        "NoCapacity",
-        "no room; its node n1 is gone",
-    )
+    assert said(status) == ("False", "NoCapacity", "no room; its node n1 is gone")
 
 
 def test_a_waiting_claim_keeps_the_lost_node_note_while_its_reason_changes() -> None:
@@ -228,20 +227,7 @@ def test_a_new_claim_waits_as_pending_with_no_lost_node() -> None:
 
 
 def test_the_lost_node_of_a_claim_written_before_the_field_is_read_from_its_message() -> None:
-    older = claim(
-        {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "Bound",
-                    "status": "False",
-                    "reason": "NoCapacity",
-                    "message": "no room; its node n7 is gone",
-                    "lastTransitionTime": EARLIER,
-                }
-            ],
-        }
-    )
+    older = pending_saying("no room; its node n7 is gone")
 
     assert claim_states.lost_node(older) == "n7"
     status = claim_states.waiting(older, "BudgetExceeded", "over budget", NOW)
@@ -252,20 +238,7 @@ def test_the_lost_node_of_a_claim_written_before_the_field_is_read_from_its_mess
 
 
 def test_a_message_that_only_mentions_a_gone_node_names_no_lost_node() -> None:
-    pending = claim(
-        {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "Bound",
-                    "status": "False",
-                    "reason": "NoCapacity",
-                    "message": "n3: the node is gone",
-                    "lastTransitionTime": EARLIER,
-                }
-            ],
-        }
-    )
+    pending = pending_saying("n3: the node is gone")
 
     assert claim_states.lost_node(pending) == ""
 
