@@ -3,6 +3,8 @@ its key, the VM instance it serves, and whether that VM instance is still a live
 
 **Phases.** ``Pending`` (waiting for a node), ``Bound`` (holding ``spec.count`` units on
 ``status.nodeName``) and ``Lost`` (its node is gone; transient, it goes back to ``Pending``).
+:func:`is_bound` is the one test of a claim holding units; the statuses of the transitions
+between phases are :mod:`gpuoperator.model.claim_states`'s.
 
 **Whom a claim serves** (:func:`user`). A template claim is owned by its VMI: its controller
 ownerReference to a ``kubevirt.io`` VirtualMachineInstance names the VMI by name and UID. A
