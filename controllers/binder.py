@@ -113,7 +113,7 @@ class Binder:
     def _reconcile(self, class_name: str) -> Result | None:
         # The inventory's view: a claim bound (or lost) a moment ago reads as such even
         # while the claims cache still shows the version before.
-        claims, unconfirmed = self._claims(class_name)
+        claims, unconfirmed = self.inventory.settled_claims_of_class(class_name)
         cls = self.caches.classes.store.get(("", class_name))
         if cls is None:
             for claim in claims:
@@ -132,7 +132,7 @@ class Binder:
         for claim in lost:
             self._lose(claim)
         if lost:
-            claims, unconfirmed = self._claims(class_name)
+            claims, unconfirmed = self.inventory.settled_claims_of_class(class_name)
         candidates = []
         tenants: dict[str, list[Obj]] = {}  # namespace -> its claims, read once per pass
         for claim in claims:
@@ -182,18 +182,6 @@ class Binder:
             need=nomination.need,
             missing=nomination.missing,
         )
-
-    def _claims(self, class_name: str) -> tuple[list[Obj], bool]:
-        """The class's claims as counted, leaving out those whose last write is not
-        confirmed (in flight, or its outcome unknown), and whether any was left out. Such a
-        state is not stored (yet): a write based on it would carry the stored version's
-        resourceVersion, so a bind planned on an unconfirmed unbinding (a node refusal) could
-        land on the old binding and move the claim without a stored version releasing its
-        first node. They are decided once the write is confirmed, forgotten or superseded
-        by the watch."""
-        counted = self.inventory.claims_of_class(class_name)
-        claims = [c for c in counted if not self.inventory.unconfirmed(key_of(c))]
-        return claims, len(claims) < len(counted)
 
     def _bind_all(self, bindings: list[tuple[Obj, str]], now: datetime.datetime) -> None:
         """Write a plan's bindings together and return only once every write has ended.

@@ -158,7 +158,7 @@ class Ledger:
             self._store_observed(claim)
             if not self._assumed.superseded_by(key, version):
                 # The stored hold an unconfirmed assumption releases is this version's now.
-                changed = self._nodes_changed(self._count_releasing(key))
+                changed = self._nodes_changed(self._count_released(key))
             else:
                 self._assumed.forget(key)
                 changed = self._count(claim)
@@ -251,6 +251,20 @@ class Ledger:
             members = self._claims_by_class.get(class_name, {})
             return [self._assumed.counted(k, claim) for k, claim in members.items()]
 
+    def settled_claims_of_class(self, class_name: str) -> tuple[list[Obj], bool]:
+        """The claims of ``class_name`` a decision may be taken on: as counted
+        (:meth:`claims_of_class`), leaving out those whose last write is unconfirmed (in
+        flight, or its outcome unknown; see :mod:`gpuoperator.assumptions`), and whether any
+        was left out. Such a state is not stored (yet): a write based on it would carry the
+        stored version's resourceVersion, so a bind planned on an unconfirmed unbinding (a
+        node refusal) could land on the old binding and move the claim without a stored
+        version releasing its first node. They are decided once the write is confirmed,
+        forgotten or superseded by the watch."""
+        counted = self.claims_of_class(class_name)
+        with self._lock:
+            settled = [c for c in counted if not self._assumed.unconfirmed(key_of(c))]
+        return settled, len(settled) < len(counted)
+
     def next_expiry(self, class_name: str) -> float | None:
         """Seconds until the first assumption of ``class_name``'s claims expires (``None``
         when none has a deadline): the caller looks again then."""
@@ -286,13 +300,13 @@ class Ledger:
         """Put ``claim``'s hold into the ledger, with the stored hold it releases while
         that is unconfirmed (under the lock)."""
         nodes = self._ledger.set_claim(claim, self._resource(claim))
-        return self._nodes_changed(nodes | self._count_releasing(key_of(claim)))
+        return self._nodes_changed(nodes | self._count_released(key_of(claim)))
 
     def _resource(self, claim: Obj) -> str | None:
         cls = self._classes.get(str((claim.get("spec") or {}).get("className") or ""))
         return gpuclasses.resource_name(cls) if cls else None
 
-    def _count_releasing(self, key: Key) -> set[str]:
+    def _count_released(self, key: Key) -> set[str]:
         """Keep the stored version's hold counted while an unconfirmed assumption releases
         or moves it (see the module docstring); drop it otherwise. Returns the nodes whose
         figures changed."""
@@ -320,7 +334,7 @@ class Ledger:
                 for key, claim in self._claims_by_class.get(name, {}).items():
                     counted = self._assumed.counted(key, claim)
                     nodes |= self._ledger.set_claim(counted, gpuclasses.resource_name(cls))
-                    nodes |= self._count_releasing(key)
+                    nodes |= self._count_released(key)
             changed = self._nodes_changed(nodes)
             # The class set changed: every node's GPUNode may list it (or its resource).
             everything = set(self._nodes) if old is None else nodes
@@ -334,7 +348,7 @@ class Ledger:
             nodes: set[str] = set()
             for key, claim in self._claims_by_class.get(name, {}).items():
                 nodes |= self._ledger.set_claim(claim, None)  # the class is gone: no hold
-                nodes |= self._count_releasing(key)
+                nodes |= self._count_released(key)
             changed = self._nodes_changed(nodes)
             everything = set(self._nodes)
         self._notify(everything, changed[1] | {name})
