@@ -88,7 +88,7 @@ class Ledger:
 
     # ---- wiring ---------------------------------------------------------------------
     def connect(self, caches: Caches) -> None:
-        """Feed this inventory from the shared informers (classes first, so claims find
+        """Feed this ledger from the shared informers (classes first, so claims find
         their class's resource)."""
         caches.classes.add_handlers(self._handlers(self.apply_class, self.delete_class))
         caches.nodes.add_handlers(self._handlers(self.apply_node, self.delete_node))
