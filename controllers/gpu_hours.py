@@ -242,8 +242,7 @@ class NamespaceUnitSecondsCollector(Collector):
 
 def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
     """The claims of the VMI's namespace that name it as the VM instance they serve."""
-    meta = vmi.get("metadata") or {}
-    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    ns, name = key_of(vmi)
     return [
         key_of(c)
         for c in caches.claims.store.by_index(BY_NAMESPACE, ns)
