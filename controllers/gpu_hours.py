@@ -51,7 +51,7 @@ from prometheus_client.registry import Collector
 
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
-from gpuoperator.model import gpu_hours, orders
+from gpuoperator.model import claim_states, gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -93,7 +93,7 @@ class GpuHours:
         if change is None:
             return None
         usage, new, state, vmi_name = change
-        status = {**(claim.get("status") or {}), "usage": gpu_hours.to_status(new)}
+        status = claim_states.counted(claim, new)
         reason = state.value if state is not None else NOT_HELD
         written = self.statuses.record(
             claim,

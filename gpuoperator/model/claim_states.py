@@ -21,6 +21,8 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
   reason, ``observedGeneration`` the claim's generation; phase ``Pending`` (a claim already
   ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName`` and ``boundTime`` and
   keeps the node it lost in ``lostNode``.
+* :func:`counted` (GPU-hours): ``usage`` the figures given; nothing else changes (the
+  phase and node stay, so it is written without an assumption, ``ClaimStatus.record``).
 * :func:`flagged` and :func:`unflagged` (a condition beside ``Bound``, such as draining's
   ``NodeCordoned``): that condition True with a reason, or gone; nothing else changes.
 
@@ -251,4 +253,11 @@ def unflagged(claim: Mapping[str, Any], type_: str) -> Obj:
     """``claim`` without its condition ``type_``."""
     status = _status(claim)
     status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != type_]
+    return status
+
+
+def counted(claim: Mapping[str, Any], usage: gpu_hours.Usage) -> Obj:
+    """``claim`` with ``usage`` as its ``status.usage`` (``gpu_hours.to_status``)."""
+    status = _status(claim)
+    status["usage"] = gpu_hours.to_status(usage)
     return status

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuoperator.model import claim_states, claims
+from gpuoperator.model import claim_states, claims, gpu_hours
 
 Obj = dict[str, Any]
 
@@ -264,3 +264,23 @@ def test_a_flag_is_set_true_once_and_removed_without_touching_the_binding() -> N
     cleared = claim_states.unflagged(flagged, "NodeCordoned")
     assert [c["type"] for c in cleared["conditions"]] == ["Bound"]
     assert cleared["nodeName"] == "n1"
+
+
+# ---- counted -----------------------------------------------------------------------------
+
+
+def test_counting_usage_changes_only_the_usage() -> None:
+    held = bound_claim("n1", usage={"idleUnitSeconds": 1, "inUseUnitSeconds": 0})
+    usage = gpu_hours.Usage(idle=60, in_use=5, state=gpu_hours.State.IN_USE, since=NOW)
+
+    status = claim_states.counted(held, usage)
+
+    assert status["usage"] == {
+        "idleUnitSeconds": 60,
+        "inUseUnitSeconds": 5,
+        "state": "InUse",
+        "since": "2024-05-01T12:00:00Z",
+    }
+    assert {k: v for k, v in status.items() if k != "usage"} == {
+        k: v for k, v in held["status"].items() if k != "usage"
+    }
