@@ -9,12 +9,12 @@ binding is written to the claim's status with its resourceVersion as preconditio
 can pass the webhook together; template claims never met it). The class's nomination is
 logged when it changes; each waiting claim's ``Bound`` condition says why it waits.
 
-A bound claim whose node is gone becomes ``Lost`` (an Event says so; ``status.lostNode``
-names the node until the claim is bound again) and is planned again in the same pass: bound
-elsewhere, or back to ``Pending`` with the reason it waits on its ``Bound`` condition
-(DESIGN.md §5). The inventory wakes the classes of a deleted node's claims even when the
-node served nothing any more (NotReady or cordoned before it went). Every status the binder
-writes is one of ``model.claim_states``.
+A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is planned again
+in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
+``Bound`` condition (DESIGN.md §5). The inventory wakes the classes of a deleted node's
+claims even when the node served nothing any more (NotReady or cordoned before it went).
+``status.lostNode`` names the lost node until the claim is bound again. Every status the
+binder writes is one of ``model.claim_states``.
 
 A claim is bound only once it carries the claim-protection finalizer. It is normally set at
 admission (``config/policy``), so the binding is the claim's first write; where it is not,
