@@ -49,7 +49,7 @@ WEBHOOK = "vmis"
 
 
 class WebhookInventory(Protocol):
-    """What the webhook reads from ``inventory.Inventory``: the KubeVirt CR's permitted
+    """What the webhook reads from ``ledger.Ledger``: the KubeVirt CR's permitted
     resources and the largest allocatable of one node per class."""
 
     def permitted(self) -> frozenset[str] | None: ...

@@ -13,6 +13,8 @@ A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is plan
 in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
 ``Bound`` condition (DESIGN.md §5). The inventory wakes the classes of a deleted node's
 claims even when the node served nothing any more (NotReady or cordoned before it went).
+``status.lostNode`` names the lost node until the claim is bound again. Every status the
+binder writes is one of ``model.claim_states``.
 
 A claim is bound only once it carries the claim-protection finalizer. It is normally set at
 admission (``config/policy``), so the binding is the claim's first write; where it is not,
@@ -20,7 +22,7 @@ the protection controller's write comes first, and binding after it spares a con
 
 Never over-allocating rests on four things:
 
-* one decision at a time: a pass holds ``Inventory.allocation_lock`` (placement's moves take it
+* one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's moves take it
   too) from reading the figures until **every** write it started has ended — a failed
   write does not let the pass leave while the others are still in flight;
 * the claims and figures a pass reads are the inventory's *assumed* state: a plan's
@@ -43,17 +45,16 @@ from __future__ import annotations
 import contextvars
 import datetime
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
-from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
-from gpuoperator.inventory import Inventory, changed_classes
+from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.kinds import GPUClaim
-from gpuoperator.model import binding, conditions, gpu_hours, orders
+from gpuoperator.ledger import Ledger, changed_classes
+from gpuoperator.model import binding, claim_states, conditions, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -66,8 +67,6 @@ from gpuoperator.settings import Settings
 log = structlog.get_logger(__name__)
 
 NAME = "binder"
-BOUND = gpuclaims.BOUND_CONDITION
-NODE_LOST = "NodeLost"
 #: Seconds before a pass that left out a claim with a write in flight looks again (a safety
 #: net: the write's outcome or the watch's next version wakes the class too).
 UNCONFIRMED_RECHECK = 1.0
@@ -90,7 +89,7 @@ class Binder:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         status: ClaimStatus,
         settings: Settings,
         *,
@@ -114,7 +113,7 @@ class Binder:
     def _reconcile(self, class_name: str) -> Result | None:
         # The inventory's view: a claim bound (or lost) a moment ago reads as such even
         # while the claims cache still shows the version before.
-        claims, unconfirmed = self._claims(class_name)
+        claims, unconfirmed = self.inventory.settled_claims_of_class(class_name)
         cls = self.caches.classes.store.get(("", class_name))
         if cls is None:
             for claim in claims:
@@ -128,12 +127,12 @@ class Binder:
         lost = [
             c
             for c in claims
-            if _phase(c) == gpuclaims.Phase.BOUND and not self.inventory.has_node(_node(c))
+            if gpuclaims.is_bound(c) and not self.inventory.has_node(gpuclaims.node_name(c))
         ]
         for claim in lost:
             self._lose(claim)
         if lost:
-            claims, unconfirmed = self._claims(class_name)
+            claims, unconfirmed = self.inventory.settled_claims_of_class(class_name)
         candidates = []
         tenants: dict[str, list[Obj]] = {}  # namespace -> its claims, read once per pass
         for claim in claims:
@@ -184,18 +183,6 @@ class Binder:
             missing=nomination.missing,
         )
 
-    def _claims(self, class_name: str) -> tuple[list[Obj], bool]:
-        """The class's claims as counted, leaving out those whose last write is not
-        confirmed (in flight, or its outcome unknown), and whether any was left out. Such a
-        state is not stored (yet): a write based on it would carry the stored version's
-        resourceVersion, so a bind planned on an unconfirmed unbinding (a node refusal) could
-        land on the old binding and move the claim without a stored version releasing its
-        first node. They are decided once the write is confirmed, forgotten or superseded
-        by the watch."""
-        counted = self.inventory.claims_of_class(class_name)
-        claims = [c for c in counted if not self.inventory.unconfirmed(key_of(c))]
-        return claims, len(claims) < len(counted)
-
     def _bind_all(self, bindings: list[tuple[Obj, str]], now: datetime.datetime) -> None:
         """Write a plan's bindings together and return only once every write has ended.
 
@@ -205,7 +192,12 @@ class Binder:
         would let the next pass plan on figures the writes still running are about to take.
         """
         intended = [
-            (self.status.assume(claim, self._bound(claim, node, now)), node)
+            (
+                self.status.assume(
+                    claim, claim_states.bound(claim, node, now, self.caches.served_vmi(claim))
+                ),
+                node,
+            )
             for claim, node in bindings
         ]
         futures: list[Future[None]] = [
@@ -215,18 +207,6 @@ class Binder:
         wait(futures)
         for future in futures:
             future.result()  # raises the first failure, now that none is in flight
-
-    def _bound(self, claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
-        """The status of ``claim`` bound to ``node`` at ``now``, with the usage interval the
-        hold opens (``gpu_hours.transition``): recorded in the binding itself, the
-        GPU-hours controller finds nothing to write."""
-        status = _bound(claim, node, now)
-        change = gpu_hours.transition(
-            {**claim, "status": status}, self.caches.served_vmi(claim), now
-        )
-        if change is not None:
-            status["usage"] = gpu_hours.to_status(change[1])
-        return status
 
     # ---- decisions --------------------------------------------------------------------
     def _refusal(
@@ -255,7 +235,7 @@ class Binder:
             intended,
             Announcement(
                 "claim bound",
-                "Bound",
+                claim_states.BOUND,
                 f"bound to node {node} ({count} unit(s))",
                 fields={"node": node, "count": count},
             ),
@@ -267,119 +247,39 @@ class Binder:
                 self._metrics.wait.observe(max(0.0, waited))
 
     def _wait(self, claim: Obj, reason: str, message: str) -> None:
-        status = dict(claim.get("status") or {})
-        current = conditions.find(status.get("conditions"), BOUND)
-        lost = _phase(claim) == gpuclaims.Phase.LOST
-        # Lost is transient: a claim that cannot be bound again waits as Pending, and its
-        # condition says why, and which node it lost until it is bound again.
-        message += _lost_note(_node(claim)) if lost else _carried_lost_note(current)
-        if (
-            not lost
-            and current
-            and (current.get("reason"), current.get("message")) == (reason, message)
-            and status.get("phase")
-        ):
-            return
-        now = self.clock.now()
-        status["phase"] = (
-            gpuclaims.Phase.PENDING if lost else (status.get("phase") or gpuclaims.Phase.PENDING)
+        status = claim_states.waiting(claim, reason, message, self.clock.now())
+        if status is None:
+            return  # it says so already
+        current = conditions.find(
+            (claim.get("status") or {}).get("conditions"), gpuclaims.BOUND_CONDITION
         )
-        if lost:
-            status.pop("nodeName", None)
-            status.pop("boundTime", None)
-        status["observedGeneration"] = claim["metadata"].get("generation")
-        status["conditions"] = conditions.set_condition(
-            status.get("conditions"),
-            BOUND,
-            False,
-            reason,
-            message,
-            now=now,
-            observed_generation=claim["metadata"].get("generation"),
-        )
+        lost = gpuclaims.phase(claim) == gpuclaims.Phase.LOST
         announce = None
         if lost or not current or current.get("reason") != reason:
+            told = claim_states.waiting_message(claim, message)
             announce = Announcement(
                 "claim waits",
                 reason,
-                message,
+                told,
                 event="Normal" if reason == binding.WaitReason.QUEUED.value else "Warning",
-                fields={"detail": message},
+                fields={"detail": told},
             )
         self.status.write(claim, status, announce)
 
     def _lose(self, claim: Obj) -> None:
-        node = _node(claim)
-        message = f"node {node} is gone; the claim will be bound again"
-        status = dict(claim.get("status") or {})
-        status["phase"] = gpuclaims.Phase.LOST
-        status["conditions"] = conditions.set_condition(
-            status.get("conditions"),
-            BOUND,
-            False,
-            NODE_LOST,
-            message,
-            now=self.clock.now(),
-            observed_generation=claim["metadata"].get("generation"),
-        )
+        node = gpuclaims.node_name(claim)
         self.status.write(
             claim,
-            status,
+            claim_states.lost(claim, self.clock.now()),
             Announcement(
                 "claim lost its node",
-                NODE_LOST,
-                message,
+                claim_states.NODE_LOST,
+                claim_states.lost_message(node),
                 event="Warning",
                 level="warning",
                 fields={"node": node},
             ),
         )
-
-
-_LOST_NOTE = "; its node {node} is gone"
-
-
-def _lost_note(node: str) -> str:
-    return _LOST_NOTE.format(node=node)
-
-
-def _carried_lost_note(condition: Obj | None) -> str:
-    """The lost-node note of a waiting claim's ``Bound`` condition ("" when none)."""
-    message = str((condition or {}).get("message") or "")
-    start = message.rfind(_LOST_NOTE.split("{", 1)[0])
-    if start < 0 or not message.endswith(_LOST_NOTE.rsplit("}", 1)[1]):
-        return ""
-    return message[start:]
-
-
-def _bound(claim: Obj, node: str, now: datetime.datetime) -> dict[str, Any]:
-    """The status of ``claim`` bound to ``node`` at ``now``."""
-    generation = claim["metadata"].get("generation")
-    status = dict(claim.get("status") or {})
-    status.update(
-        phase=gpuclaims.Phase.BOUND,
-        nodeName=node,
-        boundTime=conditions.stamp(now),
-        observedGeneration=generation,
-        conditions=conditions.set_condition(
-            status.get("conditions"),
-            BOUND,
-            True,
-            "Bound",
-            f"bound to node {node}",
-            now=now,
-            observed_generation=generation,
-        ),
-    )
-    return status
-
-
-def _phase(claim: Obj) -> str:
-    return str((claim.get("status") or {}).get("phase") or "")
-
-
-def _node(claim: Obj) -> str:
-    return str((claim.get("status") or {}).get("nodeName") or "")
 
 
 def _refusals(claim: Obj) -> bool:
@@ -389,7 +289,7 @@ def _refusals(claim: Obj) -> bool:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     status: ClaimStatus,
     settings: Settings,
 ) -> Controller[Key]:

@@ -25,8 +25,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, own_key
-from gpuoperator.inventory import Inventory, changed_classes
 from gpuoperator.kinds import GPUClass
+from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import conditions
 from gpuoperator.runtime import errors, protocols
 from gpuoperator.runtime.client import Obj
@@ -66,7 +66,7 @@ class ClassStatus:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         writer: ApiAccess,
         recorder: protocols.RecordsEvents,
         *,
@@ -213,7 +213,7 @@ def _resource(cls: Obj) -> str:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,

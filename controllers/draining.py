@@ -9,9 +9,9 @@ lost its node, was refused by it, or the node was uncordoned) is keyed by itself
 ``(namespace, name)``, and the condition is removed. One pass, for one cordoned node:
 
 * **movable holds** are moved one decision at a time, in order of creation, under
-  ``Inventory.allocation_lock`` (the lock every binder pass and placement move holds): each
+  ``Ledger.allocation_lock`` (the lock every binder pass and placement move holds): each
   target is chosen on the inventory's current figures by the binding model's rules
-  (``Inventory.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
+  (``Ledger.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
   goes through the claim status write-back (``claim_status``: assumed into the inventory
   before it is sent, resourceVersion precondition, fenced writer), so the next choice
   already counts it — moves obey the same allocation guarantees as binding. The ``Bound``
@@ -38,10 +38,11 @@ from typing import Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator.caches import BY_NODE, Caches
-from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, conditions, draining, gpu_hours
+from gpuoperator.claim_status import Announcement, ClaimStatus
+from gpuoperator.ledger import Ledger
+from gpuoperator.model import binding, claim_states, conditions, draining, gpu_hours
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
 from gpuoperator.runtime.client import Obj
@@ -56,7 +57,6 @@ from gpuoperator.settings import Settings
 log = structlog.get_logger(__name__)
 
 NAME = "draining"
-BOUND: Final = "Bound"
 DRAIN_BLOCKED: Final = "DrainBlocked"
 #: Seconds before a pass that lost a write race looks again.
 RETRY: Final = 1.0
@@ -85,7 +85,7 @@ class Draining:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         statuses: ClaimStatus,
         recorder: Recorder,
         settings: Settings,
@@ -122,7 +122,7 @@ class Draining:
                     retry = self._move(name, h) is None or retry
             # Only a movable hold that stays carries the condition.
             movable = {h.key for h in holds if moves and h.role is Role.MOVABLE}
-            self._clear_conditions([c for c in claims if _key(c) not in movable])
+            self._clear_conditions([c for c in claims if gpuclaims.key(c) not in movable])
         fresh = draining.holds_on(
             name,
             [self.inventory.claim(h.key) or {} for h in holds],
@@ -134,7 +134,7 @@ class Draining:
     def _claims_on(self, name: str) -> list[Obj]:
         """The claims the cache files under node ``name``, as the inventory counts them."""
         return [
-            self.inventory.claim(_key(c)) or c
+            self.inventory.claim(gpuclaims.key(c)) or c
             for c in self.caches.claims.store.by_index(BY_NODE, name)
         ]
 
@@ -142,7 +142,7 @@ class Draining:
     def _move(self, source: str, h: Hold) -> bool | None:
         """Move one hold, or report it stuck: True moved, False stuck, None lost a race."""
         claim = self.inventory.claim(h.key)
-        if claim is None or not draining.bound_to(claim, source):
+        if claim is None or not gpuclaims.is_bound_to(claim, source):
             return True
         cls = self.caches.classes.store.get(("", h.class_name))
         if cls is None:
@@ -154,31 +154,13 @@ class Draining:
             message = draining.stuck_message(source, h.count, gpuclasses.resource_name(cls))
             return False if self._mark_stuck(claim, message) else None
         message = draining.moved_message(source, target)
-        generation = (claim.get("metadata") or {}).get("generation")
-        status = dict(claim.get("status") or {})
-        status.update(
-            phase=BOUND,
-            nodeName=target,
-            boundTime=conditions.stamp(now),
-            conditions=_without(
-                conditions.set_condition(
-                    status.get("conditions"),
-                    BOUND,
-                    True,
-                    draining.MOVED,
-                    message,
-                    now=now,
-                    observed_generation=generation,
-                ),
-                draining.CONDITION,
-            ),
-        )
+        status = claim_states.moved(claim, target, message, now, clear=(draining.CONDITION,))
         written = self.statuses.write(
             claim,
             status,
             Announcement(
                 "hold moved off a cordoned node",
-                draining.MOVED,
+                claim_states.MOVED,
                 message,
                 fields={"source": source, "node": target, "count": h.count},
             ),
@@ -189,19 +171,11 @@ class Draining:
         return None
 
     def _mark_stuck(self, claim: Obj, message: str) -> bool:
-        status = dict(claim.get("status") or {})
-        current = conditions.find(status.get("conditions"), draining.CONDITION)
-        if current and current.get("message") == message and current.get("status") == "True":
-            return True
-        status["conditions"] = conditions.set_condition(
-            status.get("conditions"),
-            draining.CONDITION,
-            True,
-            draining.CANNOT_MOVE,
-            message,
-            now=self.clock.now(),
-            observed_generation=(claim.get("metadata") or {}).get("generation"),
+        status = claim_states.flagged(
+            claim, draining.CONDITION, draining.CANNOT_MOVE, message, self.clock.now()
         )
+        if status is None:
+            return True  # it says so already
         return self.statuses.write(
             claim,
             status,
@@ -235,7 +209,7 @@ class Draining:
         if claim is None or not flagged(claim):
             return None
         node = str((claim.get("status") or {}).get("nodeName") or "")
-        if draining.bound_to(claim, node) and draining.draining(
+        if gpuclaims.is_bound_to(claim, node) and draining.draining(
             self.caches.nodes.store.get(("", node))
         ):
             return None  # its node's pass decides
@@ -247,9 +221,7 @@ class Draining:
         for claim in claims:
             if not flagged(claim):
                 continue
-            status = dict(claim.get("status") or {})
-            status["conditions"] = _without(status.get("conditions"), draining.CONDITION)
-            self.statuses.write(claim, status)
+            self.statuses.write(claim, claim_states.unflagged(claim, draining.CONDITION))
 
     # ---- reporting ------------------------------------------------------------------------
     def _report(self, node: Obj, name: str, holds: list[Hold]) -> None:
@@ -287,19 +259,10 @@ def flagged(claim: Obj) -> bool:
     return conditions.find(found, draining.CONDITION) is not None
 
 
-def _key(claim: Obj) -> Key:
-    meta = claim.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def _without(items: list[Obj] | None, type_: str) -> list[Obj]:
-    return [c for c in items or [] if c.get("type") != type_]
-
-
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,
@@ -326,7 +289,7 @@ def register(
         key = ("", node)
         if node and draining.draining(caches.nodes.store.get(key)):
             return [key]
-        return [_key(claim)] if flagged(claim) else []
+        return [gpuclaims.key(claim)] if flagged(claim) else []
 
     # The cordoned nodes, kept from the node events (read back from the cache, so the order
     # of an update's old and new objects does not matter): a change of the figures wakes

@@ -49,9 +49,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.model import gpu_hours, orders
+from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
+from gpuoperator.model import claim_states, gpu_hours, orders
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -93,7 +93,7 @@ class GpuHours:
         if change is None:
             return None
         usage, new, state, vmi_name = change
-        status = {**(claim.get("status") or {}), "usage": gpu_hours.to_status(new)}
+        status = claim_states.counted(claim, new)
         reason = state.value if state is not None else NOT_HELD
         written = self.statuses.record(
             claim,
@@ -242,8 +242,7 @@ class NamespaceUnitSecondsCollector(Collector):
 
 def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
     """The claims of the VMI's namespace that name it as the VM instance they serve."""
-    meta = vmi.get("metadata") or {}
-    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    ns, name = key_of(vmi)
     return [
         key_of(c)
         for c in caches.claims.store.by_index(BY_NAMESPACE, ns)

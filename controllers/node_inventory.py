@@ -24,8 +24,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
-from gpuoperator.inventory import Inventory, NodeView, changed_nodes
 from gpuoperator.kinds import GPUNode
+from gpuoperator.ledger import Ledger, NodeView, changed_nodes
 from gpuoperator.model import conditions, eligibility
 from gpuoperator.runtime import errors, protocols
 from gpuoperator.runtime.client import Obj
@@ -66,7 +66,7 @@ class NodeInventory:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         writer: ApiAccess,
         recorder: protocols.RecordsEvents,
         *,
@@ -215,7 +215,7 @@ class NodeInventory:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,

@@ -40,11 +40,11 @@ from typing import Final, Protocol
 import pykube
 import structlog
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator import names
 from gpuoperator.caches import BY_NODE, Caches
-from gpuoperator.inventory import Inventory
-from gpuoperator.model import binding, conditions, launcher_pods, objects, orders
+from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
+from gpuoperator.ledger import Ledger
+from gpuoperator.model import claim_states, conditions, launcher_pods, objects, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import node_rejections as rules
@@ -67,7 +67,6 @@ RETRY: Final = 1.0
 #: The longest wait between two looks at a rejection that waits.
 RECHECK: Final = 5.0
 
-BOUND: Final = gpuclaims.BOUND_CONDITION
 #: Event, log and ``Bound`` condition reason (API: unchanged).
 REFUSED_BY_NODE: Final = "RefusedByNode"
 
@@ -84,7 +83,7 @@ class NodeRejections:
     its pod rejected, and the rejection owed to the claims once the pod is deleted."""
 
     caches: Caches
-    inventory: Inventory
+    inventory: Ledger
     writer: ApiAccess
     statuses: ClaimStatus
     recorder: protocols.RecordsEvents
@@ -266,30 +265,14 @@ class NodeRejections:
         """Write the rejection on ``claim``: the node in ``refusedNodes``, and the claim back
         to Pending when it is Bound there. Whether the write is done (``False``: try again)."""
         node, now, until = owed.node, owed.now, owed.until
-        found = claim.get("status")
-        status = dict(found) if isinstance(found, dict) else {}
-        status["refusedNodes"] = binding.add_refusal(
-            status.get("refusedNodes"), node, until, now=now
-        )
-        unbind = gpuclaims.is_bound(claim) and gpuclaims.node_name(claim) == node
+        unbind = gpuclaims.is_bound_to(claim, node)
         message = (
             f"node {node} refused launcher pod {pod_key[1]} ({owed.detail}); it is skipped "
             f"until {conditions.stamp(until)}"
         )
         if unbind:
             message += "; the claim is bound again elsewhere"
-            status["phase"] = gpuclaims.Phase.PENDING
-            status.pop("nodeName", None)
-            status.pop("boundTime", None)
-            status["conditions"] = conditions.set_condition(
-                status.get("conditions"),
-                BOUND,
-                False,
-                REFUSED_BY_NODE,
-                message,
-                now=now,
-                observed_generation=objects.meta(claim).get("generation"),
-            )
+        status = claim_states.refused(claim, node, until, REFUSED_BY_NODE, message, now)
         announce = Announcement(
             "node refusal recorded",
             REFUSED_BY_NODE,

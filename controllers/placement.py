@@ -44,7 +44,7 @@ that node, so the binder places them elsewhere.
 Choices where DESIGN.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
-  ``Inventory.allocation_lock``, the lock every binder pass holds too, and it goes through the
+  ``Ledger.allocation_lock``, the lock every binder pass holds too, and it goes through the
   same write-back (``claim_status``): counted in the inventory before it is sent, kept
   there until the watch delivers a newer version.
 * ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
@@ -66,13 +66,12 @@ import pykube
 import structlog
 
 from controllers import node_rejections
-from controllers.claim_status import Announcement, ClaimStatus
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.inventory import Inventory
-from gpuoperator.model import claims as gpuclaims
-from gpuoperator.model import classes as gpuclasses
+from gpuoperator.claim_status import Announcement, ClaimStatus
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import (
+    claim_states,
     conditions,
     gathering,
     launcher_pods,
@@ -80,6 +79,8 @@ from gpuoperator.model import (
     references,
     templates,
 )
+from gpuoperator.model import claims as gpuclaims
+from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -99,11 +100,8 @@ WAIT_RECHECK: Final = 30.0
 RETRY: Final = 1.0
 
 
-BOUND: Final = gpuclaims.BOUND_CONDITION
-
 PINNED = "Pinned"
 WAITING = "WaitingForPlacement"
-MOVED = "Moved"
 PIN_FAILED = "PinFailed"
 
 # ---- reading objects -----------------------------------------------------------------------
@@ -119,14 +117,6 @@ def _status(obj: Obj | None) -> dict[str, Any]:
     return status if isinstance(status, dict) else {}
 
 
-def _phase(claim: Obj) -> str:
-    return str(_status(claim).get("phase") or "")
-
-
-def _node(claim: Obj) -> str:
-    return str(_status(claim).get("nodeName") or "")
-
-
 # ---- the controller --------------------------------------------------------------------------
 
 
@@ -139,7 +129,7 @@ class Placement:
     def __init__(
         self,
         caches: Caches,
-        inventory: Inventory,
+        inventory: Ledger,
         writer: ApiAccess,
         statuses: ClaimStatus,
         recorder: protocols.RecordsEvents,
@@ -267,11 +257,16 @@ class Placement:
                     "controller records it)",
                 )
             if not gpuclaims.is_bound(claim):
-                bound = conditions.find(_status(claim).get("conditions"), BOUND) or {}
+                bound = (
+                    conditions.find(_status(claim).get("conditions"), gpuclaims.BOUND_CONDITION)
+                    or {}
+                )
                 why = bound.get("message") or "not bound yet"
-                return self._wait(pod, "Normal", f"claim {name} is {_phase(claim) or 'new'}: {why}")
+                return self._wait(
+                    pod, "Normal", f"claim {name} is {gpuclaims.phase(claim) or 'new'}: {why}"
+                )
             claims.append(claim)
-        nodes = sorted({_node(c) for c in claims})
+        nodes = sorted({gpuclaims.node_name(c) for c in claims})
         if len(nodes) == 1:
             node = nodes[0]
             if not self.inventory.has_node(node):
@@ -330,12 +325,12 @@ class Placement:
             if any(self.inventory.unconfirmed(key_of(c)) for c in claims):
                 return Result(requeue_after=RETRY)
             fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
-            if len({_node(c) for c in fresh}) == 1:
+            if len({gpuclaims.node_name(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
             plan = self._move_plan(fresh)
             target, moving, why = plan.target, plan.moving, plan.why
             if target is None:
-                where = ", ".join(f"{_meta(c)['name']} on {_node(c)}" for c in fresh)
+                where = ", ".join(f"{_meta(c)['name']} on {gpuclaims.node_name(c)}" for c in fresh)
                 return self._wait(
                     pod,
                     "Warning",
@@ -352,7 +347,7 @@ class Placement:
     def _move_plan(self, claims: list[Obj]) -> gathering.Gathering:
         """Where ``claims`` gather, on the inventory's figures (``model.gathering``)."""
         class_free: dict[str, dict[str, int] | None] = {}
-        for node in {_node(c) for c in claims}:
+        for node in {gpuclaims.node_name(c) for c in claims}:
             if not self.inventory.has_node(node):
                 class_free[node] = None
                 continue
@@ -366,30 +361,15 @@ class Placement:
 
     def _move(self, claim: Obj, target: str, vmi_name: str) -> bool:
         now = self.clock.now()
-        source = _node(claim)
+        source = gpuclaims.node_name(claim)
         message = (
             f"moved from node {source} to node {target} to join the other claims of VM "
             f"instance {vmi_name}"
         )
-        generation = _meta(claim).get("generation")
-        status = dict(_status(claim))
-        status.update(
-            phase=gpuclaims.Phase.BOUND,
-            nodeName=target,
-            boundTime=conditions.stamp(now),
-            conditions=conditions.set_condition(
-                status.get("conditions"),
-                BOUND,
-                True,
-                MOVED,
-                message,
-                now=now,
-                observed_generation=generation,
-            ),
-        )
+        status = claim_states.moved(claim, target, message, now)
         announce = Announcement(
             "claim moved",
-            MOVED,
+            claim_states.MOVED,
             message,
             fields={"source": source, "node": target, "vmi": vmi_name},
         )
@@ -443,7 +423,7 @@ def vmis_of_claim(claim: Obj) -> set[str]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,

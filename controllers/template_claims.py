@@ -45,8 +45,8 @@ import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
-from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims, references, templates
 from gpuoperator.runtime import errors, protocols
 from gpuoperator.runtime.client import Obj
@@ -74,7 +74,7 @@ class ApiAccess(protocols.Creates, protocols.Gets, Protocol):
 
 
 class WebhookFigures(Protocol):
-    """What the template judgement reads from ``inventory.Inventory``."""
+    """What the template judgement reads from ``ledger.Ledger``."""
 
     def permitted(self) -> frozenset[str] | None: ...
 
@@ -231,7 +231,7 @@ def owning_vmi(claim: Obj) -> list[Key]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Inventory,
+    inventory: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,

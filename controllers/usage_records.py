@@ -64,7 +64,7 @@ class UsageRecords:
         claim = self.caches.claims.store.get(key)
         record_key = (namespace, names.workload_name(claim_name))
         current = self.caches.workloads.store.get(record_key)
-        bound = claim is not None and claims.phase(claim) == claims.Phase.BOUND
+        bound = claim is not None and claims.is_bound(claim)
         if not bound:
             if current is not None and _owned_by(current, claim):
                 self.writer.delete(

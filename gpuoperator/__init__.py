@@ -5,9 +5,12 @@ by import-linter, see the contracts in pyproject.toml):
 
 * ``gpuoperator.cli``       the composition root, the only module that wires
   ``controllers`` and ``admission`` together;
-* ``gpuoperator.status``    ``gpuoperator status``: the read-only report of the catalog;
-* ``gpuoperator.inventory`` the live GPU inventory (ledger and class catalog) fed by the
+* ``gpuoperator.report`` and ``gpuoperator.claim_status``, side by side: the report
+  ``gpuoperator status`` prints, and the write-back of claim statuses (assume, write,
+  confirm) the controllers share;
+* ``gpuoperator.ledger``  the live GPU ledger (holds per node, the class catalog) fed by the
   caches;
+* ``gpuoperator.assumptions`` claim states counted ahead of the watch (the assume cache);
 * ``gpuoperator.caches``    the shared informers, one per kind, and their indexes;
 * ``gpuoperator.kinds``     the product's kinds and KubeVirt's, as client classes;
 * ``gpuoperator.runtime``   informers, work queue, controllers, leader election, client,

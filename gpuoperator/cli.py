@@ -26,7 +26,6 @@ from controllers import (
     binder,
     claim_metrics,
     claim_protection,
-    claim_status,
     class_status,
     draining,
     gpu_hours,
@@ -39,9 +38,9 @@ from controllers import (
     usage_records,
     webhook_certificates,
 )
-from gpuoperator import __version__, caches, names, report, settings
-from gpuoperator.inventory import Inventory
+from gpuoperator import __version__, caches, claim_status, names, report, settings
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import certificates
 from gpuoperator.runtime import admitting, errors, leading, logs, servercerts, serving
 from gpuoperator.runtime.client import Client
@@ -417,10 +416,10 @@ def self_managed_certificates(
     )
 
 
-def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Inventory]:
+def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Ledger]:
     """The composition: shared caches, the inventory fed by them, and the controllers."""
     shared = caches.register(manager)
-    inventory = Inventory(clock=manager.clock)
+    inventory = Ledger(clock=manager.clock)
     inventory.connect(shared)
     # Events, the bindings, usage records and the status figures each write through a
     # client-side rate bucket of their own (Manager.writer_for); the others share one.
@@ -455,7 +454,7 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
 
 
 def webhooks(
-    shared: caches.Caches, inventory: Inventory, operator_settings: settings.Settings
+    shared: caches.Caches, inventory: Ledger, operator_settings: settings.Settings
 ) -> dict[str, admitting.Handler]:
     """The admission handlers. They run on every replica and write nothing: they decide on
     the shared caches and the inventory alone."""

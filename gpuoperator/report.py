@@ -1,7 +1,7 @@
 """``gpuoperator status``: a readable report of the catalog and the nodes, from a kubeconfig.
 
 It lists nodes, pods, classes, claims and the KubeVirt CR once, feeds them to the same
-Inventory the operator runs on, and prints what the operator would publish, plus why each
+Ledger the operator runs on, and prints what the operator would publish, plus why each
 node is not eligible for a class. Read-only.
 
 ``gpuoperator status --node N`` tells what holds node N (before a drain): each claim bound
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pykube
 
-from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim, GPUClass, KubeVirt, VirtualMachineInstance
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import draining, slimming
 from gpuoperator.model.draining import Role
@@ -24,9 +24,9 @@ from gpuoperator.runtime.client import Client, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 
 
-def collect(client: Client) -> tuple[Inventory, dict[str, Obj]]:
+def collect(client: Client) -> tuple[Ledger, dict[str, Obj]]:
     """The inventory of the cluster now, and its classes by name."""
-    inventory = Inventory()
+    inventory = Ledger()
     nodes, _ = client.list(pykube.Node)
     pods, _ = client.list(pykube.Pod)
     classes, _ = client.list(GPUClass)
@@ -52,7 +52,7 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def report(inventory: Inventory, classes: dict[str, Obj]) -> str:
+def report(inventory: Ledger, classes: dict[str, Obj]) -> str:
     out = ["CLASSES"]
     rows = [["NAME", "MODE", "RESOURCE", "FREE", "MAX FREE/NODE", "ELIGIBLE NODES"]]
     for name in inventory.class_names():
@@ -114,7 +114,7 @@ def collect_vmis(client: Client) -> dict[tuple[str, str], Obj]:
 
 
 def node_report(
-    inventory: Inventory,
+    inventory: Ledger,
     classes: dict[str, Obj],
     node_name: str,
     claims: list[Obj],
@@ -155,7 +155,7 @@ def node_report(
     return "\n".join(out)
 
 
-def _nodes(inventory: Inventory, name: str) -> list[Obj]:
+def _nodes(inventory: Ledger, name: str) -> list[Obj]:
     view = inventory.node(name)
     if view is not None:
         return [view.node]
@@ -165,7 +165,7 @@ def _nodes(inventory: Inventory, name: str) -> list[Obj]:
 def _drain(
     h: draining.Hold,
     claims: dict[tuple[str, str], Obj],
-    inventory: Inventory,
+    inventory: Ledger,
     classes: dict[str, Obj],
     clock: Clock,
 ) -> str:

@@ -171,19 +171,30 @@ def _shift(figures: dict[str, int], resource: str, delta: int) -> None:
         figures.pop(resource, None)
 
 
+def _hold_of(claim: Obj, resource_name: str | None) -> _Hold | None:
+    """What ``claim`` holds (see :meth:`Ledger.set_claim`); ``None`` when nothing."""
+    count = quantities.parse_count((claim.get("spec") or {}).get("count"))
+    if claims.is_bound(claim) and resource_name and count:
+        return _Hold(claims.node_name(claim), resource_name, count, claims.covering_vmi(claim))
+    return None
+
+
 class Ledger:
     """Per-node figures of GPU units: allocatable, held by bound claims, used by other pods.
 
     Invariants: a pod key appears in at most one node's figures (its current node) and only
-    while it uses something; a claim key holds on at most one node; every figure equals a
-    recomputation from the current nodes, pods and claims given to the setters. Not
-    thread-safe: callers serialise access.
+    while it uses something; a claim key holds on at most one node, plus at most one
+    *released* hold (:meth:`keep_released`); every figure equals a recomputation from the
+    current nodes, pods and claims given to the setters. Not thread-safe: callers serialise
+    access.
     """
 
     def __init__(self) -> None:
         self._nodes: dict[str, _NodeFigures] = {}
         self._pods: dict[Key, _Use] = {}
         self._claims: dict[Key, _Hold] = {}
+        #: claim key -> the hold of a stored version kept while its release is unconfirmed
+        self._released: dict[Key, _Hold] = {}
 
     # -- updates -------------------------------------------------------------------------
 
@@ -300,21 +311,35 @@ class Ledger:
         VMI it serves there (:func:`gpuoperator.model.claims.covering_vmi`). Returns the
         nodes whose figures changed: none, the claim's node, or its old and new node when it
         was rebound."""
-        key = claims.key(claim)
-        node = claims.node_name(claim)
-        count = quantities.parse_count((claim.get("spec") or {}).get("count"))
-        new = None
-        if claims.is_bound(claim) and resource_name and count:
-            new = _Hold(node, resource_name, count, claims.covering_vmi(claim))
-        old = self._claims.get(key)
+        return self._set_hold(self._claims, claims.key(claim), _hold_of(claim, resource_name))
+
+    def keep_released(self, claim: Obj, resource_name: str | None) -> set[str]:
+        """Keep counting the hold of ``claim`` — a stored version that a newer state, not
+        confirmed yet, releases or moves — beside the claim's current hold (:meth:`set_claim`),
+        until :meth:`drop_released` or :meth:`remove_claim`: if the release never lands the
+        stored version still holds those units. Returns the nodes whose figures changed."""
+        return self._set_hold(self._released, claims.key(claim), _hold_of(claim, resource_name))
+
+    def drop_released(self, key: Key) -> set[str]:
+        """Stop counting the released hold of claim ``key`` (its release is confirmed, or
+        forgotten). Returns its node if its figures changed."""
+        return self._set_hold(self._released, key, None)
+
+    def remove_claim(self, key: Key) -> set[str]:
+        """Forget a claim (deleted): its hold and its released hold. Returns the nodes whose
+        figures changed."""
+        return self._set_hold(self._claims, key, None) | self._set_hold(self._released, key, None)
+
+    def _set_hold(self, table: dict[Key, _Hold], key: Key, new: _Hold | None) -> set[str]:
+        old = table.get(key)
         if old == new:
             return set()
         touched = {h.node for h in (old, new) if h is not None}
         groups = {h.user for h in (old, new) if h is not None and h.user is not None}
         before = {n: self._fingerprint(n, groups) for n in touched}
-        self._drop_claim(key)
+        self._drop_hold(table, key)
         if new is not None:
-            self._claims[key] = new
+            table[key] = new
             figures = self._figures(new.node)
             figures.claims += 1
             _shift(figures.claimed, new.resource, new.count)
@@ -327,20 +352,10 @@ class Ledger:
                 figures.change_group(new.user, join)
         return {n for n in touched if self._fingerprint(n, groups) != before[n]}
 
-    def remove_claim(self, key: Key) -> set[str]:
-        """Forget a claim (deleted). Returns its node if it held units there."""
-        old = self._claims.get(key)
+    def _drop_hold(self, table: dict[Key, _Hold], key: Key) -> None:
+        old = table.pop(key, None)
         if old is None:
-            return set()
-        groups = {old.user} if old.user is not None else set()
-        before = self._fingerprint(old.node, groups)
-        self._drop_claim(key)
-        return {old.node} if self._fingerprint(old.node, groups) != before else set()
-
-    def _drop_claim(self, key: Key) -> set[str]:
-        old = self._claims.pop(key, None)
-        if old is None:
-            return set()
+            return
         figures = self._nodes[old.node]
         figures.claims -= 1
         _shift(figures.claimed, old.resource, -old.count)
@@ -352,7 +367,6 @@ class Ledger:
 
             figures.change_group(old.user, leave)
         self._tidy(old.node)
-        return {old.node}
 
     def _fingerprint(self, node: str, groups: set[Key], pod: Key | None = None) -> tuple[Any, ...]:
         """The figures a reader can see on ``node`` that an update of ``pod`` (or of a claim)

@@ -3,6 +3,8 @@ its key, the VM instance it serves, and whether that VM instance is still a live
 
 **Phases.** ``Pending`` (waiting for a node), ``Bound`` (holding ``spec.count`` units on
 ``status.nodeName``) and ``Lost`` (its node is gone; transient, it goes back to ``Pending``).
+:func:`is_bound` is the one test of a claim holding units; the statuses of the transitions
+between phases are :mod:`gpuoperator.model.claim_states`'s.
 
 **Whom a claim serves** (:func:`user`). A template claim is owned by its VMI: its controller
 ownerReference to a ``kubevirt.io`` VirtualMachineInstance names the VMI by name and UID. A
@@ -86,6 +88,11 @@ def node_name(claim: Mapping[str, Any]) -> str:
 def is_bound(claim: Mapping[str, Any]) -> bool:
     """Whether the claim holds units: phase ``Bound`` with a node."""
     return phase(claim) == Phase.BOUND and bool(node_name(claim))
+
+
+def is_bound_to(claim: Mapping[str, Any], node: str) -> bool:
+    """Whether the claim holds units on ``node``."""
+    return is_bound(claim) and node_name(claim) == node
 
 
 def is_deleting(claim: Mapping[str, Any]) -> bool:

@@ -34,15 +34,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpuoperator.model import capacity, eligibility, gpu_hours, orders
+from gpuoperator.model import claims as gpuclaims
 
 Obj = dict[str, Any]
 Key = capacity.Key
 
-BOUND: Final = "Bound"
 #: The claim condition reporting a hold that cannot leave its cordoned node.
 CONDITION: Final = "NodeCordoned"
-#: Reasons of moves and of holds that stay.
-MOVED: Final = "Moved"
+#: The reason of a hold that stays (a move's is ``claim_states.MOVED``).
 CANNOT_MOVE: Final = "CannotMove"
 
 
@@ -74,16 +73,11 @@ def draining(node: Mapping[str, Any] | None) -> bool:
     return node is not None and eligibility.node_cordoned(dict(node))
 
 
-def bound_to(claim: Mapping[str, Any], node_name: str) -> bool:
-    status = _mapping(claim.get("status"))
-    return status.get("phase") == BOUND and status.get("nodeName") == node_name
-
-
 def hold(claim: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> Hold:
     """What a drain does with ``claim``; ``vmi`` is the cached VM instance named by
     :func:`gpu_hours.served_vmi_name` (``None`` when there is none)."""
     meta = _mapping(claim.get("metadata"))
-    key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    key = gpuclaims.key(claim)
     cls, count = orders.ordered_class(claim), orders.ordered_count(claim)
     if meta.get("deletionTimestamp"):
         return Hold(key, cls, count, Role.RELEASING)
@@ -101,7 +95,9 @@ def holds_on(
 ) -> list[Hold]:
     """The holds bound to ``node_name``, in order of creation; ``vmis`` are the cached VM
     instances by ``(namespace, name)``."""
-    bound = sorted((c for c in claims if bound_to(c, node_name)), key=orders.creation_order)
+    bound = sorted(
+        (c for c in claims if gpuclaims.is_bound_to(c, node_name)), key=orders.creation_order
+    )
     out = []
     for claim in bound:
         ns = str(_mapping(claim.get("metadata")).get("namespace") or "")

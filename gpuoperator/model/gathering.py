@@ -13,7 +13,7 @@ The claims on the other nodes move to the first target that
 
 The binder and draining plan with the same figures (:mod:`gpuoperator.model.binding`,
 :mod:`gpuoperator.model.draining`); each caller holds the inventory's decision lock
-(``Inventory.allocation_lock``) across its decision and the writes it makes, so no two of
+(``Ledger.allocation_lock``) across its decision and the writes it makes, so no two of
 them hand out the same units.
 
 Pure and idempotent: the same claims, node figures, classes and time give the same answer.

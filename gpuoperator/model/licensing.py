@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpuoperator import names
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes, tenants
 
 Obj = dict[str, Any]
@@ -285,10 +286,6 @@ def is_copy(secret: Obj, class_name: str) -> bool:
     )
 
 
-def _bound(claim: Obj) -> bool:
-    return _mapping(claim.get("status")).get("phase") == "Bound"
-
-
 def namespaces_needing(
     cls: Obj, claims: Iterable[Obj], namespace_of: Callable[[str], Obj | None]
 ) -> set[str]:
@@ -303,7 +300,9 @@ def namespaces_needing(
     class_name = classes.name(cls)
     out: set[str] = set()
     for claim in claims:
-        if _mapping(claim.get("spec")).get("className") != class_name or not _bound(claim):
+        if _mapping(claim.get("spec")).get("className") != class_name or not gpuclaims.is_bound(
+            claim
+        ):
             continue
         namespace = str(_mapping(claim.get("metadata")).get("namespace") or "")
         if namespace and namespace not in out and tenants.vgpu_entitled(namespace_of(namespace)):

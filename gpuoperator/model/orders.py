@@ -336,9 +336,7 @@ def order_refusals_for_binding(
     module docstring): of two racing orders the older binds and the younger waits.
     Template claims are re-checked too: they are charged like any claim.
     """
-    earlier = [
-        c for c in namespace_claims if claims.phase(c) == claims.Phase.BOUND or _precedes(c, claim)
-    ]
+    earlier = [c for c in namespace_claims if claims.is_bound(c) or _precedes(c, claim)]
     return budget_refusals(claim, quotas, earlier)
 
 

@@ -1,6 +1,6 @@
 """Benchmark: time per pod event for the class-status update, at 100 and at 5,000 nodes.
 
-A pod event goes through the same path as in the operator: ``Inventory.apply_pod`` /
+A pod event goes through the same path as in the operator: ``Ledger.apply_pod`` /
 ``delete_pod`` update the ledger for the pod's node and re-derive that node's contribution
 to the classes using its resources; the class-status controller then only copies
 ``class_figures``. For contrast it also times a from-scratch recomputation of the affected
@@ -16,15 +16,15 @@ import argparse
 import time
 from typing import Any
 
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import capacity
 
 Obj = dict[str, Any]
 A10, L40S = "nvidia.com/GA102GL_A10", "nvidia.com/L40S-24Q"
 
 
-def build(nodes: int) -> tuple[Inventory, list[str]]:
-    inv = Inventory()
+def build(nodes: int) -> tuple[Ledger, list[str]]:
+    inv = Ledger()
     taint = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     for name, resource in (("a10", A10), ("a10-spot", A10), ("l40s", L40S), ("l40s-b", L40S)):

@@ -170,7 +170,8 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
 ) -> None:
     """The node serves nothing any more when it goes (cordoned first), so no class figure
     changes: the deletion alone must wake the binder. With no room elsewhere the claim
-    waits as Pending, the reason on its condition; it binds once a node appears."""
+    waits as Pending, the reason on its condition and the node it lost in ``status.lostNode``;
+    it binds once a node appears."""
     start_operator()
     cls = fleet.gpu_class()
     doomed = fleet.node(4)
@@ -196,6 +197,7 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
     condition = bound_condition(waiting)
     assert condition["reason"] == "NoCapacity", condition
     assert f"{doomed} is gone" in condition["message"]
+    assert waiting.get("lostNode") == doomed, waiting  # the schema keeps the field
     reasons = [
         e.obj["reason"]
         for e in pykube.Event.objects(api, namespace=namespace).filter(
@@ -205,6 +207,7 @@ def test_deleting_a_cordoned_node_makes_its_claims_lost_then_pending_until_room_
     assert "NodeLost" in reasons
     spare = fleet.node(4)
     assert bound_node(api, namespace, "hold") == spare
+    assert "lostNode" not in claim_status(api, namespace, "hold")  # bound again: none lost
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])

@@ -457,12 +457,12 @@ class FakeRecorder:
 
 class OfflineCluster:
     """The fake API server, the product's caches on an :class:`OfflineManager` writing to it,
-    a real ``Inventory``, a fake clock and the Events recorded. :meth:`put` stores an object
+    a real ``Ledger``, a fake clock and the Events recorded. :meth:`put` stores an object
     in the server and delivers it, as its watch would, to the cache and the inventory;
     :meth:`sync` delivers the server's current state of one object."""
 
     def __init__(self, clock: Any = None) -> None:
-        from gpuoperator.inventory import Inventory
+        from gpuoperator.ledger import Ledger
         from gpuoperator.runtime.clock import FakeClock
 
         self.clock = clock if clock is not None else FakeClock()
@@ -470,7 +470,7 @@ class OfflineCluster:
         self.recorder = FakeRecorder()
         self.manager = OfflineManager(self.api, clock=self.clock)
         self.caches = offline_caches(self.manager)
-        self.inventory = Inventory(clock=self.clock)
+        self.inventory = Ledger(clock=self.clock)
 
     def _feeds(self, informer: Informer) -> tuple[Hook, Hook] | None:
         inv, caches = self.inventory, self.caches

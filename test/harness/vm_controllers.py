@@ -1,7 +1,7 @@
 """A world for the controllers of VMs on claims (template claims, claim protection,
 attachments, placement and its node rejections), on in-memory caches.
 
-Real ``Store``s (through the real shared-cache registration) and a real ``Inventory``; the
+Real ``Store``s (through the real shared-cache registration) and a real ``Ledger``; the
 API server is the harness's fake (``harness.offline.FakeApi``): it keeps objects, applies
 merge patches, honours resourceVersion and UID preconditions, and records every call.
 """
@@ -15,10 +15,10 @@ from typing import Any
 
 import pykube
 
-from controllers import attachments, claim_protection, claim_status, placement, template_claims
-from gpuoperator import names
-from gpuoperator.inventory import Inventory
+from controllers import attachments, claim_protection, placement, template_claims
+from gpuoperator import claim_status, names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import references, slimming, vmi_admission
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
@@ -65,7 +65,7 @@ class World:
         self.recorder = FakeRecorder()
         self.clock = FakeClock(START)
         self.settings = Settings.model_validate({"gpuForVMs": gpu_for_vms, "refusalTTL": "10m"})
-        self.inventory = Inventory()
+        self.inventory = Ledger()
         self.inventory.apply_class(A10_CLASS)
         self.inventory.apply_node(gpu_node("n1"))
         self.inventory.apply_node(gpu_node("n2"))

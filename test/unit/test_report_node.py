@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuoperator import report
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime.clock import FakeClock
 
 RESOURCE = "nvidia.com/GA102GL_A10"
@@ -41,7 +41,7 @@ def claim(ns: str, name: str, count: int, second: int, **status: Any) -> dict[st
 
 
 def node_lines(*others: dict[str, Any]) -> list[str]:
-    inventory = Inventory()
+    inventory = Ledger()
     claims = [
         claim("shop", "idle", 1, 1),
         claim("shop", "big", 3, 2),
@@ -73,7 +73,7 @@ def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -
 
 
 def test_an_unknown_node_says_so() -> None:
-    inventory = Inventory()
+    inventory = Ledger()
     assert report.node_report(inventory, {}, "nope", [], {}) == (
         "node nope: not found, or it has no GPU resource"
     )

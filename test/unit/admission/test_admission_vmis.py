@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from admission import vmis
 from gpuoperator import names, settings
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime import admitting, serving
 from harness import objects
 from harness.objects import gpuclass
@@ -47,7 +47,7 @@ class FakeInventory:
         return self._largest.get(class_name, 8)
 
 
-def _inventory_fits(inventory: Inventory) -> vmis.WebhookInventory:
+def _inventory_fits(inventory: Ledger) -> vmis.WebhookInventory:
     return inventory  # mypy checks that the real inventory fits the protocol
 
 

@@ -1,4 +1,4 @@
-"""The binder on in-memory caches and a real ``Inventory``, against a small API server double
+"""The binder on in-memory caches and a real ``Ledger``, against a small API server double
 that keeps claims with resourceVersion preconditions and lets a test fail a write or hold it
 in flight: a pass never leaves while its writes are in flight, its own retried write is
 recognised, the next pass reads the assumed state, and a Lost claim that cannot be bound
@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry
 from controllers import binder as bindermod
 from controllers import gpu_hours as gpuhoursmod
 from controllers import node_rejections
-from controllers.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator import names
-from gpuoperator.inventory import Inventory
+from gpuoperator.claim_status import ASSUME_TTL, ClaimStatus
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import node_rejections as model_rejections
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
@@ -47,7 +47,7 @@ WAIT = 10.0  # seconds any step of a test may wait for another thread (a deadlin
 
 
 class WatchedLock:
-    """``Inventory.allocation_lock`` that sets ``contended`` when a thread has to wait for it."""
+    """``Ledger.allocation_lock`` that sets ``contended`` when a thread has to wait for it."""
 
     def __init__(self, contended: threading.Event) -> None:
         self._lock = threading.RLock()
@@ -80,7 +80,7 @@ class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Inventory(clock=self.clock)
+        self.inventory = Ledger(clock=self.clock)
         self.api = FakeApi()
         self.events = FakeRecorder()
         self.statuses = ClaimStatus(
@@ -460,7 +460,7 @@ def test_a_binding_opens_the_holds_usage_interval_so_gpu_hours_has_nothing_to_wr
 
 
 def test_deleting_a_node_that_was_already_not_ready_wakes_the_classes_of_its_claims() -> None:
-    inventory = Inventory()
+    inventory = Ledger()
     inventory.apply_class(objects.gpuclass("a10", resource=RESOURCE))
     inventory.apply_node(node("n1", 4))
     inventory.apply_claim(

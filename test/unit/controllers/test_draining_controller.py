@@ -1,4 +1,4 @@
-"""The draining controller on in-memory caches, a real ``Inventory`` and an API server double
+"""The draining controller on in-memory caches, a real ``Ledger`` and an API server double
 with resourceVersion preconditions: idle holds leave a cordoned node one decision at a time,
 never onto more than a node has free; a hold that fits nowhere is reported; the setting turns
 moves off.
@@ -14,9 +14,9 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from controllers import draining as drainingmod
-from controllers.claim_status import ClaimStatus
 from gpuoperator import names
-from gpuoperator.inventory import Inventory
+from gpuoperator.claim_status import ClaimStatus
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.recording import Recorder
@@ -79,7 +79,7 @@ class World:
     def __init__(self, **settings: Any) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Inventory(clock=self.clock)
+        self.inventory = Ledger(clock=self.clock)
         self.api = Api()
         self.events = Events()
         statuses = ClaimStatus(

@@ -1,4 +1,4 @@
-"""GPU-hours on in-memory caches, a real ``Inventory`` and an API server double with
+"""GPU-hours on in-memory caches, a real ``Ledger`` and an API server double with
 resourceVersion preconditions, on a fake clock: what each replica's collector reports, and
 what a new leader goes on counting from the stored claims.
 
@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
-from controllers.claim_status import ClaimStatus
 from gpuoperator import cli, names, settings
-from gpuoperator.inventory import Inventory
+from gpuoperator.claim_status import ClaimStatus
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.recording import Recorder
@@ -41,7 +41,7 @@ class Replica:
     def __init__(self, api: ClaimStore, clock: FakeClock) -> None:
         self.api = api
         self.caches = offline_caches()
-        self.inventory = Inventory(clock=clock)
+        self.inventory = Ledger(clock=clock)
         statuses = ClaimStatus(
             cast("Client", api),
             self.inventory,
@@ -219,7 +219,7 @@ class Summing:
         self.caches = offline_caches(self.manager)
         statuses = ClaimStatus(
             cast("Client", api),
-            Inventory(clock=clock),
+            Ledger(clock=clock),
             cast("Recorder", NoEvents()),
             registry=CollectorRegistry(),
         )

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from controllers import class_status, node_inventory
 from gpuoperator import names, settings
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
@@ -87,7 +87,7 @@ class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Inventory(clock=self.clock)
+        self.inventory = Ledger(clock=self.clock)
         self.writer = Writer()
         self.caches.classes.store.put(gpu_class())
         self.inventory.apply_class(gpu_class())

@@ -91,7 +91,7 @@ def test_a_bound_claim_gets_one_record_owned_by_it(world: World) -> None:
 
 
 def test_an_up_to_date_record_is_not_written(world: World) -> None:
-    world.put(world.caches.claims, objects.claim(count=2, phase="Bound", uid="c-1"))
+    world.put(world.caches.claims, objects.claim(count=2, phase="Bound", node="n1", uid="c-1"))
     world.put(world.caches.workloads, record_of("c-1"))
 
     assert world.reconcile() is None
@@ -99,7 +99,7 @@ def test_an_up_to_date_record_is_not_written(world: World) -> None:
 
 
 def test_a_record_whose_count_changed_is_rewritten(world: World) -> None:
-    world.put(world.caches.claims, objects.claim(count=3, phase="Bound", uid="c-1"))
+    world.put(world.caches.claims, objects.claim(count=3, phase="Bound", node="n1", uid="c-1"))
     world.put(world.caches.workloads, record_of("c-1", count=2))
 
     assert world.reconcile() is None
@@ -137,7 +137,7 @@ def test_a_claim_not_bound_without_a_record_writes_nothing(world: World) -> None
 def test_a_record_of_another_claim_of_that_name_is_left_to_garbage_collection(
     world: World,
 ) -> None:
-    world.put(world.caches.claims, objects.claim(count=2, phase="Bound", uid="c-2"))
+    world.put(world.caches.claims, objects.claim(count=2, phase="Bound", node="n1", uid="c-2"))
     world.put(world.caches.workloads, record_of("c-1"))
 
     result = world.reconcile()
@@ -154,7 +154,7 @@ def test_a_record_not_bound_of_another_claim_is_not_removed(world: World) -> Non
 
 
 def test_a_record_that_exists_behind_the_cache_is_looked_at_again(world: World) -> None:
-    world.put(world.caches.claims, objects.claim(phase="Bound", uid="c-1"))
+    world.put(world.caches.claims, objects.claim(phase="Bound", node="n1", uid="c-1"))
     world.api.add(Workload, record_of("c-1"))  # not delivered to the cache yet
 
     result = world.reconcile()

@@ -348,6 +348,27 @@ def test_holds_outlive_their_nodes_object_and_come_back_with_it() -> None:
     assert ledger.node_names() == ["n1"]
 
 
+def test_a_released_hold_is_counted_beside_the_claims_current_hold_until_dropped() -> None:
+    ledger = capacity.Ledger()
+    ledger.set_node(node("n1", {A: 4}))
+    ledger.set_node(node("n2", {A: 4}))
+    stored = claim("c", "n1", 2)
+    # A move to n2 not confirmed yet: the stored hold on n1 stays counted beside it.
+    assert ledger.set_claim(claim("c", "n2", 2), A) == {"n2"}
+    assert ledger.keep_released(stored, A) == {"n1"}
+    assert ledger.keep_released(stored, A) == set()
+    assert (ledger.free("n1", A), ledger.free("n2", A)) == (2, 2)
+    assert ledger.claim_keys() == frozenset({("ns", "c")})
+    # Confirmed: only the new hold counts.
+    assert ledger.drop_released(("ns", "c")) == {"n1"}
+    assert ledger.drop_released(("ns", "c")) == set()
+    assert (ledger.free("n1", A), ledger.free("n2", A)) == (4, 2)
+    # A claim deleted while its release is unconfirmed holds nothing anywhere.
+    ledger.keep_released(stored, A)
+    assert ledger.remove_claim(("ns", "c")) == {"n1", "n2"}
+    assert (ledger.free("n1", A), ledger.free("n2", A)) == (4, 4)
+
+
 def test_devices_are_the_gpunode_status_entries() -> None:
     ledger = capacity.Ledger()
     ledger.set_node(node("n1", {A: 4, KVM: 1000, B: 0}, {A: 5, KVM: 1000}))

@@ -62,6 +62,7 @@ def claim(
         namespace=namespace,
         class_name=class_name,
         phase=phase,
+        node="n1" if phase == "Bound" else None,
         deleting=deleting,
     )
 
@@ -216,7 +217,13 @@ NAMESPACES = {
         pytest.param([claim("a", "other")], set(), id="other-class"),
         pytest.param([{"metadata": {"namespace": "a"}}], set(), id="no-spec"),
         pytest.param(
-            [{"metadata": {}, "spec": {"className": "l40s"}, "status": {"phase": "Bound"}}],
+            [
+                {
+                    "metadata": {},
+                    "spec": {"className": "l40s"},
+                    "status": {"phase": "Bound", "nodeName": "n1"},
+                }
+            ],
             set(),
             id="no-namespace",
         ),

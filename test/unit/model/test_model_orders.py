@@ -60,7 +60,8 @@ def claim(
         meta["labels"] = {"gpu.cozystack.io/template-claim": "true"}
     obj: Obj = {"metadata": meta, "spec": {"className": class_name, "count": count}}
     if phase is not None:
-        obj["status"] = {"phase": phase}
+        # A Bound claim holds its units on a node (``claims.is_bound``).
+        obj["status"] = {"phase": phase, **({"nodeName": "n1"} if phase == "Bound" else {})}
     return obj
 
 

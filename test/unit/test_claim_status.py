@@ -11,9 +11,9 @@ import requests
 import structlog
 from prometheus_client import CollectorRegistry
 
-from controllers.claim_status import Announcement, ClaimStatus, Outcome
-from gpuoperator.inventory import Inventory
+from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime import errors
 from harness import objects
 from harness.offline import FakeApi, FakeRecorder
@@ -55,10 +55,10 @@ def fails_with(failure: BaseException) -> Scenario:
     return scenario
 
 
-def write(scenario: Scenario | None = None) -> tuple[Any, Inventory, FakeRecorder]:
+def write(scenario: Scenario | None = None) -> tuple[Any, Ledger, FakeRecorder]:
     api, events = FakeApi(), FakeRecorder()
     current = api.add(GPUClaim, objects.claim("hold", namespace="t", uid="u1", count=2))
-    inv = Inventory()
+    inv = Ledger()
     inv.apply_class(objects.gpuclass(resource=RESOURCE))
     inv.apply_node(objects.node("n1", {RESOURCE: 4}))
     inv.apply_claim(current)
@@ -74,7 +74,7 @@ def write(scenario: Scenario | None = None) -> tuple[Any, Inventory, FakeRecorde
     return (outcome, logs), inv, events
 
 
-def phase(inv: Inventory) -> Any:
+def phase(inv: Ledger) -> Any:
     return (inv.claim(KEY) or {}).get("status", {}).get("phase")
 
 

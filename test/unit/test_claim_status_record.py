@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import gpu_hours as gpuhoursmod
-from controllers.claim_status import ClaimStatus, Outcome
 from gpuoperator import names
-from gpuoperator.inventory import Inventory
+from gpuoperator.claim_status import ClaimStatus, Outcome
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
@@ -34,8 +34,8 @@ def claim(**status: Any) -> Obj:
     }
 
 
-def world() -> tuple[ClaimStore, Inventory, ClaimStatus]:
-    api, inventory = ClaimStore(), Inventory(clock=FakeClock())
+def world() -> tuple[ClaimStore, Ledger, ClaimStatus]:
+    api, inventory = ClaimStore(), Ledger(clock=FakeClock())
     inventory.apply_class(
         {
             "metadata": {"name": "a10"},

@@ -1,16 +1,20 @@
 """Writing a claim's status: the one write-back of every controller that decides where a
 claim is bound (the binder binds, loses and parks claims; placement moves them and records
-node refusals).
+node refusals; draining moves holds off cordoned nodes) and of GPU-hours' usage counts.
+The statuses written are the model's (:mod:`gpuoperator.model.claim_states`); this module
+only writes them and keeps the ledger's assumptions in step with each outcome. It is
+part of the core, below the controllers that share it.
 
 :meth:`ClaimStatus.write` does, in this order:
 
-1. **assume** the new state into the inventory (``Inventory.assume``), so the units it takes
-   are counted before the write leaves and no other decision gives them away meanwhile;
+1. **assume** the new state into the ledger (``Ledger.assume``, the assume cache of
+   :mod:`gpuoperator.assumptions`), so the units it takes are counted before the write
+   leaves and no other decision gives them away meanwhile;
 2. **write** it through the status subresource with the claim's resourceVersion as the
    precondition (through the fenced writer: a replica that stopped leading sends nothing);
 3. settle the assumption by the outcome:
 
-   * written: ``Inventory.confirm`` with the stored object;
+   * written: ``Ledger.confirm`` with the stored object;
    * 409: the server is asked whether the status it holds is this very write (the client
      retries a write whose first attempt may have landed, and the retry then meets its own
      result as a conflict). If so it counts as written; otherwise someone else changed the
@@ -40,8 +44,8 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuoperator import names
-from gpuoperator.inventory import Inventory
 from gpuoperator.kinds import GPUClaim
+from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims, conditions
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Obj
@@ -54,7 +58,6 @@ log = structlog.get_logger(__name__)
 #: Seconds an assumption whose write has an unknown outcome is kept (longer than the API
 #: server's own request timeout, 60 s by default, so a write still running there lands first).
 ASSUME_TTL: Final = 90.0
-BOUND: Final = claims.BOUND_CONDITION
 
 
 class Outcome(enum.Enum):
@@ -112,7 +115,7 @@ def signature(status: Mapping[str, Any] | None) -> tuple[Any, ...]:
     status, reason and message, and the refused nodes (a write of this module sets them
     all; another writer's status differs in at least one)."""
     status = status or {}
-    bound = conditions.find(status.get("conditions"), BOUND) or {}
+    bound = conditions.find(status.get("conditions"), claims.BOUND_CONDITION) or {}
     return (
         status.get("phase"),
         status.get("nodeName"),
@@ -134,18 +137,18 @@ def _unknown_outcome(exc: BaseException) -> bool:
 
 
 class ClaimStatus:
-    """Claim status writes with the inventory kept ahead of the watch (module docstring)."""
+    """Claim status writes with the ledger kept ahead of the watch (module docstring)."""
 
     def __init__(
         self,
         writer: Client,
-        inventory: Inventory,
+        ledger: Ledger,
         recorder: Recorder,
         *,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.writer = writer
-        self.inventory = inventory
+        self.ledger = ledger
         self.recorder = recorder
         self._metrics = _metrics(registry)
 
@@ -153,7 +156,7 @@ class ClaimStatus:
         """Step 1 alone: count ``claim`` with ``status`` now; returns the object to
         :meth:`send`. (A caller writing several claims at once assumes all first.)"""
         intended = {**claim, "status": status}
-        self.inventory.assume(intended)
+        self.ledger.assume(intended)
         return intended
 
     def write(self, claim: Obj, status: Obj, announce: Announcement | None = None) -> Written:
@@ -168,7 +171,7 @@ class ClaimStatus:
         except errors.ConflictError:
             landed = self._landed(intended)
             if landed.outcome is not Outcome.WRITTEN:
-                self.inventory.forget(key)
+                self.ledger.forget(key)
                 self._metrics.writes.labels(landed.outcome.value).inc()
                 log.debug(
                     "claim changed meanwhile; deciding again",
@@ -179,24 +182,24 @@ class ClaimStatus:
             assert landed.claim is not None
             stored = landed.claim
         except errors.NotFoundError:
-            self.inventory.forget(key)
+            self.ledger.forget(key)
             self._metrics.writes.labels(Outcome.GONE.value).inc()
             return Written(Outcome.GONE)
         except BaseException as exc:
             if _unknown_outcome(exc):
-                self.inventory.expire_after(key, ASSUME_TTL)
+                self.ledger.expire_after(key, ASSUME_TTL)
                 self._metrics.writes.labels("Unknown").inc()
             else:
-                self.inventory.forget(key)
+                self.ledger.forget(key)
                 self._metrics.writes.labels("Refused").inc()
             raise
-        self.inventory.confirm(stored)
+        self.ledger.confirm(stored)
         self._metrics.writes.labels(Outcome.WRITTEN.value).inc()
         self._announce(stored, announce)
         return Written(Outcome.WRITTEN, stored)
 
     def record(self, claim: Obj, status: Obj, announce: Announcement | None = None) -> Written:
-        """Write a status that changes nothing the inventory counts — the claim's phase and
+        """Write a status that changes nothing the ledger counts — the claim's phase and
         node stay as ``claim`` has them (GPU-hours, a report) — with ``claim``'s
         resourceVersion as the precondition, through the fenced writer, and **without**
         assuming it: it hands no units out, so it needs no decision lock, and it never
@@ -232,7 +235,7 @@ class ClaimStatus:
         except errors.NotFoundError:
             return Written(Outcome.GONE)
         except BaseException:
-            self.inventory.expire_after(key, ASSUME_TTL)
+            self.ledger.expire_after(key, ASSUME_TTL)
             raise
         same_object = (current.get("metadata") or {}).get("uid") == (
             intended.get("metadata") or {}

@@ -1,4 +1,4 @@
-"""The inventory's assumed claims: a local write-back is counted ahead of the watch and only
+"""The ledger's assumed claims: a local write-back is counted ahead of the watch and only
 a newer version from the watch supersedes it; older snapshots never roll a hold back; a
 refused write is forgotten and a write with an unknown outcome expires."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuoperator.inventory import Inventory
+from gpuoperator.ledger import Ledger
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.informing import Handlers
 from harness import objects
@@ -22,16 +22,16 @@ def claim(rv: int, phase: str | None = None, node_name: str = "n1", count: int =
     return objects.claim(namespace="t", rv=rv, count=count, phase=phase, node=node, status={})
 
 
-def free(inventory: Inventory, name: str = "n1") -> int:
+def free(inventory: Ledger, name: str = "n1") -> int:
     view = inventory.node(name)
     assert view is not None
     [entry] = view.classes
     return entry["free"]
 
 
-def world() -> tuple[Inventory, FakeClock]:
+def world() -> tuple[Ledger, FakeClock]:
     clock = FakeClock()
-    inventory = Inventory(clock=clock)
+    inventory = Ledger(clock=clock)
     inventory.apply_class(objects.gpuclass(resource=RESOURCE))
     inventory.apply_node(objects.node())
     inventory.apply_claim(claim(10))

@@ -1,40 +1,24 @@
-"""The live GPU inventory: the ledger and the class catalog, fed by the shared caches.
+"""The operator's live ledger of GPU units: the model's ledger (``capacity.Ledger``: holds,
+pod use, free units per node) and the class catalog (``catalog.Catalog``: figures per
+class), fed by the shared caches, with the claim states counted ahead of the watch.
 
-One lock guards both. Every event updates only the node(s) it touches (the Ledger and the
+(Not to be confused with the node-inventory controller, which publishes each node's figures
+as its GPUNode's status, nor with GPUNode itself.) One lock guards all of it.
+
+Every event updates only the node(s) it touches (the model's ledger and the
 Catalog are incremental) and then tells listeners which nodes and classes changed, so the
 node-inventory and class-status controllers reconcile exactly those. Webhooks and the
 binder read through the same object. ``gpuoperator status`` feeds it one-shot lists instead
 of informers.
 
-**Assumed claims** (as kube-scheduler's cache assumes a pod before its binding lands). A
-controller that writes a claim's status first *assumes* the new state (:meth:`assume`): the
-ledger counts it at once, so no other decision hands out the same units while the write is
-in flight, and readers of :meth:`claim` / :meth:`claims_of_class` see it instead of the
-cache's older copy (the next pass does not plan a claim bound a moment ago). Then:
-
-* the write landed: :meth:`confirm` with the stored object (its resourceVersion);
-* the write was refused (409 by someone else, 404, 4xx): :meth:`forget` — the ledger goes
-  back to the version the watch delivered;
-* the outcome is unknown (timeout, 5xx, connection cut): :meth:`expire_after` — the
-  assumption stays until the watch tells the truth or the deadline passes.
-
-An assumption only ever *adds* holds until its write is confirmed. While it is unconfirmed
-(in flight, or its outcome unknown), the stored version's hold is counted too when the
-assumed state releases or moves it (a node refusal unbinding a claim, a move): the stored
-claim still holds those units, and if the write never lands it keeps them, so they must not
-be handed out meanwhile. And no decision is taken on an unconfirmed state
-(:meth:`unconfirmed`): a write based on it would carry the precondition of the stored
-version, not of the assumed one, so a bind planned on an unconfirmed release could land
-straight on the old binding and move the claim without a stored version that released its
-first node.
-
-An assumption is superseded only by a *newer* version from the watch: one whose
-resourceVersion is above the version it was based on (in flight) or at least the version
-written (confirmed). Older versions — a relist served from a lagging cache, the event of a
-write before ours — never roll a recorded bind back. The same rule applies without an
-assumption: a claim never goes back to an older resourceVersion than the one counted.
-resourceVersions are compared as integers (etcd revisions); one that is not a number
-always counts as newer (the watch is then trusted, as before).
+**Assumed claims.** A claim state a controller is writing is counted before the write lands
+and until the watch delivers a newer version: the assume cache, :mod:`gpuoperator.assumptions`
+(its states and rules). This object keeps the ledger in step with it, under the same lock:
+:meth:`Ledger.assume`, :meth:`~Ledger.confirm`, :meth:`~Ledger.forget` and
+:meth:`~Ledger.expire_after` change an assumption and the holds it counts together, and
+the stored hold an unconfirmed assumption releases is kept as the ledger's *released* hold.
+A claim from the watch never goes back to an older resourceVersion than the one counted,
+with or without an assumption.
 """
 
 from __future__ import annotations
@@ -45,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuoperator import assumptions
 from gpuoperator.caches import Caches
 from gpuoperator.model import binding, capacity, catalog, eligibility, hostdevices
 from gpuoperator.model import claims as gpuclaims
@@ -58,37 +43,14 @@ from gpuoperator.runtime.versions import resource_version
 Obj = dict[str, Any]
 
 
-#: Appended to a claim's name for the ledger entry of the stored hold an unconfirmed
-#: assumption releases ("/" is never part of an object's name).
-_RELEASING = "/releasing"
-
-
 def changed_nodes(notice: Obj) -> list[Key]:
-    """The keys of the nodes an ``Inventory.changes`` notice names (a watch-list mapper)."""
+    """The keys of the nodes an ``Ledger.changes`` notice names (a watch-list mapper)."""
     return [("", n) for n in notice.get("nodes") or ()]
 
 
 def changed_classes(notice: Obj) -> list[Key]:
-    """The keys of the classes an ``Inventory.changes`` notice names."""
+    """The keys of the classes an ``Ledger.changes`` notice names."""
     return [("", c) for c in notice.get("classes") or ()]
-
-
-@dataclass
-class _Assumed:
-    """A claim state counted ahead of the watch. ``version`` is the resourceVersion it
-    rests on: the precondition while ``in_flight``, the stored version once confirmed.
-    ``expires`` (monotonic) is set when the write's outcome is unknown."""
-
-    claim: Obj
-    version: int | None
-    in_flight: bool
-    expires: float | None = None
-
-    def superseded_by(self, version: int | None) -> bool:
-        """Whether the watch's version ``version`` is newer than this assumption."""
-        if version is None or self.version is None:
-            return True
-        return version > self.version if self.in_flight else version >= self.version
 
 
 @dataclass(frozen=True)
@@ -102,7 +64,7 @@ class NodeView:
     overcommitted: dict[str, list[tuple[str, str]]]
 
 
-class Inventory:
+class Ledger:
     def __init__(self, *, clock: Clock = SYSTEM) -> None:
         self._clock = clock
         self._lock = threading.RLock()
@@ -114,8 +76,8 @@ class Inventory:
         self._claims_by_class: dict[str, dict[Key, Obj]] = {}
         #: claim key -> the class it is filed under in ``_claims_by_class``
         self._claim_class: dict[Key, str] = {}
-        #: claim key -> the state counted ahead of the watch (see the module docstring)
-        self._assumed: dict[Key, _Assumed] = {}
+        #: the claim states counted ahead of the watch (see the module docstring)
+        self._assumed = assumptions.Assumptions()
         self._permitted: frozenset[str] | None = None
         #: After each change, outside the lock: ``{"nodes": [...], "classes": [...]}``, the
         #: nodes and classes whose figures (or claims) changed. Controllers declare it in
@@ -129,7 +91,7 @@ class Inventory:
 
     # ---- wiring ---------------------------------------------------------------------
     def connect(self, caches: Caches) -> None:
-        """Feed this inventory from the shared informers (classes first, so claims find
+        """Feed this ledger from the shared informers (classes first, so claims find
         their class's resource)."""
         caches.classes.add_handlers(self._handlers(self.apply_class, self.delete_class))
         caches.nodes.add_handlers(self._handlers(self.apply_node, self.delete_node))
@@ -172,8 +134,7 @@ class Inventory:
         found: set[str] = set()
         for class_name, members in self._claims_by_class.items():
             for key, claim in members.items():
-                counted = self._assumed[key].claim if key in self._assumed else claim
-                if gpuclaims.is_bound(counted) and gpuclaims.node_name(counted) == node:
+                if gpuclaims.is_bound_to(self._assumed.counted(key, claim), node):
                     found.add(class_name)
                     break
         return found
@@ -198,12 +159,11 @@ class Inventory:
             if observed is not None and _older(version, resource_version(observed)):
                 return  # an older snapshot than the one counted: never go back
             self._store_observed(claim)
-            assumed = self._assumed.get(key)
-            if assumed is not None and not assumed.superseded_by(version):
+            if not self._assumed.superseded_by(key, version):
                 # The stored hold an unconfirmed assumption releases is this version's now.
-                changed = self._nodes_changed(self._count_releasing(key))
+                changed = self._nodes_changed(self._count_released(key))
             else:
-                self._assumed.pop(key, None)
+                self._assumed.forget(key)
                 changed = self._count(claim)
         self._notify(*changed)
 
@@ -211,8 +171,8 @@ class Inventory:
         key = key_of(claim)
         with self._lock:
             self._claims_by_class.get(self._claim_class.pop(key, ""), {}).pop(key, None)
-            self._assumed.pop(key, None)
-            nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+            self._assumed.forget(key)
+            nodes = self._ledger.remove_claim(key)
             changed = self._nodes_changed(nodes)
         self._notify(*changed)
 
@@ -230,7 +190,7 @@ class Inventory:
         the write's precondition) before the write lands. Follow with :meth:`confirm`,
         :meth:`forget` or :meth:`expire_after`."""
         with self._lock:
-            self._assumed[key_of(claim)] = _Assumed(claim, resource_version(claim), True)
+            self._assumed.assume(claim)
             changed = self._count(claim)
         self._notify(*changed)
 
@@ -243,14 +203,14 @@ class Inventory:
             observed = self._observed(key)
             if observed is None:
                 # Deleted meanwhile (its delete came before this reply): nothing to hold.
-                self._assumed.pop(key, None)
-                nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+                self._assumed.forget(key)
+                nodes = self._ledger.remove_claim(key)
                 changed = self._nodes_changed(nodes)
             elif not _older(resource_version(observed), version):
-                self._assumed.pop(key, None)  # the watch was quicker: it is the truth
+                self._assumed.forget(key)  # the watch was quicker: it is the truth
                 changed = self._count(observed)
             else:
-                self._assumed[key] = _Assumed(written, version, False)
+                self._assumed.confirm(written)
                 changed = self._count(written)
         self._notify(*changed)
 
@@ -264,17 +224,13 @@ class Inventory:
         """The write's outcome is unknown: keep the assumption until the watch supersedes
         it or ``seconds`` pass (then it is forgotten)."""
         with self._lock:
-            assumed = self._assumed.get(key)
-            if assumed is not None:
-                assumed.expires = self._clock.monotonic() + seconds
+            self._assumed.expire_at(key, self._clock.monotonic() + seconds)
 
     def expire(self) -> None:
         """Forget the assumptions whose deadline has passed (readers call this)."""
         now = self._clock.monotonic()
         with self._lock:
-            late = [
-                k for k, a in self._assumed.items() if a.expires is not None and a.expires <= now
-            ]
+            late = self._assumed.expired(now)
 
             nodes: set[str] = set()
             classes: set[str] = set()
@@ -287,8 +243,8 @@ class Inventory:
     def claim(self, key: Key) -> Obj | None:
         """The claim as counted: the assumed state, else the watch's."""
         with self._lock:
-            assumed = self._assumed.get(key)
-            return assumed.claim if assumed is not None else self._observed(key)
+            assumed = self._assumed.claim(key)
+            return assumed if assumed is not None else self._observed(key)
 
     def claims_of_class(self, class_name: str) -> list[Obj]:
         """The claims naming ``class_name`` as counted (assumed states included; an assumed
@@ -296,33 +252,40 @@ class Inventory:
         self.expire()
         with self._lock:
             members = self._claims_by_class.get(class_name, {})
-            return [
-                self._assumed[k].claim if k in self._assumed else claim
-                for k, claim in members.items()
-            ]
+            return [self._assumed.counted(k, claim) for k, claim in members.items()]
+
+    def settled_claims_of_class(self, class_name: str) -> tuple[list[Obj], bool]:
+        """The claims of ``class_name`` a decision may be taken on: as counted
+        (:meth:`claims_of_class`), leaving out those whose last write is unconfirmed (in
+        flight, or its outcome unknown; see :mod:`gpuoperator.assumptions`), and whether any
+        was left out. Such a state is not stored (yet): a write based on it would carry the
+        stored version's resourceVersion, so a bind planned on an unconfirmed unbinding (a
+        node refusal) could land on the old binding and move the claim without a stored
+        version releasing its first node. They are decided once the write is confirmed,
+        forgotten or superseded by the watch."""
+        counted = self.claims_of_class(class_name)
+        with self._lock:
+            settled = [c for c in counted if not self._assumed.unconfirmed(key_of(c))]
+        return settled, len(settled) < len(counted)
 
     def next_expiry(self, class_name: str) -> float | None:
         """Seconds until the first assumption of ``class_name``'s claims expires (``None``
         when none has a deadline): the caller looks again then."""
         now = self._clock.monotonic()
         with self._lock:
-            deadlines = [
-                a.expires
-                for k, a in self._assumed.items()
-                if a.expires is not None and self._claim_class.get(k) == class_name
-            ]
-        return max(0.0, min(deadlines) - now) if deadlines else None
+            first = self._assumed.next_deadline(lambda k: self._claim_class.get(k) == class_name)
+        return max(0.0, first - now) if first is not None else None
 
     def assumed_keys(self) -> set[Key]:
         with self._lock:
-            return set(self._assumed)
+            return self._assumed.keys()
 
     def _drop_assumption(self, key: Key) -> tuple[set[str], set[str]]:
-        if self._assumed.pop(key, None) is None:
+        if not self._assumed.forget(key):
             return set(), set()
         observed = self._observed(key)
         if observed is None:
-            nodes = self._ledger.remove_claim(key) | self._ledger.remove_claim(_releasing(key))
+            nodes = self._ledger.remove_claim(key)
             return self._nodes_changed(nodes)
         return self._count(observed)
 
@@ -340,40 +303,27 @@ class Inventory:
         """Put ``claim``'s hold into the ledger, with the stored hold it releases while
         that is unconfirmed (under the lock)."""
         nodes = self._ledger.set_claim(claim, self._resource(claim))
-        return self._nodes_changed(nodes | self._count_releasing(key_of(claim)))
+        return self._nodes_changed(nodes | self._count_released(key_of(claim)))
 
     def _resource(self, claim: Obj) -> str | None:
         cls = self._classes.get(str((claim.get("spec") or {}).get("className") or ""))
         return gpuclasses.resource_name(cls) if cls else None
 
-    def _count_releasing(self, key: Key) -> set[str]:
+    def _count_released(self, key: Key) -> set[str]:
         """Keep the stored version's hold counted while an unconfirmed assumption releases
         or moves it (see the module docstring); drop it otherwise. Returns the nodes whose
         figures changed."""
-        assumed = self._assumed.get(key)
         observed = self._observed(key)
-        if (
-            assumed is None
-            or not assumed.in_flight
-            or observed is None
-            or not gpuclaims.is_bound(observed)
-            or (
-                gpuclaims.is_bound(assumed.claim)
-                and gpuclaims.node_name(assumed.claim) == gpuclaims.node_name(observed)
-            )
-        ):
-            return self._ledger.remove_claim(_releasing(key))
-        meta = observed.get("metadata") or {}
-        held = {**observed, "metadata": {**meta, "name": _releasing(key)[1]}}
-        return self._ledger.set_claim(held, self._resource(observed))
+        if observed is None or not self._assumed.releases(key, observed):
+            return self._ledger.drop_released(key)
+        return self._ledger.keep_released(observed, self._resource(observed))
 
     def unconfirmed(self, key: Key) -> bool:
         """Whether the claim is counted in a state whose write is in flight or has an
         unknown outcome: decide nothing on it (a write based on it would rest on the
         stored version's resourceVersion, not on this state)."""
         with self._lock:
-            assumed = self._assumed.get(key)
-            return assumed is not None and assumed.in_flight
+            return self._assumed.unconfirmed(key)
 
     def apply_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
@@ -385,9 +335,9 @@ class Inventory:
             if old is None or gpuclasses.resource_name(old) != gpuclasses.resource_name(cls):
                 # Claims that arrived before their class now hold units of its resource.
                 for key, claim in self._claims_by_class.get(name, {}).items():
-                    counted = self._assumed[key].claim if key in self._assumed else claim
+                    counted = self._assumed.counted(key, claim)
                     nodes |= self._ledger.set_claim(counted, gpuclasses.resource_name(cls))
-                    nodes |= self._count_releasing(key)
+                    nodes |= self._count_released(key)
             changed = self._nodes_changed(nodes)
             # The class set changed: every node's GPUNode may list it (or its resource).
             everything = set(self._nodes) if old is None else nodes
@@ -401,7 +351,7 @@ class Inventory:
             nodes: set[str] = set()
             for key, claim in self._claims_by_class.get(name, {}).items():
                 nodes |= self._ledger.set_claim(claim, None)  # the class is gone: no hold
-                nodes |= self._count_releasing(key)
+                nodes |= self._count_released(key)
             changed = self._nodes_changed(nodes)
             everything = set(self._nodes)
         self._notify(everything, changed[1] | {name})
@@ -523,10 +473,6 @@ class Inventory:
             self.apply_pod(pod)
         for claim in claims:
             self.apply_claim(claim)
-
-
-def _releasing(key: Key) -> Key:
-    return (key[0], key[1] + _RELEASING)
 
 
 def _older(version: int | None, than: int | None) -> bool:

@@ -1,0 +1,263 @@
+"""A GPUClaim's status transitions, decided once: each function returns the whole status the
+claim takes, and the controllers only choose a transition and write what it returns (through
+the claim status write-back).
+
+What each transition sets (``Bound`` is the claim's ``Bound`` condition,
+:data:`claims.BOUND_CONDITION`; every field not named stays as it was):
+
+* :func:`bound` (a waiting claim gets a node): phase ``Bound``, ``nodeName`` the node,
+  ``boundTime`` now, ``Bound`` True with reason ``Bound``, ``observedGeneration`` the
+  claim's generation, ``usage`` the interval the hold opens; ``lostNode`` removed.
+* :func:`moved` (a Bound claim changes node): phase ``Bound``, ``nodeName`` the target,
+  ``boundTime`` now, ``Bound`` True with reason ``Moved``; ``lostNode`` removed, and the
+  conditions the caller names cleared.
+* :func:`refused` (a node refused the claim's set): the node joins ``refusedNodes``; a claim
+  bound to that very node is also unbound: phase ``Pending``, no ``nodeName`` nor
+  ``boundTime``, ``Bound`` False with the caller's reason.
+* :func:`lost` (a Bound claim's node is gone): phase ``Lost``, ``lostNode`` the node,
+  ``Bound`` False with reason ``NodeLost``; ``nodeName`` and ``boundTime`` kept until it
+  waits.
+* :func:`waiting` (the claim waits for a node, with a reason): ``Bound`` False with that
+  reason, ``observedGeneration`` the claim's generation; phase ``Pending`` (a claim already
+  ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName`` and ``boundTime`` and
+  keeps the node it lost in ``lostNode``.
+* :func:`counted` (GPU-hours): ``usage`` the figures given; nothing else changes (the
+  phase and node stay, so it is written without an assumption, ``ClaimStatus.record``).
+* :func:`flagged` and :func:`unflagged` (a condition beside ``Bound``, such as draining's
+  ``NodeCordoned``): that condition True with a reason, or gone; nothing else changes.
+
+**The lost node.** ``Lost`` is transient (its node is gone, it goes back to ``Pending`` in the
+binder's same pass). ``status.lostNode`` keeps the node a claim lost until it is bound again,
+and the ``Bound`` condition of a waiting claim that lost its node ends with
+":data:`LOST_NOTE`". Claims written before ``status.lostNode`` existed carry the node only in
+that note: :func:`lost_node` reads it from there when the field is absent.
+
+``is_bound`` is :func:`claims.is_bound` (the one definition). Every function is pure and
+idempotent: plain dicts in, new dicts out; the claim passed in is never changed.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from gpuoperator.model import binding, conditions, gpu_hours
+from gpuoperator.model import claims as gpuclaims
+
+Obj = dict[str, Any]
+
+#: Reasons on the ``Bound`` condition (and of the Events that tell them).
+BOUND: Final = "Bound"
+MOVED: Final = "Moved"
+NODE_LOST: Final = "NodeLost"
+#: The status field naming the node a claim lost, until it is bound again.
+LOST_NODE_FIELD: Final = "lostNode"
+#: Appended to the ``Bound`` condition's message of a waiting claim that lost its node.
+LOST_NOTE: Final = "; its node {node} is gone"
+
+_CONDITION: Final = gpuclaims.BOUND_CONDITION
+
+
+def _status(claim: Mapping[str, Any]) -> Obj:
+    found = claim.get("status")
+    return dict(found) if isinstance(found, Mapping) else {}
+
+
+def _generation(claim: Mapping[str, Any]) -> Any:
+    meta = claim.get("metadata")
+    return meta.get("generation") if isinstance(meta, Mapping) else None
+
+
+def _bound_condition(
+    claim: Mapping[str, Any],
+    status: Obj,
+    ok: bool,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+) -> list[Obj]:
+    return conditions.set_condition(
+        status.get("conditions"),
+        _CONDITION,
+        ok,
+        reason,
+        message,
+        now=now,
+        observed_generation=_generation(claim),
+    )
+
+
+def bound(
+    claim: Mapping[str, Any],
+    node: str,
+    now: datetime.datetime,
+    vmi: Mapping[str, Any] | None = None,
+) -> Obj:
+    """``claim`` bound to ``node`` at ``now``: ``Bound``, with ``boundTime``, the claim's
+    generation observed, no lost node any more, and the usage interval the hold opens
+    (``gpu_hours.transition``, ``vmi`` being the cached VM instance the claim serves): it is
+    recorded in the binding itself, so the GPU-hours controller finds nothing to write."""
+    status = _status(claim)
+    status.pop(LOST_NODE_FIELD, None)
+    status.update(
+        phase=gpuclaims.Phase.BOUND,
+        nodeName=node,
+        boundTime=conditions.stamp(now),
+        observedGeneration=_generation(claim),
+        conditions=_bound_condition(claim, status, True, BOUND, f"bound to node {node}", now),
+    )
+    change = gpu_hours.transition({**claim, "status": status}, vmi, now)
+    if change is not None:
+        status["usage"] = gpu_hours.to_status(change[1])
+    return status
+
+
+def moved(
+    claim: Mapping[str, Any],
+    target: str,
+    message: str,
+    now: datetime.datetime,
+    *,
+    clear: Iterable[str] = (),
+) -> Obj:
+    """``claim`` (Bound) moved to ``target`` at ``now``: the ``Bound`` condition says
+    ``Moved`` with ``message``; the conditions of the types in ``clear`` are removed."""
+    status = _status(claim)
+    status.pop(LOST_NODE_FIELD, None)
+    gone = set(clear)
+    kept = _bound_condition(claim, status, True, MOVED, message, now)
+    status.update(
+        phase=gpuclaims.Phase.BOUND,
+        nodeName=target,
+        boundTime=conditions.stamp(now),
+        conditions=[c for c in kept if c.get("type") not in gone],
+    )
+    return status
+
+
+def refused(
+    claim: Mapping[str, Any],
+    node: str,
+    until: datetime.datetime,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+) -> Obj:
+    """``node`` refused ``claim``'s set at ``now``: the node joins ``refusedNodes`` until
+    ``until`` (``binding.add_refusal``), and a claim bound to that node goes back to
+    ``Pending`` without node nor ``boundTime``, its ``Bound`` condition saying ``reason``
+    and ``message``."""
+    status = _status(claim)
+    status["refusedNodes"] = binding.add_refusal(status.get("refusedNodes"), node, until, now=now)
+    if gpuclaims.is_bound_to(claim, node):
+        status["phase"] = gpuclaims.Phase.PENDING
+        status.pop("nodeName", None)
+        status.pop("boundTime", None)
+        status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
+    return status
+
+
+def lost_message(node: str) -> str:
+    """The ``Bound`` condition's message of a claim whose node ``node`` is gone."""
+    return f"node {node} is gone; the claim will be bound again"
+
+
+def lost(claim: Mapping[str, Any], now: datetime.datetime) -> Obj:
+    """``claim`` (Bound) whose node is gone: ``Lost``, the node recorded in ``lostNode``."""
+    status = _status(claim)
+    node = gpuclaims.node_name(claim)
+    status["phase"] = gpuclaims.Phase.LOST
+    status[LOST_NODE_FIELD] = node
+    message = lost_message(node)
+    status["conditions"] = _bound_condition(claim, status, False, NODE_LOST, message, now)
+    return status
+
+
+def lost_node(claim: Mapping[str, Any]) -> str:
+    """The node a waiting claim lost (``""``: none): ``status.lostNode``, else the node
+    named by the lost-node note of its ``Bound`` condition (a status written before the
+    field existed), else, for a ``Lost`` claim, its ``nodeName``."""
+    status = _status(claim)
+    if status.get(LOST_NODE_FIELD):
+        return str(status[LOST_NODE_FIELD])
+    if gpuclaims.phase(claim) == gpuclaims.Phase.LOST:
+        return gpuclaims.node_name(claim)
+    current = conditions.find(status.get("conditions"), _CONDITION) or {}
+    message = str(current.get("message") or "")
+    head, tail = LOST_NOTE.split("{node}")
+    start = message.rfind(head)
+    if start < 0 or not message.endswith(tail):
+        return ""
+    return message[start + len(head) : len(message) - len(tail)]
+
+
+def waiting_message(claim: Mapping[str, Any], message: str) -> str:
+    """``message`` as the ``Bound`` condition of a waiting claim says it: with the lost-node
+    note while the claim has lost its node."""
+    node = lost_node(claim)
+    return message + LOST_NOTE.format(node=node) if node else message
+
+
+def waiting(
+    claim: Mapping[str, Any], reason: str, message: str, now: datetime.datetime
+) -> Obj | None:
+    """``claim`` waiting for a node for ``reason`` (``message`` says why): ``Pending``, its
+    ``Bound`` condition False with the reason and :func:`waiting_message`. A ``Lost`` claim
+    drops its node and ``boundTime`` and keeps the node it lost in ``lostNode``. ``None``
+    when the claim already says exactly this (nothing to write)."""
+    status = _status(claim)
+    current = conditions.find(status.get("conditions"), _CONDITION)
+    is_lost = gpuclaims.phase(claim) == gpuclaims.Phase.LOST
+    told = waiting_message(claim, message)
+    if (
+        not is_lost
+        and current
+        and (current.get("reason"), current.get("message")) == (reason, told)
+        and status.get("phase")
+    ):
+        return None
+    if is_lost:
+        status[LOST_NODE_FIELD] = lost_node(claim)
+        status.pop("nodeName", None)
+        status.pop("boundTime", None)
+    if is_lost or not status.get("phase"):
+        status["phase"] = gpuclaims.Phase.PENDING
+    status["observedGeneration"] = _generation(claim)
+    status["conditions"] = _bound_condition(claim, status, False, reason, told, now)
+    return status
+
+
+def flagged(
+    claim: Mapping[str, Any], type_: str, reason: str, message: str, now: datetime.datetime
+) -> Obj | None:
+    """``claim`` with its condition ``type_`` True for ``reason`` and ``message``; ``None``
+    when it says exactly that already (nothing to write)."""
+    status = _status(claim)
+    current = conditions.find(status.get("conditions"), type_)
+    if current and current.get("message") == message and current.get("status") == "True":
+        return None
+    status["conditions"] = conditions.set_condition(
+        status.get("conditions"),
+        type_,
+        True,
+        reason,
+        message,
+        now=now,
+        observed_generation=_generation(claim),
+    )
+    return status
+
+
+def unflagged(claim: Mapping[str, Any], type_: str) -> Obj:
+    """``claim`` without its condition ``type_``."""
+    status = _status(claim)
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != type_]
+    return status
+
+
+def counted(claim: Mapping[str, Any], usage: gpu_hours.Usage) -> Obj:
+    """``claim`` with ``usage`` as its ``status.usage`` (``gpu_hours.to_status``)."""
+    status = _status(claim)
+    status["usage"] = gpu_hours.to_status(usage)
+    return status

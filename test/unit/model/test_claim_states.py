@@ -1,0 +1,286 @@
+"""A claim's status transitions (``model.claim_states``): what each one sets and keeps, the
+lost node carried in ``status.lostNode`` (and read from the older message form), and the one
+``is_bound`` they rest on."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import pytest
+
+from gpuoperator.model import claim_states, claims, gpu_hours
+
+Obj = dict[str, Any]
+
+NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
+EARLIER = "2024-05-01T10:00:00Z"
+UNTIL = NOW + datetime.timedelta(minutes=10)
+
+
+def claim(status: Obj | None = None, generation: int = 3) -> Obj:
+    obj: Obj = {
+        "metadata": {"namespace": "t", "name": "hold", "generation": generation},
+        "spec": {"className": "a10", "count": 1},
+    }
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def bound_condition(status: Obj) -> Obj:
+    found = [c for c in status["conditions"] if c["type"] == "Bound"]
+    assert len(found) == 1
+    condition: Obj = found[0]
+    return condition
+
+
+def said(status: Obj) -> tuple[str, str, str]:
+    """What the ``Bound`` condition says: its status, reason and message."""
+    condition = bound_condition(status)
+    return (condition["status"], condition["reason"], condition["message"])
+
+
+def pending_saying(message: str) -> Obj:
+    """A Pending claim whose ``Bound`` condition says ``message`` (reason ``NoCapacity``)."""
+    return claim(
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "Bound",
+                    "status": "False",
+                    "reason": "NoCapacity",
+                    "message": message,
+                    "lastTransitionTime": EARLIER,
+                }
+            ],
+        }
+    )
+
+
+def bound_claim(node: str = "n1", **extra: Any) -> Obj:
+    return claim(
+        {
+            "phase": "Bound",
+            "nodeName": node,
+            "boundTime": EARLIER,
+            "conditions": [
+                {
+                    "type": "Bound",
+                    "status": "True",
+                    "reason": "Bound",
+                    "message": f"bound to node {node}",
+                    "lastTransitionTime": EARLIER,
+                }
+            ],
+            **extra,
+        }
+    )
+
+
+# ---- is_bound ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"phase": "Bound", "nodeName": "n1"}, True),
+        ({"phase": "Bound"}, False),  # no node: it holds nothing
+        ({"phase": "Lost", "nodeName": "n1"}, False),
+        ({"phase": "Pending"}, False),
+        (None, False),
+    ],
+)
+def test_a_claim_is_bound_only_with_phase_bound_and_a_node(
+    status: Obj | None, expected: bool
+) -> None:
+    assert claims.is_bound(claim(status)) is expected
+
+
+def test_bound_to_names_the_one_node_a_bound_claim_holds_units_on() -> None:
+    assert claims.is_bound_to(bound_claim("n1"), "n1")
+    assert not claims.is_bound_to(bound_claim("n1"), "n2")
+    assert not claims.is_bound_to(claim({"phase": "Lost", "nodeName": "n1"}), "n1")
+
+
+# ---- bound -------------------------------------------------------------------------------
+
+
+def test_binding_a_waiting_claim_sets_node_time_generation_and_a_true_condition() -> None:
+    waiting = claim({"phase": "Pending", "lostNode": "n0", "refusedNodes": [{"nodeName": "n9"}]})
+    before = copy.deepcopy(waiting)
+
+    status = claim_states.bound(waiting, "n1", NOW)
+
+    assert waiting == before  # the claim passed in is never changed
+    assert status["phase"] == "Bound"
+    assert status["nodeName"] == "n1"
+    assert status["boundTime"] == "2024-05-01T12:00:00Z"
+    assert status["observedGeneration"] == 3
+    assert "lostNode" not in status  # bound again: nothing lost any more
+    assert status["refusedNodes"] == [{"nodeName": "n9"}]  # kept as it was
+    assert said(status) == ("True", "Bound", "bound to node n1")
+    assert claims.is_bound_to({**waiting, "status": status}, "n1")
+
+
+def test_binding_opens_the_idle_usage_interval_of_a_claim_serving_no_vm() -> None:
+    status = claim_states.bound(claim({"phase": "Pending"}), "n1", NOW)
+
+    assert status["usage"]["state"] == "Idle"
+    assert status["usage"]["since"] == "2024-05-01T12:00:00Z"
+
+
+# ---- moved -------------------------------------------------------------------------------
+
+
+def test_a_move_rebinds_to_the_target_with_reason_moved_and_clears_named_conditions() -> None:
+    cordoned = {"type": "NodeCordoned", "status": "True", "reason": "CannotMove"}
+    other = {"type": "Other", "status": "True", "reason": "X"}
+    held = bound_claim("n1")
+    held["status"]["conditions"] += [cordoned, other]
+
+    status = claim_states.moved(held, "n2", "moved away", NOW, clear=("NodeCordoned",))
+
+    assert (status["phase"], status["nodeName"]) == ("Bound", "n2")
+    assert status["boundTime"] == "2024-05-01T12:00:00Z"
+    assert said(status) == ("True", "Moved", "moved away")
+    assert [c["type"] for c in status["conditions"]] == ["Bound", "Other"]
+    assert held["status"]["nodeName"] == "n1"
+
+
+# ---- refused -----------------------------------------------------------------------------
+
+
+def test_a_refusal_by_the_claims_own_node_unbinds_it_and_records_the_node() -> None:
+    status = claim_states.refused(bound_claim("n1"), "n1", UNTIL, "RefusedByNode", "no", NOW)
+
+    assert status["phase"] == "Pending"
+    assert "nodeName" not in status
+    assert "boundTime" not in status
+    assert status["refusedNodes"] == [{"nodeName": "n1", "until": "2024-05-01T12:10:00Z"}]
+    assert said(status) == ("False", "RefusedByNode", "no")
+
+
+def test_a_refusal_by_another_node_only_records_it() -> None:
+    held = bound_claim("n2")
+
+    status = claim_states.refused(held, "n1", UNTIL, "RefusedByNode", "no", NOW)
+
+    assert (status["phase"], status["nodeName"], status["boundTime"]) == ("Bound", "n2", EARLIER)
+    assert bound_condition(status)["reason"] == "Bound"
+    assert status["refusedNodes"] == [{"nodeName": "n1", "until": "2024-05-01T12:10:00Z"}]
+
+
+# ---- lost and waiting --------------------------------------------------------------------
+
+
+def test_a_claim_whose_node_is_gone_is_lost_and_records_the_node() -> None:
+    status = claim_states.lost(bound_claim("n1"), NOW)
+
+    assert status["phase"] == "Lost"
+    assert status["lostNode"] == "n1"
+    assert status["nodeName"] == "n1"  # kept until it waits
+    assert said(status) == ("False", "NodeLost", "node n1 is gone; the claim will be bound again")
+
+
+def test_a_lost_claim_waits_as_pending_without_its_node_and_says_which_it_lost() -> None:
+    lost = claim(claim_states.lost(bound_claim("n1"), NOW))
+
+    status = claim_states.waiting(lost, "NoCapacity", "no room", NOW)
+
+    assert status is not None
+    assert status["phase"] == "Pending"
+    assert "nodeName" not in status
+    assert "boundTime" not in status
+    assert status["lostNode"] == "n1"
+    assert status["observedGeneration"] == 3
+    assert said(status) == ("False", "NoCapacity", "no room; its node n1 is gone")
+
+
+def test_a_waiting_claim_keeps_the_lost_node_note_while_its_reason_changes() -> None:
+    lost = claim(claim_states.lost(bound_claim("n1"), NOW))
+    pending = claim(claim_states.waiting(lost, "NoCapacity", "no room", NOW))
+
+    status = claim_states.waiting(pending, "BudgetExceeded", "over budget", NOW)
+
+    assert status is not None
+    assert bound_condition(status)["message"] == "over budget; its node n1 is gone"
+    assert status["lostNode"] == "n1"
+
+
+def test_waiting_again_for_the_same_reason_writes_nothing() -> None:
+    lost = claim(claim_states.lost(bound_claim("n1"), NOW))
+    pending = claim(claim_states.waiting(lost, "NoCapacity", "no room", NOW))
+
+    assert claim_states.waiting(pending, "NoCapacity", "no room", NOW) is None
+
+
+def test_a_new_claim_waits_as_pending_with_no_lost_node() -> None:
+    status = claim_states.waiting(claim(), "Queued", "in line", NOW)
+
+    assert status is not None
+    assert status["phase"] == "Pending"
+    assert "lostNode" not in status
+    assert bound_condition(status)["message"] == "in line"
+
+
+def test_the_lost_node_of_a_claim_written_before_the_field_is_read_from_its_message() -> None:
+    older = pending_saying("no room; its node n7 is gone")
+
+    assert claim_states.lost_node(older) == "n7"
+    status = claim_states.waiting(older, "BudgetExceeded", "over budget", NOW)
+    assert status is not None
+    assert bound_condition(status)["message"] == "over budget; its node n7 is gone"
+    # Said exactly so already: nothing to write, as before the field existed.
+    assert claim_states.waiting(older, "NoCapacity", "no room", NOW) is None
+
+
+def test_a_message_that_only_mentions_a_gone_node_names_no_lost_node() -> None:
+    pending = pending_saying("n3: the node is gone")
+
+    assert claim_states.lost_node(pending) == ""
+
+
+# ---- flagged and unflagged ---------------------------------------------------------------
+
+
+def test_a_flag_is_set_true_once_and_removed_without_touching_the_binding() -> None:
+    held = bound_claim("n1")
+
+    status = claim_states.flagged(held, "NodeCordoned", "CannotMove", "stuck", NOW)
+
+    assert status is not None
+    assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
+    flag = [c for c in status["conditions"] if c["type"] == "NodeCordoned"]
+    assert [(c["status"], c["reason"], c["message"]) for c in flag] == [
+        ("True", "CannotMove", "stuck")
+    ]
+    flagged = claim(status)
+    assert claim_states.flagged(flagged, "NodeCordoned", "CannotMove", "stuck", NOW) is None
+    assert claim_states.flagged(flagged, "NodeCordoned", "CannotMove", "other", NOW) is not None
+
+    cleared = claim_states.unflagged(flagged, "NodeCordoned")
+    assert [c["type"] for c in cleared["conditions"]] == ["Bound"]
+    assert cleared["nodeName"] == "n1"
+
+
+# ---- counted -----------------------------------------------------------------------------
+
+
+def test_counting_usage_changes_only_the_usage() -> None:
+    held = bound_claim("n1", usage={"idleUnitSeconds": 1, "inUseUnitSeconds": 0})
+    usage = gpu_hours.Usage(idle=60, in_use=5, state=gpu_hours.State.IN_USE, since=NOW)
+
+    status = claim_states.counted(held, usage)
+
+    assert status["usage"] == {
+        "idleUnitSeconds": 60,
+        "inUseUnitSeconds": 5,
+        "state": "InUse",
+        "since": "2024-05-01T12:00:00Z",
+    }
+    assert {k: v for k, v in status.items() if k != "usage"} == {
+        k: v for k, v in held["status"].items() if k != "usage"
+    }
