@@ -95,9 +95,11 @@ chaos: venv binaries ## the full chaos suite: 2,000 orders, 50 VMs, leader kills
 
 ##@ Deploying
 
-image: ## build the operator's image (needs Docker)
-	@command -v docker >/dev/null || { echo "make image: docker is not installed" >&2; exit 1; }
-	docker build -t $(IMAGE) .
+# Docker where its daemon answers, else podman (buildah) with hack/image/containers.conf and,
+# unless BASE names one, a base made from Debian packages (hack/image/base.sh, cached under
+# $(GPUOP_CACHE)/image-base). Dependencies come from requirements/runtime.txt, hash-checked.
+image: ## build the operator's image (Docker, else podman with a base from Debian packages)
+	@hack/image/build.sh $(IMAGE)
 
 # Users' CI on kind (.github/workflows/e2e-kind.yaml runs exactly this): build the image,
 # create the kind cluster (kept for the next run; KIND_CLUSTER names it), load the image,
