@@ -19,6 +19,7 @@ import re
 import socket
 import ssl
 import subprocess
+import tomllib
 import urllib.parse
 import urllib.request
 import uuid
@@ -30,6 +31,7 @@ from typing import Any
 import pykube
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from gpuoperator import names
 from gpuoperator.runtime.kinds import Lease
@@ -40,6 +42,7 @@ from harness.webhooks import wait_injected
 from image.podman import PODMAN, podman
 from localcluster import deployment
 from localcluster.cluster import (
+    REPO,
     LocalCluster,
     kubectl_binary,
     register_webhooks,
@@ -186,53 +189,111 @@ class Replica:
     def exec(self, *argv: str) -> str:
         return podman("exec", self.name, *argv)
 
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise HopelessWaitError(f"the container exited:\n{self.log_text()[-3000:]}")
+        health = self.ports()["health"]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self) -> None:
+        wait_for(f"{self.name} to be ready on /readyz", self.ready, timeout=120)
+
+    def holds_the_lease(self, api: pykube.HTTPClient, namespace: str) -> bool:
+        lease = Lease.objects(api, namespace=namespace).get_or_none(name=names.LEADER_LEASE)
+        holder = str(((lease.obj.get("spec") or {}) if lease else {}).get("holderIdentity", ""))
+        # The default identity is the hostname (in a pod, its name) and a random suffix.
+        return holder.startswith(f"{self.name}_")
+
+    def diff(self) -> set[str]:
+        """What changed in the container's root filesystem layer (podman diff)."""
+        return set(podman("diff", self.name).splitlines())
+
+
+class Launcher:
+    """Starts containers of the image as the rendered Deployment's pod (see the module's
+    docstring); removes them all at the end."""
+
+    def __init__(
+        self, image: str, cluster: LocalCluster, rendered: deployment.Rendered, work: Path
+    ) -> None:
+        self.image = image
+        self.rendered = rendered
+        self.work = work
+        self.pod = rendered.deployment["spec"]["template"]["spec"]
+        self.grace = int(self.pod.get("terminationGracePeriodSeconds", 30))
+        self.image_user = podman("image", "inspect", "--format", "{{.Config.User}}", image)
+        self.host, self.port = service_account_files(cluster, rendered, work)
+        self.started: list[Replica] = []
+
+    def __call__(self, *, writable_root: bool = False, idle: bool = False) -> Replica:
+        """A replica; ``writable_root`` drops only --read-only (to see what it would write);
+        ``idle`` runs ``sleep`` instead of the operator, with the same flags and mounts."""
+        container = self.rendered.container
+        name = f"gpuoperator-{uuid.uuid4().hex[:6]}"
+        command, args = container_args(self.rendered, name)
+        if idle:
+            command, args = ["sleep"], ["600"]
+        env = {
+            **deployment.container_env(self.rendered, name),
+            "KUBERNETES_SERVICE_HOST": self.host,
+            "KUBERNETES_SERVICE_PORT": str(self.port),
+        }
+        security = security_flags(self.pod, container, self.image_user.strip())
+        if writable_root:
+            security = [f for f in security if not f.startswith("--read-only")]
+        flags = [
+            f"--name={name}",
+            f"--hostname={name}",
+            "--network=host",
+            "--rm",
+            *security,
+            *volume_flags(self.pod, container),
+            *resource_flags(container),
+            f"--volume={self.work / 'serviceaccount'}:{SA_DIR}:ro",
+            *[f"--env={k}={v}" for k, v in env.items()],
+            f"--entrypoint={json.dumps(command)}",
+        ]
+        log = self.work / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [str(PODMAN), "run", *flags, self.image, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        servers = set() if idle else deployment.servers(args)
+        replica = Replica(name, proc, log, self.grace, servers)
+        self.started.append(replica)
+        return replica
+
+    def remove_all(self) -> None:
+        for replica in self.started:
+            podman("rm", "--force", "--time=0", replica.name, check=False)
+            replica.proc.wait(30)
+
 
 @pytest.fixture(scope="module")
-def replica(
+def launch(
     image: str,
     cluster: LocalCluster,
     rendered: deployment.Rendered,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Replica]:
-    work = tmp_path_factory.mktemp("image")
-    pod = rendered.deployment["spec"]["template"]["spec"]
-    container = rendered.container
-    image_user = podman("image", "inspect", "--format", "{{.Config.User}}", image).strip()
-    name = f"gpuoperator-{uuid.uuid4().hex[:6]}"
-    command, args = container_args(rendered, name)
-    host, port = service_account_files(cluster, rendered, work)
-    env = {
-        **deployment.container_env(rendered, name),
-        "KUBERNETES_SERVICE_HOST": host,
-        "KUBERNETES_SERVICE_PORT": str(port),
-    }
-    flags = [
-        f"--name={name}",
-        f"--hostname={name}",
-        "--network=host",
-        "--rm",
-        *security_flags(pod, container, image_user),
-        *volume_flags(pod, container),
-        *resource_flags(container),
-        f"--volume={work / 'serviceaccount'}:{SA_DIR}:ro",
-        *[f"--env={k}={v}" for k, v in env.items()],
-        f"--entrypoint={json.dumps(command)}",
-    ]
-    log = work / "container.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(PODMAN), "run", *flags, image, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    grace = int(pod.get("terminationGracePeriodSeconds", 30))
-    r = Replica(name, proc, log, grace, deployment.servers(args))
+) -> Iterator[Launcher]:
+    launcher = Launcher(image, cluster, rendered, tmp_path_factory.mktemp("image"))
     try:
-        yield r
+        yield launcher
     finally:
-        podman("rm", "--force", "--time=0", name, check=False)
-        proc.wait(30)
+        launcher.remove_all()
+
+
+@pytest.fixture(scope="module")
+def replica(launch: Launcher) -> Replica:
+    """The replica the tests below share, in order (the last one stops it)."""
+    return launch()
 
 
 # ---- the tests ------------------------------------------------------------------------------
@@ -277,33 +338,17 @@ def test_the_process_runs_as_the_manifest_says(replica: Replica) -> None:
 def test_it_becomes_ready_with_the_in_cluster_configuration(
     replica: Replica, cluster: LocalCluster, rendered: deployment.Rendered
 ) -> None:
+    replica.wait_ready()
     health = replica.ports()["health"]
-
-    def ready() -> bool:
-        if replica.proc.poll() is not None:
-            raise HopelessWaitError(f"the container exited:\n{replica.log_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    wait_for("the container to be ready on /readyz", ready, timeout=120)
     with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as r:
         assert r.status == 200
     # It leads (the only replica), under the identity a pod has: its hostname, the pod's name.
     api = kube.client(cluster.kubeconfig)
-    lease = wait_for(
-        "the container to hold the leader Lease",
-        lambda: Lease.objects(api, namespace=rendered.namespace).get_or_none(
-            name=names.LEADER_LEASE
-        ),
-        until=lambda lease: str((lease.obj.get("spec") or {}).get("holderIdentity", "")).startswith(
-            f"{replica.name}_"
-        ),
+    wait_for(
+        f"{replica.name} to hold the leader Lease",
+        lambda: replica.holds_the_lease(api, rendered.namespace),
         timeout=60,
     )
-    assert lease is not None
 
 
 def test_its_webhooks_answer_the_api_server_over_tls(
@@ -312,6 +357,7 @@ def test_its_webhooks_answer_the_api_server_over_tls(
     api = kube.client(cluster.kubeconfig)
     port = replica.ports()["webhooks"]
     configs = register_webhooks(cluster.kubeconfig, rendered, port)
+    ns = pykube.Namespace(api, {"metadata": {"name": f"image-{uuid.uuid4().hex[:6]}"}})
     try:
         # What harness.webhooks reads of a deployment: its rendering and namespace (no replica
         # of the suite's own runs here, so no token kubeconfig either).
@@ -326,17 +372,16 @@ def test_its_webhooks_answer_the_api_server_over_tls(
             ctx.wrap_socket(raw, server_hostname=server_name) as tls,
         ):
             assert tls.version() is not None
-        ns = f"image-{uuid.uuid4().hex[:6]}"
-        pykube.Namespace(api, {"metadata": {"name": ns}}).create()
+        ns.create()
         doc = {
             "apiVersion": names.API_VERSION,
             "kind": names.GPU_CLAIM,
-            "metadata": {"name": "probe", "namespace": ns},
+            "metadata": {"name": "probe", "namespace": ns.name},
             "spec": {"className": "no-such-class", "count": 1},
         }
         r = api.post(
             version=names.API_VERSION,
-            namespace=ns,
+            namespace=ns.name,
             url=names.GPU_CLAIMS,
             params={"dryRun": "All"},
             data=json.dumps(doc),
@@ -347,14 +392,15 @@ def test_its_webhooks_answer_the_api_server_over_tls(
         assert "class no-such-class does not exist" in message
     finally:
         unregister_webhooks(cluster.kubeconfig, rendered)
+        if ns.exists():
+            ns.delete()
 
 
-def test_it_wrote_nothing_outside_tmp_and_stops_within_its_grace_period(
+def test_a_write_outside_tmp_fails_and_it_stops_within_its_grace_period(
     replica: Replica, cluster: LocalCluster, rendered: deployment.Rendered
 ) -> None:
     replica.ports()
-    # The root is read-only, so a write elsewhere would have failed the operator; what it
-    # did write is under /tmp, the emptyDir.
+    # The root is read-only: a write elsewhere fails (the next test shows none is tried).
     probe = podman(
         "exec",
         replica.name,
@@ -381,3 +427,48 @@ def _webhook_service(rendered: deployment.Rendered) -> str:
     args = rendered.container.get("args") or []
     flag = next(a for a in args if a.startswith("--webhook-service="))
     return str(flag).partition("=")[2]
+
+
+def test_with_a_writable_root_it_still_writes_nothing_outside_tmp(
+    launch: Launcher, cluster: LocalCluster, rendered: deployment.Rendered
+) -> None:
+    """The read-only root would make a write elsewhere fail, but a failure the operator
+    swallowed would go unseen: so once more with a writable root layer, leading and ready,
+    its changes to that layer must be none beyond what podman itself makes for the mounts
+    (those of an idle container with the same flags)."""
+    api = kube.client(cluster.kubeconfig)
+    idle = launch(writable_root=True, idle=True)
+    op = launch(writable_root=True)
+    op.wait_ready()
+    wait_for(
+        f"{op.name} to hold the leader Lease",
+        lambda: op.holds_the_lease(api, rendered.namespace),
+        timeout=60,
+    )
+    wait_for("the idle container to run", lambda: idle.diff() or None, timeout=30)
+    assert op.diff() - idle.diff() == set()
+    podman("stop", f"--time={op.grace}", op.name, timeout=op.grace + 30)
+    assert op.proc.wait(30) == 0, op.log_text()[-3000:]
+
+
+def test_the_image_holds_exactly_the_locked_wheels(image: str) -> None:
+    """The venv's distributions are requirements/runtime.txt's pins and gpuoperator, no
+    more (pip and setuptools were removed), no other version."""
+    listed = podman(
+        "run",
+        "--rm",
+        "--network=none",
+        '--entrypoint=["python3"]',
+        image,
+        "-c",
+        "import importlib.metadata as m, json\n"
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
+    )
+    found: dict[str, str] = {canonicalize_name(k): v for k, v in json.loads(listed).items()}
+    lock = (REPO / "requirements" / "runtime.txt").read_text()
+    pinned: dict[str, str] = {
+        canonicalize_name(name): version
+        for name, version in re.findall(r"(?m)^([A-Za-z0-9_.-]+)==(\S+) ", lock)
+    }
+    version: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert found == {**pinned, "gpuoperator": version}
