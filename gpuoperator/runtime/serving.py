@@ -50,7 +50,9 @@ A connection's life, with the :class:`Limits` that bound it:
 5. the whole request waits for its handler in a queue of at most ``max_queued`` requests,
    served round-robin by source address (one request of each waiting source in turn), so
    a request waits for one request of each other source, not for everything one source
-   sent. When the queue is full, the newest request of the source with the most waiting
+   sent; the request of a source with none waiting and none served in the current round
+   goes first, so a source sending a request at a time (the API server, as a rule) waits
+   for none. When the queue is full, the newest request of the source with the most waiting
    (the new one when its source has as many) is answered 429 with ``Retry-After``
    (client-go's REST client, which the API server calls webhooks with, retries such an
    answer), held ``throttle_hold`` before it is sent so that a client ignoring it costs
@@ -360,6 +362,13 @@ class _FairQueue:
     address (one request of each source with requests waiting, in turn), so however many
     requests one source queues, another's waits for one request of each source only.
 
+    A source with no request waiting and none served in the current round is *new*: its
+    request is served before the round goes on (new sources in their order of arrival),
+    then the source joins the end of the round. So a source that sends a request at a
+    time (the API server's, as a rule) waits for no other source's requests, and gains
+    that at most once per round: a source queueing many, or sending one again as soon as
+    one is answered, is served in the round like the others.
+
     When it is full, the request refused is the newest of the source with the most
     requests waiting (the arriving one when its source has as many): a flood refuses
     its own requests, never those of a source that queues fewer.
@@ -368,55 +377,73 @@ class _FairQueue:
     def __init__(self, name: str, capacity: int) -> None:
         self.name = name
         self.capacity = capacity
-        #: Waiting requests per source; the dict's order is the round-robin turn.
-        self._by_source: dict[str, collections.deque[_Job]] = {}
+        #: The new sources' waiting requests (never empty), in order of arrival.
+        self._new: dict[str, collections.deque[_Job]] = {}
+        #: The other sources' waiting requests; the dict's order is the round-robin turn. A
+        #: source served stays here until its turn comes round, maybe with none waiting.
+        self._old: dict[str, collections.deque[_Job]] = {}
         self._size = 0
         self._ready = asyncio.Event()
 
     def __len__(self) -> int:
         return self._size
 
+    def _queue(self, source: str) -> collections.deque[_Job] | None:
+        queue = self._new.get(source)
+        return self._old.get(source) if queue is None else queue
+
     def waiting(self, source: str) -> int:
-        return len(self._by_source.get(source, ()))
+        queue = self._queue(source)
+        return 0 if queue is None else len(queue)
 
     def push(self, job: _Job) -> _Job | None:
         """Queue ``job``; return the job refused to make room (maybe ``job``), or None."""
         refused: _Job | None = None
         if self._size >= self.capacity:
-            heaviest = max(self._by_source.values(), key=len)
+            heaviest = max((*self._new.values(), *self._old.values()), key=len)
             if self.waiting(job.source) >= len(heaviest):
                 return job
             refused = heaviest.pop()
             self._size -= 1
             if not heaviest:
-                del self._by_source[refused.source]
-        self._by_source.setdefault(job.source, collections.deque()).append(job)
+                self._new.pop(refused.source, None)
+        queue = self._queue(job.source)
+        if queue is None:
+            queue = self._new[job.source] = collections.deque()
+        queue.append(job)
         self._size += 1
         self._ready.set()
         return refused
 
     def discard(self, job: _Job) -> None:
         """Forget ``job`` (its connection stopped waiting for it)."""
-        queue = self._by_source.get(job.source)
+        queue = self._queue(job.source)
         if queue is None:
             return
         with contextlib.suppress(ValueError):
             queue.remove(job)
             self._size -= 1
         if not queue:
-            del self._by_source[job.source]
+            self._new.pop(job.source, None)
 
     async def get(self) -> _Job:
-        """The next job in round-robin order, waiting for one."""
-        while not self._by_source:
+        """The next job: a new source's, else the next in round-robin order; waits for one."""
+        while not self._size:
+            self._old.clear()  # every source's turn has come: all are new again
             self._ready.clear()
             await self._ready.wait()
-        source = next(iter(self._by_source))
-        queue = self._by_source.pop(source)
+        if self._new:
+            source = next(iter(self._new))
+            queue = self._new.pop(source)
+        else:
+            while True:  # a source with none waiting when its turn comes leaves the round
+                source = next(iter(self._old))
+                queue = self._old.pop(source)
+                if queue:
+                    break
         job = queue.popleft()
         self._size -= 1
-        if queue:
-            self._by_source[source] = queue  # to the end of the turn
+        self._old[source] = queue  # to the end of the round
         return job
 
 

@@ -3,6 +3,7 @@ in place): new connections get the new certificate, without a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import ssl
@@ -308,7 +309,7 @@ def test_a_full_handler_queue_answers_429_to_the_source_with_most_waiting() -> N
         server.stop()
 
 
-def test_waiting_requests_are_served_round_robin_by_source() -> None:
+def test_waiting_requests_are_served_round_robin_by_source_a_new_source_first() -> None:
     gate = Gate()
     registry = CollectorRegistry()
     server = serving.Server(
@@ -337,8 +338,9 @@ def test_waiting_requests_are_served_round_robin_by_source() -> None:
         gate.release.set()
         for sock in socks:
             assert answer_of(sock).startswith(b"HTTP/1.1 200")
-        # First come first served would answer b1 last, after every request of a.
-        assert gate.order == ["a1", "a2", "b1", "a3", "a4"]
+        # First come first served would answer b1 last, after every request of a; b, a
+        # source with none waiting, goes before a's round.
+        assert gate.order == ["a1", "b1", "a2", "a3", "a4"]
     finally:
         gate.release.set()
         for sock in socks:
@@ -580,3 +582,28 @@ def test_a_client_ca_file_that_holds_no_certificate_is_a_clear_startup_error(
         servercerts.ClientCA(tmp_path / "ca.crt")
     with pytest.raises(FileNotFoundError):
         servercerts.ClientCA(tmp_path / "missing.crt")
+
+
+def test_a_new_source_goes_first_once_per_round_not_every_time_it_is_answered() -> None:
+    async def order() -> list[str]:
+        lane = serving._FairQueue("test", 10)
+        loop = asyncio.get_running_loop()
+
+        def push(source: str, name: str) -> None:
+            request = serving.Request("GET", "/", headers={"x-who": name})
+            assert lane.push(serving._Job(source, request, loop.create_future())) is None
+
+        async def next_one() -> str:
+            return (await lane.get()).request.headers["x-who"]
+
+        served = []
+        for name in ("a1", "a2", "a3"):
+            push("a", name)
+        served.append(await next_one())
+        push("b", "b1")  # new: before a's round goes on
+        served.append(await next_one())
+        push("b", "b2")  # b was just served: it waits for its turn in the round
+        served += [await next_one() for _ in range(3)]
+        return served
+
+    assert asyncio.run(order()) == ["a1", "b1", "a2", "b2", "a3"]
