@@ -71,6 +71,16 @@ A connection's life, with the :class:`Limits` that bound it:
 6. the answer is written within ``write_timeout`` (a peer that does not read is dropped);
    after ``max_requests`` requests the connection is closed (``Connection: close``).
 
+Across phases 2 to 6 a connection holds one of its source's ``max_active_per_source``
+*turns* while it handshakes (from the peer's first byte) and while it has a request in
+progress (from the request's first byte to its answer written); the source's other
+connections wait for a turn, first come first served, their bytes not parsed
+(:class:`_Turns`). A request whose turn has not come by the end of its head's deadline is
+answered 429 with ``Retry-After`` and its connection closed (it was not read). So however
+many connections one address holds, at most that many of its handshakes and requests are
+before the event loop at a time, and every other source's steps wait behind that many of
+its steps, not behind all of them; a connection that sends nothing holds no turn.
+
 A deadline that expires closes the connection (with a 408 when part of a request had
 arrived); a request h11 cannot parse is a 400 (431 for oversized heads) naming the problem.
 
@@ -102,7 +112,7 @@ import ssl
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -214,6 +224,9 @@ class Limits:
     max_buffered_bytes: int = 32 * 1024 * 1024
     max_connections: int = 1024
     max_connections_per_source: int = 128
+    #: Connections of one source handshaking or with a request in progress at once (the
+    #: others wait their turn, unparsed; see :class:`_Turns`).
+    max_active_per_source: int = 8
     max_requests: int = 1000
     workers: int = 4
     #: Complete requests waiting for a handler, per queue (the event loop's, the pool's).
@@ -243,6 +256,7 @@ class Limits:
             "max_buffered_bytes",
             "max_connections",
             "max_connections_per_source",
+            "max_active_per_source",
             "max_requests",
             "workers",
             "max_queued",
@@ -277,6 +291,7 @@ class _Metrics:
     dropped: PromCounter
     throttled: PromCounter
     queued: Gauge
+    waited: PromCounter
 
 
 @per_registry
@@ -311,6 +326,13 @@ def _metrics(registry: CollectorRegistry) -> _Metrics:
             "gpuoperator_http_queued_requests",
             "Complete requests waiting for a handler, by queue",
             ["server", "queue"],
+            registry=registry,
+        ),
+        waited=PromCounter(
+            "gpuoperator_http_source_turn_waits_total",
+            "Handshakes and requests that waited for a turn of their source (as many of its "
+            "connections were handshaking or being answered as it may have), by phase",
+            ["server", "phase"],
             registry=registry,
         ),
     )
@@ -447,6 +469,61 @@ class _FairQueue:
         return job
 
 
+class _Turns:
+    """The turns of one source address: at most ``limit`` of its connections handshake or
+    have a request in progress at once (from the request's first byte to its answer
+    written); the others wait, first come first served, their requests not yet parsed.
+
+    A flood from one address therefore puts at most ``limit`` requests at a time before
+    the event loop, however many connections it holds: every other source's handshake,
+    request and answer waits behind that many of the flood's steps, not behind all of
+    them. Invariant: ``active <= limit``; a waiter is granted its turn (``active`` counted
+    for it) before it is woken, so a waiter cancelled after its grant gives the turn back.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def idle(self) -> bool:
+        return not self.active and not self._waiters
+
+    def free(self) -> bool:
+        """A turn is free now (``acquire`` will not wait)."""
+        return self.active < self.limit and not self._waiters
+
+    async def acquire(self) -> None:
+        """Take a turn, waiting for one; the caller must ``release`` it."""
+        if self.free():
+            self.active += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted, then cancelled before it ran: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        """Give a turn back: to the oldest waiter, or to the pool."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the turn passes on: ``active`` stays
+                return
+        self.active -= 1
+
+
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -524,6 +601,10 @@ class Server:
         self._crowding: set[str] = set()
         #: When each source was last logged for a refused client certificate.
         self._uncertified: dict[str, float] = {}
+        #: The turns of each source with connections (see :class:`_Turns`).
+        self._turns: dict[str, _Turns] = {}
+        #: When each source was last logged for waiting for its turns.
+        self._busy: dict[str, float] = {}
         self._log = log.bind(server=name)
 
     @property
@@ -707,6 +788,9 @@ class Server:
         if not pool:
             self._by_source.pop(state.source, None)
             self._crowding.discard(state.source)
+            turns = self._turns.get(state.source)
+            if turns is not None and turns.idle():
+                del self._turns[state.source]
         self._metrics.open.labels(self.name).dec()
         if state.source in self._limited and (
             len(pool) < self.limits.max_connections_per_source // 2
@@ -790,12 +874,13 @@ class Server:
         try:
             async with asyncio.timeout_at(deadline):
                 await _readable(loop, conn)
-                transport, _ = await loop.connect_accepted_socket(
-                    lambda: protocol,
-                    conn,
-                    ssl=self.certificates.context(),
-                    ssl_handshake_timeout=max(0.001, deadline - loop.time()),
-                )
+                async with self._turn(peer, "handshake"):
+                    transport, _ = await loop.connect_accepted_socket(
+                        lambda: protocol,
+                        conn,
+                        ssl=self.certificates.context(),
+                        ssl_handshake_timeout=max(0.001, deadline - loop.time()),
+                    )
         except TimeoutError:
             raise _DropError("HandshakeTimeout") from None
         except ssl.SSLError as exc:
@@ -808,6 +893,66 @@ class Server:
         except OSError as exc:
             raise _DropError("HandshakeFailed") from exc
         return transport
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self, source: str, phase: str, deadline: float | None = None
+    ) -> AsyncIterator[None]:
+        """One of ``source``'s turns for ``phase`` (``handshake`` or ``request``), waited for
+        until ``deadline`` (the caller's own deadline bounds it when None). A request whose
+        turn does not come by then is answered 429 and its connection closed: its source's
+        own requests hold every turn, and this one was not read."""
+        turns = self._turns.get(source)
+        if turns is None:
+            turns = self._turns[source] = _Turns(self.limits.max_active_per_source)
+        if turns.free():
+            await turns.acquire()
+        else:
+            self._metrics.waited.labels(self.name, phase).inc()
+            self._note_busy(source, turns)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await turns.acquire()
+            except TimeoutError:
+                if deadline is None:
+                    raise
+                raise _DropError("SourceBusy", self._source_busy(source)) from None
+        try:
+            yield
+        finally:
+            turns.release()
+            if turns.idle() and source not in self._by_source:
+                self._turns.pop(source, None)
+
+    def _source_busy(self, source: str) -> Response:
+        limits = self.limits
+        return Response(
+            429,
+            (
+                f"too many requests of {echo.clip(source, 64)} are in progress at once (the "
+                f"limit is {limits.max_active_per_source} per source address); retry after "
+                f"{limits.retry_after}s\n"
+            ).encode(),
+            headers=(("Retry-After", str(limits.retry_after)),),
+        )
+
+    def _note_busy(self, source: str, turns: _Turns) -> None:
+        """One info line per source and minute whose handshakes or requests wait for its
+        turns (the metric counts each)."""
+        now = time.monotonic()
+        if now - self._busy.get(source, -60.0) < 60.0:
+            return
+        if len(self._busy) > 1024:
+            self._busy = {p: t for p, t in self._busy.items() if now - t < 60.0}
+        self._busy[source] = now
+        self._log.info(
+            "source has as many connections handshaking or being answered as it may; its "
+            "other connections wait their turn",
+            peer=source,
+            limit=turns.limit,
+            waiting=turns.waiting + 1,
+            reason="SourceBusy",
+        )
 
     def _note_uncertified(self, peer: str, why: str) -> None:
         """One info line per source and minute for handshakes refused for want of a valid
@@ -833,46 +978,67 @@ class Server:
         loop = asyncio.get_running_loop()
         served = 0
         while True:
-            head_deadline = loop.time() + limits.header_timeout
+            # The next request's first byte: within ``header_timeout`` of the handshake for
+            # the first request, ``idle_timeout`` between requests. Only then does the
+            # request take one of its source's turns, so a connection that sends nothing
+            # holds none.
+            start = loop.time()
+            if not conn.trailing_data[0]:
+                timeout = limits.idle_timeout if served else limits.header_timeout
+                try:
+                    async with asyncio.timeout(timeout):
+                        data = await reader.read(65536)
+                except TimeoutError:
+                    raise _DropError("IdleTimeout" if served else "HeaderTimeout") from None
+                if not data:
+                    return
+                conn.receive_data(data)
             if served:
-                # Between requests: idle until the next request's first byte.
-                if not conn.trailing_data[0]:
-                    try:
-                        async with asyncio.timeout(limits.idle_timeout):
-                            data = await reader.read(65536)
-                    except TimeoutError:
-                        raise _DropError("IdleTimeout") from None
-                    if not data:
-                        return
-                    conn.receive_data(data)
-                head_deadline = loop.time() + limits.header_timeout
-            request = await self._read_head(conn, reader, head_deadline, seen_bytes=served > 0)
-            if request is None:
-                return
-            limit = self.body_limits.get(_path_of(request), limits.max_body)
-            declared = self._declared_length(request, limit)
-            # A body's bytes beyond ``small_body`` count against the memory budget until its
-            # answer is ready.
-            held = _Held()
-            try:
-                body = await self._read_body(
-                    conn, reader, loop.time() + limits.body_timeout, held, declared, limit
-                )
-                served += 1
-                state.busy = True
-                response = await self._answer(request, body, state.source, loop)
-                del body
-            finally:
-                await self._release(held.taken)
-            keep = served < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
-            await self._send(conn, writer, response, close=not keep)
-            state.busy = False
-            if conn.our_state is h11.MUST_CLOSE or not keep:
-                return
+                start = loop.time()
+            head_deadline = start + limits.header_timeout
+            async with self._turn(state.source, "request", head_deadline):
+                if not await self._exchange(conn, reader, writer, state, head_deadline, served):
+                    return
+            served += 1
             try:
                 conn.start_next_cycle()
             except h11.LocalProtocolError:
                 return
+
+    async def _exchange(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        state: _Conn,
+        head_deadline: float,
+        served: int,
+    ) -> bool:
+        """One request read, answered and its answer written; False when the connection
+        ends with it (or before it)."""
+        limits = self.limits
+        loop = asyncio.get_running_loop()
+        request = await self._read_head(conn, reader, head_deadline, seen_bytes=True)
+        if request is None:
+            return False
+        limit = self.body_limits.get(_path_of(request), limits.max_body)
+        declared = self._declared_length(request, limit)
+        # A body's bytes beyond ``small_body`` count against the memory budget until its
+        # answer is ready.
+        held = _Held()
+        try:
+            body = await self._read_body(
+                conn, reader, loop.time() + limits.body_timeout, held, declared, limit
+            )
+            state.busy = True
+            response = await self._answer(request, body, state.source, loop)
+            del body
+        finally:
+            await self._release(held.taken)
+        keep = served + 1 < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
+        await self._send(conn, writer, response, close=not keep)
+        state.busy = False
+        return conn.our_state is not h11.MUST_CLOSE and keep
 
     async def _read_head(
         self,
@@ -1227,7 +1393,9 @@ def _raw_answer(response: Response) -> bytes:
     head = (
         f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}\r\n"
         f"Content-Type: {response.content_type}\r\n"
-        f"Content-Length: {len(response.body)}\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(response.body)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in response.headers)
+        + "Connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + response.body
 

@@ -607,3 +607,69 @@ def test_a_new_source_goes_first_once_per_round_not_every_time_it_is_answered() 
         return served
 
     assert asyncio.run(order()) == ["a1", "b1", "a2", "b2", "a3"]
+
+
+def turn_waits(registry: CollectorRegistry, phase: str = "request") -> float:
+    value = registry.get_sample_value(
+        "gpuoperator_http_source_turn_waits_total", {"server": "test", "phase": phase}
+    )
+    return value or 0.0
+
+
+def test_a_source_with_its_turns_taken_waits_and_past_its_heads_deadline_is_a_429() -> None:
+    gate = Gate()
+    registry = CollectorRegistry()
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/slow": gate}),
+        limits=serving.Limits(workers=2, max_active_per_source=1, header_timeout=0.5),
+        registry=registry,
+    )
+    server.start()
+    socks: list[socket.socket] = []
+    try:
+        socks.append(plain("127.0.0.2", server.port, GET_SLOW))  # holds the source's turn
+        assert gate.entered.acquire(timeout=5)
+        waiting = plain("127.0.0.2", server.port, GET_SLOW)
+        socks.append(waiting)
+        wait_for("a wait for a turn", partial(turn_waits, registry), until=(1.0).__eq__)
+        # Another source has turns of its own: its request reaches the handler meanwhile.
+        socks.append(plain("127.0.0.1", server.port, GET_SLOW))
+        assert gate.entered.acquire(timeout=5)
+        assert queued(registry, "pool") == 0  # the waiting request was never parsed
+        # Its turn does not come within its head's deadline: a 429, and the connection ends.
+        refused = answer_of(waiting)
+        assert refused.startswith(b"HTTP/1.1 429"), refused
+        assert b"\r\nRetry-After: 1\r\n" in refused and b"\r\nConnection: close\r\n" in refused
+        assert b"of 127.0.0.2 are in progress at once (the limit is 1 per source" in refused
+        assert waiting.recv(1) == b""
+        gate.release.set()
+        assert answer_of(socks[0]).startswith(b"HTTP/1.1 200")
+        assert answer_of(socks[2]).startswith(b"HTTP/1.1 200")
+        assert gate.order == ["?", "?"]
+    finally:
+        gate.release.set()
+        for sock in socks:
+            sock.close()
+        server.stop()
+
+
+def test_a_turn_granted_to_a_waiter_cancelled_before_it_ran_is_passed_on() -> None:
+    async def scenario() -> tuple[int, bool]:
+        turns = serving._Turns(1)
+        await turns.acquire()
+        cancelled = asyncio.ensure_future(turns.acquire())
+        after = asyncio.ensure_future(turns.acquire())
+        await asyncio.sleep(0)  # one step of the loop: both wait
+        assert turns.waiting == 2
+        turns.release()  # granted to the first waiter...
+        cancelled.cancel()  # ...which is cancelled before it runs: the turn goes on
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        await after
+        active = turns.active
+        turns.release()
+        return active, turns.idle()
+
+    assert asyncio.run(scenario()) == (1, True)
