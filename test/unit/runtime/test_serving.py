@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
 
 from gpuoperator.runtime import servercerts, serving
+from gpuoperator.runtime.serving import fairness
 from harness.waiting import wait_for
 from localcluster import pki
 from localcluster.cluster import free_ports
@@ -586,12 +587,12 @@ def test_a_client_ca_file_that_holds_no_certificate_is_a_clear_startup_error(
 
 def test_a_new_source_goes_first_once_per_round_not_every_time_it_is_answered() -> None:
     async def order() -> list[str]:
-        lane = serving._FairQueue("test", 10)
+        lane = fairness.FairQueue("test", 10)
         loop = asyncio.get_running_loop()
 
         def push(source: str, name: str) -> None:
             request = serving.Request("GET", "/", headers={"x-who": name})
-            assert lane.push(serving._Job(source, request, loop.create_future())) is None
+            assert lane.push(fairness.Job(source, request, loop.create_future())) is None
 
         async def next_one() -> str:
             return (await lane.get()).request.headers["x-who"]
@@ -657,7 +658,7 @@ def test_a_source_with_its_turns_taken_waits_and_past_its_heads_deadline_is_a_42
 
 def test_a_turn_granted_to_a_waiter_cancelled_before_it_ran_is_passed_on() -> None:
     async def scenario() -> tuple[int, bool]:
-        turns = serving._Turns(1)
+        turns = fairness.Turns(1)
         await turns.acquire()
         cancelled = asyncio.ensure_future(turns.acquire())
         after = asyncio.ensure_future(turns.acquire())
