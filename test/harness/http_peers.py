@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
@@ -77,3 +80,40 @@ def turn_waits(registry: CollectorRegistry, phase: str = "request") -> float:
         "gpuoperator_http_source_turn_waits_total", {"server": "test", "phase": phase}
     )
     return value or 0.0
+
+
+@dataclass
+class Gated:
+    """A server whose path ``/slow`` is ``gate``, and the sockets a test opened to it."""
+
+    server: serving.Server
+    gate: Gate
+    registry: CollectorRegistry
+    socks: list[socket.socket] = field(default_factory=list)
+
+    def send(self, source: str, request: bytes = GET_SLOW) -> socket.socket:
+        """A plain-HTTP connection from ``source`` that has sent ``request``."""
+        sock = plain(source, self.server.port, request)
+        self.socks.append(sock)
+        return sock
+
+
+@contextmanager
+def gated_server(limits: serving.Limits) -> Iterator[Gated]:
+    """A plain-HTTP server on loopback named ``test``, whose path ``/slow`` is a
+    :class:`Gate`, counting into a registry of its own; on leaving, the gate is released,
+    the sockets opened through ``send`` are closed and the server stopped."""
+    gate = Gate()
+    registry = CollectorRegistry()
+    server = serving.Server(
+        "test", "127.0.0.1:0", serving.app({"/slow": gate}), limits=limits, registry=registry
+    )
+    server.start()
+    gated = Gated(server, gate, registry)
+    try:
+        yield gated
+    finally:
+        gate.release.set()
+        for sock in gated.socks:
+            sock.close()
+        server.stop()

@@ -4,13 +4,10 @@ waiting."""
 
 from __future__ import annotations
 
-import socket
 import threading
 
-from prometheus_client import CollectorRegistry
-
 from gpuoperator.runtime import serving
-from harness.http_peers import GET_SLOW, Gate, answer_of, exchange, plain, queued
+from harness.http_peers import answer_of, exchange, gated_server, queued
 from harness.waiting import wait_for
 
 
@@ -77,45 +74,26 @@ def test_inline_paths_are_answered_on_the_event_loop_unless_their_body_is_large(
 
 
 def test_a_full_handler_queue_answers_429_to_the_source_with_most_waiting() -> None:
-    gate = Gate()
-    registry = CollectorRegistry()
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        serving.app({"/slow": gate}),
-        limits=serving.Limits(workers=1, max_queued=2, retry_after=3),
-        registry=registry,
-    )
-    server.start()
-    socks: list[socket.socket] = []
-    try:
-        socks.append(plain("127.0.0.2", server.port, GET_SLOW))  # runs, and holds the worker
-        assert gate.entered.acquire(timeout=5)
-        socks += [plain("127.0.0.2", server.port, GET_SLOW) for _ in range(2)]  # fill the queue
-        wait_for("two queued", lambda: queued(registry, "pool"), until=lambda n: n == 2)
+    with gated_server(serving.Limits(workers=1, max_queued=2, retry_after=3)) as gated:
+        first = gated.send("127.0.0.2")  # runs, and holds the worker
+        assert gated.gate.entered.acquire(timeout=5)
+        queued_ones = [gated.send("127.0.0.2") for _ in range(2)]  # fill the queue
+        wait_for("two queued", lambda: queued(gated.registry, "pool"), until=lambda n: n == 2)
         # The flooding source's next request is the one refused: 429 with Retry-After.
-        flood = plain("127.0.0.2", server.port, GET_SLOW)
-        refused = answer_of(flood)
+        refused = answer_of(gated.send("127.0.0.2"))
         assert refused.startswith(b"HTTP/1.1 429"), refused
         assert b"\r\nRetry-After: 3\r\n" in refused
         assert b"the limit is 2; 2 of them from 127.0.0.2" in refused
         assert b"retry after 3s" in refused
         # Another source, with none waiting, takes the place of the flood's newest.
-        other = plain("127.0.0.1", server.port, GET_SLOW)
-        displaced = answer_of(socks[2])
+        other = gated.send("127.0.0.1")
+        displaced = answer_of(queued_ones[1])
         assert displaced.startswith(b"HTTP/1.1 429"), displaced
-        gate.release.set()
+        gated.gate.release.set()
         assert answer_of(other).startswith(b"HTTP/1.1 200")
-        assert answer_of(socks[0]).startswith(b"HTTP/1.1 200")
-        assert answer_of(socks[1]).startswith(b"HTTP/1.1 200")
-        throttled = registry.get_sample_value(
+        assert answer_of(first).startswith(b"HTTP/1.1 200")
+        assert answer_of(queued_ones[0]).startswith(b"HTTP/1.1 200")
+        throttled = gated.registry.get_sample_value(
             "gpuoperator_http_requests_throttled_total", {"server": "test", "queue": "pool"}
         )
         assert throttled == 2
-        flood.close()
-        other.close()
-    finally:
-        gate.release.set()
-        for sock in socks:
-            sock.close()
-        server.stop()

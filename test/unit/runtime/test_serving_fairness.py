@@ -5,54 +5,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from functools import partial
-
-from prometheus_client import CollectorRegistry
 
 from gpuoperator.runtime import serving
 from gpuoperator.runtime.serving import fairness
-from harness.http_peers import Gate, answer_of, plain, queued
+from harness.http_peers import answer_of, gated_server, queued
 from harness.waiting import wait_for
 
 
 def test_waiting_requests_are_served_round_robin_by_source_a_new_source_first() -> None:
-    gate = Gate()
-    registry = CollectorRegistry()
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        serving.app({"/slow": gate}),
-        limits=serving.Limits(workers=1),
-        registry=registry,
-    )
-    server.start()
-    socks: list[socket.socket] = []
+    with gated_server(serving.Limits(workers=1)) as gated:
 
-    def send(source: str, who: str) -> None:
-        request = f"GET /slow HTTP/1.1\r\nHost: x\r\nX-Who: {who}\r\n\r\n".encode()
-        socks.append(plain(source, server.port, request))
+        def send(source: str, who: str) -> None:
+            gated.send(source, f"GET /slow HTTP/1.1\r\nHost: x\r\nX-Who: {who}\r\n\r\n".encode())
 
-    try:
         send("127.0.0.2", "a1")
-        assert gate.entered.acquire(timeout=5)
+        assert gated.gate.entered.acquire(timeout=5)
         for n, (source, who) in enumerate(
             [("127.0.0.2", "a2"), ("127.0.0.2", "a3"), ("127.0.0.2", "a4"), ("127.0.0.1", "b1")],
             start=1,
         ):
             send(source, who)
-            wait_for(f"{n} queued", partial(queued, registry, "pool"), until=float(n).__eq__)
-        gate.release.set()
-        for sock in socks:
+            wait_for(f"{n} queued", partial(queued, gated.registry, "pool"), until=float(n).__eq__)
+        gated.gate.release.set()
+        for sock in gated.socks:
             assert answer_of(sock).startswith(b"HTTP/1.1 200")
         # First come first served would answer b1 last, after every request of a; b, a
         # source with none waiting, goes before a's round.
-        assert gate.order == ["a1", "b1", "a2", "a3", "a4"]
-    finally:
-        gate.release.set()
-        for sock in socks:
-            sock.close()
-        server.stop()
+        assert gated.gate.order == ["a1", "b1", "a2", "a3", "a4"]
 
 
 def test_a_new_source_goes_first_once_per_round_not_every_time_it_is_answered() -> None:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
 
 from gpuoperator.runtime import servercerts, serving
-from harness.http_peers import GET_SLOW, Gate, answer_of, plain, queued, turn_waits
+from harness.http_peers import GET_SLOW, Gate, answer_of, gated_server, plain, queued, turn_waits
 from harness.waiting import wait_for
 from localcluster import pki
 from localcluster.cluster import free_ports
@@ -187,42 +187,25 @@ def test_at_the_server_limit_the_source_holding_most_gives_up_even_a_busy_connec
 
 
 def test_a_source_with_its_turns_taken_waits_and_past_its_heads_deadline_is_a_429() -> None:
-    gate = Gate()
-    registry = CollectorRegistry()
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        serving.app({"/slow": gate}),
-        limits=serving.Limits(workers=2, max_active_per_source=1, header_timeout=0.5),
-        registry=registry,
-    )
-    server.start()
-    socks: list[socket.socket] = []
-    try:
-        socks.append(plain("127.0.0.2", server.port, GET_SLOW))  # holds the source's turn
-        assert gate.entered.acquire(timeout=5)
-        waiting = plain("127.0.0.2", server.port, GET_SLOW)
-        socks.append(waiting)
-        wait_for("a wait for a turn", partial(turn_waits, registry), until=(1.0).__eq__)
+    limits = serving.Limits(workers=2, max_active_per_source=1, header_timeout=0.5)
+    with gated_server(limits) as gated:
+        holder = gated.send("127.0.0.2")  # holds the source's only turn
+        assert gated.gate.entered.acquire(timeout=5)
+        waiting = gated.send("127.0.0.2")
+        wait_for("a wait for a turn", partial(turn_waits, gated.registry), until=(1.0).__eq__)
         # Another source has turns of its own: its request reaches the handler meanwhile.
-        socks.append(plain("127.0.0.1", server.port, GET_SLOW))
-        assert gate.entered.acquire(timeout=5)
-        assert queued(registry, "pool") == 0  # the waiting request was never parsed
+        other = gated.send("127.0.0.1")
+        assert gated.gate.entered.acquire(timeout=5)
+        assert queued(gated.registry, "pool") == 0  # the waiting request was never parsed
         # Its turn does not come within its head's deadline: a 429, and the connection ends.
         refused = answer_of(waiting)
         assert refused.startswith(b"HTTP/1.1 429"), refused
         assert b"\r\nRetry-After: 1\r\n" in refused and b"\r\nConnection: close\r\n" in refused
         assert b"of 127.0.0.2 are in progress at once (the limit is 1 per source" in refused
         assert waiting.recv(1) == b""
-        gate.release.set()
-        assert answer_of(socks[0]).startswith(b"HTTP/1.1 200")
-        assert answer_of(socks[2]).startswith(b"HTTP/1.1 200")
-        assert gate.order == ["?", "?"]
-    finally:
-        gate.release.set()
-        for sock in socks:
-            sock.close()
-        server.stop()
+        gated.gate.release.set()
+        assert answer_of(holder).startswith(b"HTTP/1.1 200")
+        assert answer_of(other).startswith(b"HTTP/1.1 200")
 
 
 # -- client certificates -----------------------------------------------------------------------
