@@ -79,12 +79,12 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Sources that gave up connections at the server's limit (logged once).
         self._crowding: set[str] = set()
-        #: When each source was last logged for a refused client certificate.
-        self._uncertified: dict[str, float] = {}
+        #: Sources logged for a refused client certificate in the last minute.
+        self._uncertified = _OncePerMinute()
         #: The turns of each source with connections (see :class:`fairness.Turns`).
         self._turns: dict[str, fairness.Turns] = {}
-        #: When each source was last logged for waiting for its turns.
-        self._busy: dict[str, float] = {}
+        #: Sources logged for waiting for their turns in the last minute.
+        self._busy = _OncePerMinute()
 
     @property
     def port(self) -> int:
@@ -406,12 +406,8 @@ class Server:
     def _note_busy(self, source: str, turns: fairness.Turns) -> None:
         """One info line per source and minute whose handshakes or requests wait for its
         turns (the metric counts each)."""
-        now = time.monotonic()
-        if now - self._busy.get(source, -60.0) < 60.0:
+        if not self._busy.due(source):
             return
-        if len(self._busy) > 1024:
-            self._busy = {p: t for p, t in self._busy.items() if now - t < 60.0}
-        self._busy[source] = now
         self._log.info(
             "source has as many connections handshaking or being answered as it may; its "
             "other connections wait their turn",
@@ -424,18 +420,32 @@ class Server:
     def _note_uncertified(self, peer: str, why: str) -> None:
         """One info line per source and minute for handshakes refused for want of a valid
         client certificate (the metric counts each)."""
-        now = time.monotonic()
-        if now - self._uncertified.get(peer, -60.0) < 60.0:
+        if not self._uncertified.due(peer):
             return
-        if len(self._uncertified) > 1024:
-            self._uncertified = {p: t for p, t in self._uncertified.items() if now - t < 60.0}
-        self._uncertified[peer] = now
         self._log.info(
             "connection refused at the handshake: no client certificate signed by the client CA",
             peer=peer,
             error=why,
             reason="ClientCertificateRefused",
         )
+
+
+class _OncePerMinute:
+    """The sources something was logged for in the last minute, so that it is logged once
+    per source and minute (about 1,024 sources remembered at most, the older forgotten)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def due(self, source: str) -> bool:
+        """True (and remembered) when ``source`` was not logged in the last minute."""
+        now = time.monotonic()
+        if now - self._last.get(source, -60.0) < 60.0:
+            return False
+        if len(self._last) > 1024:
+            self._last = {p: t for p, t in self._last.items() if now - t < 60.0}
+        self._last[source] = now
+        return True
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
