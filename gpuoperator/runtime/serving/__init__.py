@@ -1,6 +1,6 @@
 """HTTP(S) servers: health probes, metrics and admission webhooks, on asyncio with h11.
 
-The webhooks fail closed (DESIGN.md §6): while they cannot answer, nothing with GPU claim
+The webhooks fail closed (docs/design.md §6): while they cannot answer, nothing with GPU claim
 references can be created anywhere in the cluster. So no peer may hold up another: every
 connection is a coroutine on one event loop, each phase of a connection has its own
 deadline, and handlers run on a thread pool that only ever sees complete requests.
