@@ -10,10 +10,15 @@ process, with its resident memory measured.
    from 32 clients at once;
 4. times genuine VMI reviews (from 127.0.0.1, fresh TLS connections) alone, then while 128
    kept-alive connections from four other addresses post forged VMI reviews as fast as
-   they are answered;
+   they are answered (``flood.py``, in a process of its own as a tenant's pods are);
 5. prints requests and outcomes per category, the latency figures (p50/p99 of the genuine
    reviews with and without the flood, printed, never asserted), the server's RSS at each
    step and its peak, and the lines the server logged at error level.
+
+``--busy-rounds N`` repeats step 4 on fresh servers, and ``--baseline DIR`` times the
+server of another checkout in each round as well (its ``gpuoperator``, ``admission`` and
+``test/harness``), alternating with this one: figures compared on a shared machine only
+mean something when taken in the same run.
 
 Exits 1 when any answer failed the oracle or any good or genuine review failed. Bounded: every
 loop has a count, every request a timeout, every address is loopback.
@@ -23,13 +28,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -153,22 +161,31 @@ def busy_clients(target: abuse.Target, n: int) -> tuple[list[float], list[float]
     """Genuine VMI reviews timed without, then with the flood of forged ones: the times of
     each, the failures, and what the flood got."""
     quiet, quiet_failed = genuine(target, n)
-    flood = abuse.Flood(
-        target,
-        connections=FLOOD,
-        path=VMI_PATH,
-        body=body(vmi('[{"claim":"hold-a"}]', name="forged")),
-        sources=FLOOD_SOURCES,
+    flooding = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("flood.py")),
+            str(target.port),
+            str(target.ca),
+            str(FLOOD),
+            *FLOOD_SOURCES,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    assert flooding.stdin is not None and flooding.stdout is not None
     try:
-        wait_for("the flood to be answered", flood.answers, until=lambda a: a >= FLOOD)
+        if flooding.stdout.readline().strip() != "ready":
+            raise RuntimeError("the flood did not start")
         loud, loud_failed = genuine(target, n)
-        got = dict(flood.statuses)
     finally:
-        flood.close()
+        flooding.stdin.close()
+        got = json.loads(flooding.stdout.readline() or "{}")
+        flooding.wait(10)
     shown = (
-        f"answered {got}, connections closed by the server {flood.closed}, "
-        f"setup failures {flood.setup_failures}"
+        f"answered {got.get('statuses')}, connections closed by the server "
+        f"{got.get('closed')}, setup failures {got.get('setup_failures')}"
     )
     return quiet, loud, quiet_failed + loud_failed, shown
 
@@ -191,28 +208,69 @@ def big_bodies(target: abuse.Target, clients: int) -> Counter[str]:
     return statuses
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=10_000)
-    args = parser.parse_args()
-    per_category = max(1, args.requests // len(CATEGORIES))
-    directory = Path(tempfile.mkdtemp(prefix="fuzz-webhooks-"))
-    log_path = directory / "server.log"
-    with log_path.open("wb") as log_file:
+@contextmanager
+def webhook_process(
+    directory: Path, tree: Path | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], abuse.Target]]:
+    """The webhook server (of ``tree``, a checkout, or of this one) as its own process,
+    logging into ``directory``; stopped on leaving."""
+    env = None
+    if tree is not None:
+        path = os.pathsep.join(str(tree / sub) for sub in (".", "hack", "test"))
+        env = {**os.environ, "PYTHONPATH": path}
+    with (directory / "server.log").open("wb") as log_file:
         server = subprocess.Popen(
             [sys.executable, "-m", "harness.webhook_world", str(directory)],
             stdin=subprocess.PIPE,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            env=env,
         )
     try:
-        wait_for(
-            "the webhook server",
-            (directory / "port").exists,
-            until=bool,
-            timeout=30,
-        )
-        target = abuse.Target(int((directory / "port").read_text()), directory / "ca.crt")
+        wait_for("the webhook server", (directory / "port").exists, until=bool, timeout=30)
+        yield server, abuse.Target(int((directory / "port").read_text()), directory / "ca.crt")
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(10)
+
+
+def busy_line(label: str, figures: tuple[list[float], list[float], int, str]) -> str:
+    quiet, loud, failed, flood_shown = figures
+    return (
+        f"busy clients{label}: genuine VMI reviews alone "
+        f"p50 {abuse.percentile(quiet, 50) * 1000:.1f} ms, "
+        f"p99 {abuse.percentile(quiet, 99) * 1000:.1f} ms; beside {FLOOD} kept-alive connections "
+        f"of forged ones from {len(FLOOD_SOURCES)} addresses p50 "
+        f"{abuse.percentile(loud, 50) * 1000:.1f} ms, p99 {abuse.percentile(loud, 99) * 1000:.1f} "
+        f"ms, failures {failed}; the flood {flood_shown}"
+    )
+
+
+def busy_rounds(rounds: int, baseline: Path | None) -> list[str]:
+    """Step 4 again on fresh servers: ``rounds - 1`` more of this checkout's and, with a
+    ``baseline``, ``rounds`` of its, alternating."""
+    lines = []
+    for n in range(rounds):
+        # This checkout's first round is the main run's step 4.
+        trees = ([baseline] if baseline is not None else []) + ([None] if n else [])
+        for tree in trees:
+            with webhook_process(Path(tempfile.mkdtemp(prefix="fuzz-busy-")), tree) as (_, target):
+                label = f" (round {n + 1}, {'baseline ' + str(tree) if tree else 'this tree'})"
+                lines.append(busy_line(label, busy_clients(target, 200)))
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--busy-rounds", type=int, default=1)
+    parser.add_argument("--baseline", type=Path, default=None)
+    args = parser.parse_args()
+    per_category = max(1, args.requests // len(CATEGORIES))
+    directory = Path(tempfile.mkdtemp(prefix="fuzz-webhooks-"))
+    log_path = directory / "server.log"
+    with webhook_process(directory) as (server, target):
         peak = Peak(server.pid)
         rss = {"start": abuse.rss_kib(server.pid)}
         start = time.perf_counter()
@@ -223,13 +281,10 @@ def main() -> int:
         rss["after slow clients"] = abuse.rss_kib(server.pid)
         big = big_bodies(target, 32)
         rss["after 32 bodies of 1 MiB"] = abuse.rss_kib(server.pid)
-        quiet, loud, genuine_failed, flood_shown = busy_clients(target, 200)
+        busy = busy_clients(target, 200)
         rss["after the flood of forged reviews"] = abuse.rss_kib(server.pid)
         peak.stop()
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        server.wait(10)
+    more = busy_rounds(args.busy_rounds, args.baseline)
     total = sum(sum(c.values()) for c in outcomes.values())
     print(f"sweep: {total} requests in {sweep_seconds:.1f}s")
     for name, counts in outcomes.items():
@@ -243,13 +298,9 @@ def main() -> int:
         f"p99 {abuse.percentile(times, 99) * 1000:.1f} ms, failures {failed}"
     )
     print("big bodies: " + ", ".join(f"{k} x{v}" for k, v in sorted(big.items())))
-    print(
-        f"busy clients: genuine VMI reviews alone p50 {abuse.percentile(quiet, 50) * 1000:.1f} ms, "
-        f"p99 {abuse.percentile(quiet, 99) * 1000:.1f} ms; beside {FLOOD} kept-alive connections "
-        f"of forged ones from {len(FLOOD_SOURCES)} addresses p50 "
-        f"{abuse.percentile(loud, 50) * 1000:.1f} ms, p99 {abuse.percentile(loud, 99) * 1000:.1f} "
-        f"ms, failures {genuine_failed}; the flood {flood_shown}"
-    )
+    print(busy_line("", busy))
+    for line in more:
+        print(line)
     print(
         "server RSS: "
         + ", ".join(f"{k} {v / 1024:.0f} MiB" for k, v in rss.items())
@@ -263,7 +314,7 @@ def main() -> int:
     print(f"server error lines: {len(errors)}")
     for line in errors[:5]:
         print(f"  {line[:300]}")
-    return 1 if failures or failed or genuine_failed else 0
+    return 1 if failures or failed or busy[2] else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""TLS serving certificates are re-read when their files change (cert-manager rotates them
-in place): new connections get the new certificate, without a restart."""
+"""The listener: TLS serving certificates are re-read when their files change (cert-manager
+rotates them in place) and new connections get the new one, without a restart; connection
+limits per source and in all, with their evictions; a source's turns; the client CA."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
 
 from gpuoperator.runtime import servercerts, serving
+from harness.http_peers import GET_SLOW, Gate, answer_of, gated_server, plain, queued, turn_waits
 from harness.waiting import wait_for
 from localcluster import pki
 from localcluster.cluster import free_ports
@@ -94,13 +96,6 @@ def test_a_certificate_file_that_is_not_a_pair_is_a_clear_startup_error(tmp_path
         servercerts.FileCertificates(tmp_path / "tls.crt", tmp_path / "tls.key")
 
 
-def test_limits_name_the_field_that_is_out_of_range() -> None:
-    with pytest.raises(ValueError, match=r"Limits\.header_timeout: 0"):
-        serving.Limits(header_timeout=0)
-    with pytest.raises(ValueError, match=r"Limits\.max_body"):
-        serving.Limits(max_body=10, max_buffered_bytes=5)
-
-
 def test_a_source_whose_connections_are_all_being_answered_gets_no_more(tmp_path: Path) -> None:
     release = threading.Event()
     entered = threading.Semaphore(0)
@@ -136,259 +131,6 @@ def test_a_source_whose_connections_are_all_being_answered_gets_no_more(tmp_path
         for sock in busy:
             sock.close()
         server.stop()
-
-
-def exchange(port: int, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        return sock.recv(65536)
-
-
-def test_a_handler_that_does_not_answer_in_time_is_a_503_and_one_that_raises_a_500() -> None:
-    release = threading.Event()
-
-    def stuck(_request: serving.Request) -> serving.Response:
-        release.wait(10)
-        return serving.text(200, "late")
-
-    def broken(_request: serving.Request) -> serving.Response:
-        raise RuntimeError("boom")
-
-    routes = {"/stuck": stuck, "/broken": broken}
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        lambda request: routes[request.path](request),  # no app(): the server's own net
-        limits=serving.Limits(handler_timeout=0.2),
-    )
-    server.start()
-    try:
-        late = exchange(server.port, b"GET /stuck HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert late.startswith(b"HTTP/1.1 503") and b"did not answer in time" in late
-        raised = exchange(server.port, b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert raised.startswith(b"HTTP/1.1 500")
-    finally:
-        release.set()
-        server.stop()
-
-
-def test_inline_paths_are_answered_on_the_event_loop_unless_their_body_is_large() -> None:
-    def where(_request: serving.Request) -> serving.Response:
-        return serving.text(200, threading.current_thread().name)
-
-    def broken(_request: serving.Request) -> serving.Response:
-        raise RuntimeError("boom")
-
-    routes = {"/inline": where, "/pooled": where, "/broken": broken}
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        lambda request: routes[request.path](request),  # no app(): the server's own net
-        limits=serving.Limits(small_body=16, max_body=1024),
-        inline=("/inline", "/broken"),
-    )
-    server.start()
-    try:
-
-        def thread_of(path: str, body: bytes = b"") -> str:
-            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-            answer = exchange(server.port, head.encode() + body)
-            assert answer.startswith(b"HTTP/1.1 200"), answer
-            return answer.rsplit(b"\r\n\r\n", 1)[1].decode().strip()
-
-        assert thread_of("/inline") == "http-test-loop"
-        assert thread_of("/inline", b"x" * 16) == "http-test-loop"
-        assert thread_of("/inline", b"x" * 17).startswith("http-test_")  # the handler pool
-        assert thread_of("/pooled").startswith("http-test_")
-        raised = exchange(server.port, b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert raised.startswith(b"HTTP/1.1 500")
-    finally:
-        server.stop()
-
-
-# -- the handler queue, body limits per path, eviction at the server's limit -------------------
-
-
-def plain(source: str, port: int, request: bytes) -> socket.socket:
-    """A plain-HTTP connection from ``source`` that has sent ``request``."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
-    sock.sendall(request)
-    return sock
-
-
-def answer_of(sock: socket.socket) -> bytes:
-    """One whole answer (head and its Content-Length of body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return head + b"\r\n\r\n" + rest
-
-
-def queued(registry: CollectorRegistry, queue: str) -> float:
-    value = registry.get_sample_value(
-        "gpuoperator_http_queued_requests", {"server": "test", "queue": queue}
-    )
-    return value or 0.0
-
-
-GET_SLOW = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-class Gate:
-    """A handler that records who it answers and, until released, holds each request."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.entered = threading.Semaphore(0)
-        self.order: list[str] = []
-
-    def __call__(self, request: serving.Request) -> serving.Response:
-        self.order.append(request.headers.get("x-who", "?"))
-        self.entered.release()
-        self.release.wait(10)
-        return serving.text(200, "done")
-
-
-def test_a_full_handler_queue_answers_429_to_the_source_with_most_waiting() -> None:
-    gate = Gate()
-    registry = CollectorRegistry()
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        serving.app({"/slow": gate}),
-        limits=serving.Limits(workers=1, max_queued=2, retry_after=3),
-        registry=registry,
-    )
-    server.start()
-    socks: list[socket.socket] = []
-    try:
-        socks.append(plain("127.0.0.2", server.port, GET_SLOW))  # runs, and holds the worker
-        assert gate.entered.acquire(timeout=5)
-        socks += [plain("127.0.0.2", server.port, GET_SLOW) for _ in range(2)]  # fill the queue
-        wait_for("two queued", lambda: queued(registry, "pool"), until=lambda n: n == 2)
-        # The flooding source's next request is the one refused: 429 with Retry-After.
-        flood = plain("127.0.0.2", server.port, GET_SLOW)
-        refused = answer_of(flood)
-        assert refused.startswith(b"HTTP/1.1 429"), refused
-        assert b"\r\nRetry-After: 3\r\n" in refused
-        assert b"the limit is 2; 2 of them from 127.0.0.2" in refused
-        assert b"retry after 3s" in refused
-        # Another source, with none waiting, takes the place of the flood's newest.
-        other = plain("127.0.0.1", server.port, GET_SLOW)
-        displaced = answer_of(socks[2])
-        assert displaced.startswith(b"HTTP/1.1 429"), displaced
-        gate.release.set()
-        assert answer_of(other).startswith(b"HTTP/1.1 200")
-        assert answer_of(socks[0]).startswith(b"HTTP/1.1 200")
-        assert answer_of(socks[1]).startswith(b"HTTP/1.1 200")
-        throttled = registry.get_sample_value(
-            "gpuoperator_http_requests_throttled_total", {"server": "test", "queue": "pool"}
-        )
-        assert throttled == 2
-        flood.close()
-        other.close()
-    finally:
-        gate.release.set()
-        for sock in socks:
-            sock.close()
-        server.stop()
-
-
-def test_waiting_requests_are_served_round_robin_by_source() -> None:
-    gate = Gate()
-    registry = CollectorRegistry()
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        serving.app({"/slow": gate}),
-        limits=serving.Limits(workers=1),
-        registry=registry,
-    )
-    server.start()
-    socks: list[socket.socket] = []
-
-    def send(source: str, who: str) -> None:
-        request = f"GET /slow HTTP/1.1\r\nHost: x\r\nX-Who: {who}\r\n\r\n".encode()
-        socks.append(plain(source, server.port, request))
-
-    try:
-        send("127.0.0.2", "a1")
-        assert gate.entered.acquire(timeout=5)
-        for n, (source, who) in enumerate(
-            [("127.0.0.2", "a2"), ("127.0.0.2", "a3"), ("127.0.0.2", "a4"), ("127.0.0.1", "b1")],
-            start=1,
-        ):
-            send(source, who)
-            wait_for(f"{n} queued", partial(queued, registry, "pool"), until=float(n).__eq__)
-        gate.release.set()
-        for sock in socks:
-            assert answer_of(sock).startswith(b"HTTP/1.1 200")
-        # First come first served would answer b1 last, after every request of a.
-        assert gate.order == ["a1", "a2", "b1", "a3", "a4"]
-    finally:
-        gate.release.set()
-        for sock in socks:
-            sock.close()
-        server.stop()
-
-
-def test_a_body_beyond_its_paths_limit_is_a_413_naming_the_limit() -> None:
-    def echo_size(request: serving.Request) -> serving.Response:
-        return serving.text(200, str(len(request.body)))
-
-    server = serving.Server(
-        "test",
-        "127.0.0.1:0",
-        serving.app({"/small": echo_size, "/large": echo_size}),
-        limits=serving.Limits(max_body=4096, small_body=1024),
-        body_limits={"/small": 100},
-    )
-    server.start()
-    try:
-
-        def post(path: str, size: int, *, chunked: bool = False) -> bytes:
-            body = b"x" * size
-            if chunked:
-                head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                data = f"{size:x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
-            else:
-                head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n"
-                data = body
-            return exchange(server.port, head.encode() + data)
-
-        assert post("/small", 100).startswith(b"HTTP/1.1 200")
-        refused = post("/small", 101)
-        assert refused.startswith(b"HTTP/1.1 413"), refused
-        assert b"a body of 101 bytes exceeds the limit of 100 bytes for POST /small" in refused
-        chunked = post("/small", 101, chunked=True)
-        assert chunked.startswith(b"HTTP/1.1 413") and b"limit of 100 bytes" in chunked
-        # Other paths keep the server's limit.
-        assert post("/large", 4096).startswith(b"HTTP/1.1 200")
-        assert post("/large", 4097).startswith(b"HTTP/1.1 413")
-    finally:
-        server.stop()
-    with pytest.raises(ValueError, match=r"body_limits\['/x'\]: 5000 is not between 1 and"):
-        serving.Server(
-            "test",
-            "127.0.0.1:0",
-            serving.app({}),
-            limits=serving.Limits(max_body=4096),
-            body_limits={"/x": 5000},
-        )
 
 
 def test_at_the_server_limit_the_source_holding_most_gives_up_even_a_busy_connection() -> None:
@@ -442,6 +184,28 @@ def test_at_the_server_limit_the_source_holding_most_gives_up_even_a_busy_connec
         for sock in busy:
             sock.close()
         server.stop()
+
+
+def test_a_source_with_its_turns_taken_waits_and_past_its_heads_deadline_is_a_429() -> None:
+    limits = serving.Limits(workers=2, max_active_per_source=1, header_timeout=0.5)
+    with gated_server(limits) as gated:
+        holder = gated.send("127.0.0.2")  # holds the source's only turn
+        assert gated.gate.entered.acquire(timeout=5)
+        waiting = gated.send("127.0.0.2")
+        wait_for("a wait for a turn", partial(turn_waits, gated.registry), until=(1.0).__eq__)
+        # Another source has turns of its own: its request reaches the handler meanwhile.
+        other = gated.send("127.0.0.1")
+        assert gated.gate.entered.acquire(timeout=5)
+        assert queued(gated.registry, "pool") == 0  # the waiting request was never parsed
+        # Its turn does not come within its head's deadline: a 429, and the connection ends.
+        refused = answer_of(waiting)
+        assert refused.startswith(b"HTTP/1.1 429"), refused
+        assert b"\r\nRetry-After: 1\r\n" in refused and b"\r\nConnection: close\r\n" in refused
+        assert b"of 127.0.0.2 are in progress at once (the limit is 1 per source" in refused
+        assert waiting.recv(1) == b""
+        gated.gate.release.set()
+        assert answer_of(holder).startswith(b"HTTP/1.1 200")
+        assert answer_of(other).startswith(b"HTTP/1.1 200")
 
 
 # -- client certificates -----------------------------------------------------------------------
