@@ -281,7 +281,8 @@ def decide(name: str, handler: Handler, request: AdmissionRequest, ready: bool) 
     handler cannot read, a handler error)."""
     if not ready:
         return Admission.refuse(
-            "gpuoperator is starting and its caches are not synced yet; retry shortly",
+            "gpuoperator is starting, or catching up with the API server after losing its "
+            "watches, and its caches are not synced yet; retry shortly",
             reason="ServiceUnavailable",
             code=503,
         )
