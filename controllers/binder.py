@@ -11,7 +11,7 @@ logged when it changes; each waiting claim's ``Bound`` condition says why it wai
 
 A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is planned again
 in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
-``Bound`` condition (DESIGN.md §5). The inventory wakes the classes of a deleted node's
+``Bound`` condition (docs/design.md §5). The inventory wakes the classes of a deleted node's
 claims even when the node served nothing any more (NotReady or cordoned before it went).
 ``status.lostNode`` names the lost node until the claim is bound again. Every status the
 binder writes is one of ``model.claim_states``.

@@ -1,5 +1,5 @@
 """Placement: a VM's launcher pod pinned to the node its claims are bound to, and moved on
-when that node rejects it (DESIGN.md §5 "VMs").
+when that node rejects it (docs/design.md §5 "VMs").
 
 Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
 WaitForFirstConsumer volumes (``launcher_pods.launcher_pod_kind``) of a VM with claim
@@ -41,7 +41,7 @@ set. ``controllers.node_rejections`` takes the rejection (the pod is deleted) on
 transient, and records it on the set's claims, which go back to ``Pending`` when Bound to
 that node, so the binder places them elsewhere.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
   ``Ledger.allocation_lock``, the lock every binder pass holds too, and it goes through the

@@ -1,5 +1,5 @@
 """Template claims: the GPUClaim a VM's ``claimTemplate`` reference orders, for as long as the
-VMI exists (DESIGN.md §2 GPUClaim, §5 "VMs").
+VMI exists (docs/design.md §2 GPUClaim, §5 "VMs").
 
 Key: a VMI ``(namespace, name)``. For every ``claimTemplate`` reference of a VMI that exists,
 is not being deleted and has not finished, the claim ``templates.template_claims`` describes
@@ -14,7 +14,7 @@ never adopted, changed or deleted: a Warning Event ``TemplateClaimConflict`` on 
 which, and the VMI is looked at again after :data:`CONFLICT_RECHECK` seconds (a foreign
 claim without an ownerReference to a VMI cannot be watched back to this VMI).
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * A claim that exists and is ours is left as it is, even if the annotation now orders
   another class or count there: a claim's spec is immutable, and a running VM's GPUs do not

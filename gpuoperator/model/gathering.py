@@ -1,4 +1,4 @@
-"""Gathering a VM's claims on one node (DESIGN.md §5 "VMs"): when the claims a launcher pod
+"""Gathering a VM's claims on one node (docs/design.md §5 "VMs"): when the claims a launcher pod
 waits on are Bound to several nodes, which node they all move to, or why none can take them.
 
 Candidate targets are the nodes the claims are bound to, the one holding most of the set's
