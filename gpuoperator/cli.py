@@ -443,8 +443,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     template_claims.register(manager, shared, inventory, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
     placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
-    # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,
-    # idle holds moved off cordoned nodes.
+    # Beyond the first catalog (docs/design.md §10): budgets shown in ResourceQuota status,
+    # GPU-hours, idle holds moved off cordoned nodes.
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
