@@ -45,13 +45,13 @@ from gpuoperator.model import binding, claim_states, conditions, draining, gpu_h
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
+from gpuoperator.runtime import protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -87,7 +87,7 @@ class Draining:
         caches: Caches,
         inventory: Ledger,
         statuses: ClaimStatus,
-        recorder: Recorder,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
@@ -264,7 +264,7 @@ def register(
     caches: Caches,
     inventory: Ledger,
     statuses: ClaimStatus,
-    recorder: Recorder,
+    recorder: protocols.RecordsEvents,
     settings: Settings,
 ) -> Controller[Key]:
     controller = manager.controller(

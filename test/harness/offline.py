@@ -407,6 +407,10 @@ class ClaimStore:
     def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
         return copy.deepcopy(self.claims[name])
 
+    def get_or_none(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj | None:
+        found = self.claims.get(name)
+        return copy.deepcopy(found) if found is not None else None
+
 
 # -- events -----------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ same claim stays counted, and the decision in flight meets the conflict instead.
 from __future__ import annotations
 
 import threading
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,10 +15,8 @@ from gpuoperator import names
 from gpuoperator.claim_status import ClaimStatus, Outcome
 from gpuoperator.ledger import Ledger
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.recording import Recorder
-from harness.offline import ClaimStore, offline_caches
+from harness.offline import ClaimStore, FakeRecorder, offline_caches
 
 Obj = dict[str, Any]
 RESOURCE = "nvidia.com/GA102GL_A10"
@@ -53,9 +51,7 @@ def world() -> tuple[ClaimStore, Ledger, ClaimStatus]:
             },
         }
     )
-    statuses = ClaimStatus(
-        cast("Client", api), inventory, cast("Recorder", object()), registry=CollectorRegistry()
-    )
+    statuses = ClaimStatus(api, inventory, FakeRecorder(), registry=CollectorRegistry())
     return api, inventory, statuses
 
 

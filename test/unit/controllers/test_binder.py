@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import functools
 import threading
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -28,11 +28,9 @@ from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import node_rejections as model_rejections
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Handlers
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness import objects
 from harness.offline import FakeApi, FakeRecorder, offline_caches
@@ -84,9 +82,9 @@ class World:
         self.api = FakeApi()
         self.events = FakeRecorder()
         self.statuses = ClaimStatus(
-            cast("Client", self.api),
+            self.api,
             self.inventory,
-            cast("Recorder", self.events),
+            self.events,
             registry=CollectorRegistry(),
         )
         self.binder = bindermod.Binder(

@@ -9,7 +9,7 @@ The over-allocation oracle is the double's stored claims summed here per node.
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -17,9 +17,7 @@ from controllers import draining as drainingmod
 from gpuoperator import names
 from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.ledger import Ledger
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness.offline import ClaimStore, offline_caches
 
@@ -43,7 +41,7 @@ class Events:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
 
-    def event(self, obj: Obj, _type: str, reason: str, message: str, **_: Any) -> None:
+    def event(self, obj: Obj, type_: str, reason: str, message: str, **_: Any) -> None:
         self.seen.append((obj["metadata"]["name"], reason, message))
 
 
@@ -83,16 +81,16 @@ class World:
         self.api = Api()
         self.events = Events()
         statuses = ClaimStatus(
-            cast("Client", self.api),
+            self.api,
             self.inventory,
-            cast("Recorder", self.events),
+            self.events,
             registry=CollectorRegistry(),
         )
         self.controller = drainingmod.Draining(
             self.caches,
             self.inventory,
             statuses,
-            cast("Recorder", self.events),
+            self.events,
             Settings.model_validate(settings),
             clock=self.clock,
             registry=CollectorRegistry(),

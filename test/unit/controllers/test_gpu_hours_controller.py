@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,9 +19,7 @@ from controllers import gpu_hours as gpuhoursmod
 from gpuoperator import cli, names, settings
 from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.ledger import Ledger
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.recording import Recorder
 from harness.offline import ClaimStore, OfflineManager, offline_caches, put
 
 Obj = dict[str, Any]
@@ -43,9 +41,9 @@ class Replica:
         self.caches = offline_caches()
         self.inventory = Ledger(clock=clock)
         statuses = ClaimStatus(
-            cast("Client", api),
+            api,
             self.inventory,
-            cast("Recorder", NoEvents()),
+            NoEvents(),
             registry=CollectorRegistry(),
         )
         self.controller = gpuhoursmod.GpuHours(self.caches, statuses, clock=clock)
@@ -218,9 +216,9 @@ class Summing:
         self.manager = OfflineManager(clock=clock)
         self.caches = offline_caches(self.manager)
         statuses = ClaimStatus(
-            cast("Client", api),
+            api,
             Ledger(clock=clock),
-            cast("Recorder", NoEvents()),
+            NoEvents(),
             registry=CollectorRegistry(),
         )
         gpuhoursmod.register(
