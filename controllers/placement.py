@@ -23,12 +23,12 @@ pinned for this one), and is Bound. Then:
   ``slimming.slim_pod``), so the pod is pinned without reading it first; only when that
   version is stale (409) is the pod read and the patch sent once more on what was read.
 * Bound to several nodes: the set is gathered on one of them, as ``model.gathering``
-  decides on the inventory's figures. Candidate targets are the set's nodes, the one holding
+  decides on the ledger's figures. Candidate targets are the set's nodes, the one holding
   most of its units first; the claims on other nodes are moved there when the target is
   eligible for their classes and has free units of each resource for all of them together
   (classes may share a resource), and no moving claim refused the target. A move rewrites
   the claim's status (``nodeName``, ``boundTime``, the ``Bound`` condition with reason
-  ``Moved``) with the claim's resourceVersion and is fed to the inventory at once, so the
+  ``Moved``) with the claim's resourceVersion and is fed to the ledger at once, so the
   binder's next plan sees it. The claims of this VM are not attached to any running VM (the
   pod waits otherwise), so moving them stops nothing.
   When no target fits, the pod stays gated and the Event ``WaitingForPlacement`` says why;
@@ -45,7 +45,7 @@ Choices where docs/design.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
   ``Ledger.allocation_lock``, the lock every binder pass holds too, and it goes through the
-  same write-back (``claim_status``): counted in the inventory before it is sent, kept
+  same write-back (``claim_status``): counted in the ledger before it is sent, kept
   there until the watch delivers a newer version.
 * ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
   and pinning it is the only correct way to remove the operator's gate.
@@ -129,7 +129,7 @@ class Placement:
     def __init__(
         self,
         caches: Caches,
-        inventory: Ledger,
+        ledger: Ledger,
         writer: ApiAccess,
         statuses: ClaimStatus,
         recorder: protocols.RecordsEvents,
@@ -138,7 +138,7 @@ class Placement:
         clock: Clock = SYSTEM,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
+        self.ledger = ledger
         self.writer = writer
         self.statuses = statuses
         self.recorder = recorder
@@ -149,7 +149,7 @@ class Placement:
         #: pod key -> the pod as this replica pinned it, until the cache shows that version
         self._pinned: OwnWrites[Key] = OwnWrites()
         self.rejections = node_rejections.NodeRejections(
-            caches, inventory, writer, statuses, recorder, settings, clock=clock
+            caches, ledger, writer, statuses, recorder, settings, clock=clock
         )
 
     def reconcile(self, key: Key) -> Result | None:
@@ -269,7 +269,7 @@ class Placement:
         nodes = sorted({gpuclaims.node_name(c) for c in claims})
         if len(nodes) == 1:
             node = nodes[0]
-            if not self.inventory.has_node(node):
+            if not self.ledger.has_node(node):
                 return self._wait(
                     pod, "Normal", f"node {node} of the claims is gone; they will be bound again"
                 )
@@ -318,13 +318,13 @@ class Placement:
 
     def _gather(self, pod: Obj, vmi_name: str, claims: list[Obj]) -> Result | None:
         """Move the claims bound elsewhere to one node of the set, or say why not."""
-        with self.inventory.allocation_lock:
-            # Judge on the inventory's view: another reconcile may have just moved claims.
+        with self.ledger.allocation_lock:
+            # Judge on the ledger's view: another reconcile may have just moved claims.
             # Not on a state whose write is unconfirmed: a move would rest on the stored
             # version's resourceVersion, not on that state.
-            if any(self.inventory.unconfirmed(key_of(c)) for c in claims):
+            if any(self.ledger.unconfirmed(key_of(c)) for c in claims):
                 return Result(requeue_after=RETRY)
-            fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
+            fresh = [self.ledger.claim(key_of(c)) or c for c in claims]
             if len({gpuclaims.node_name(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
             plan = self._move_plan(fresh)
@@ -345,13 +345,13 @@ class Placement:
         return Result(requeue_after=WAIT_RECHECK)
 
     def _move_plan(self, claims: list[Obj]) -> gathering.Gathering:
-        """Where ``claims`` gather, on the inventory's figures (``model.gathering``)."""
+        """Where ``claims`` gather, on the ledger's figures (``model.gathering``)."""
         class_free: dict[str, dict[str, int] | None] = {}
         for node in {gpuclaims.node_name(c) for c in claims}:
-            if not self.inventory.has_node(node):
+            if not self.ledger.has_node(node):
                 class_free[node] = None
                 continue
-            view = self.inventory.node(node)
+            view = self.ledger.node(node)
             class_free[node] = {c["name"]: c["free"] for c in view.classes} if view else {}
         resources: dict[str, str] = {}
         for class_name in {orders.ordered_class(c) for c in claims}:
@@ -423,14 +423,14 @@ def vmis_of_claim(claim: Obj) -> set[str]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
+    ledger: Ledger,
     statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:
     placement = Placement(
-        caches, inventory, manager.writer, statuses, recorder, settings, clock=manager.clock
+        caches, ledger, manager.writer, statuses, recorder, settings, clock=manager.clock
     )
     controller = manager.controller(
         NAME,
