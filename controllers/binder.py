@@ -90,7 +90,7 @@ class Binder:
         self,
         caches: Caches,
         ledger: Ledger,
-        status: ClaimStatus,
+        statuses: ClaimStatus,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
@@ -98,7 +98,7 @@ class Binder:
     ) -> None:
         self.caches = caches
         self.ledger = ledger
-        self.status = status
+        self.statuses = statuses
         self.settings = settings
         self.clock = clock
         self._metrics = _metrics(registry)
@@ -118,7 +118,7 @@ class Binder:
         if cls is None:
             for claim in claims:
                 if binding.is_waiting(claim):
-                    self._wait(
+                    self._write_waiting(
                         claim,
                         "ClassNotFound",
                         f"class {class_name} does not exist (kubectl get gpuclasses)",
@@ -144,7 +144,7 @@ class Binder:
                 continue
             why = self._refusal(claim, cls, tenants)
             if why is not None:
-                self._wait(claim, why.reason.value, why.message)
+                self._write_waiting(claim, why.reason.value, why.message)
             else:
                 candidates.append(claim)
         now = self.clock.now()
@@ -153,7 +153,7 @@ class Binder:
         by_key = {gpuclaims.key(c): c for c in candidates}
         self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
-            self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
+            self._write_waiting(by_key[claim_key], waiting.reason.value, waiting.message)
         looks: list[float] = []
         if plan.waiting and any(_refusals(c) for c in by_key.values()):
             looks.append(30.0)  # a refusal expires: look again
@@ -193,7 +193,7 @@ class Binder:
         """
         intended = [
             (
-                self.status.assume(
+                self.statuses.assume(
                     claim, claim_states.bound(claim, node, now, self.caches.served_vmi(claim))
                 ),
                 node,
@@ -231,7 +231,7 @@ class Binder:
 
     def _bind(self, intended: Obj, node: str) -> None:
         count = intended["spec"]["count"]
-        written = self.status.send(
+        written = self.statuses.send(
             intended,
             Announcement(
                 "claim bound",
@@ -246,7 +246,9 @@ class Binder:
                 waited = (self.clock.now() - created).total_seconds()
                 self._metrics.wait.observe(max(0.0, waited))
 
-    def _wait(self, claim: Obj, reason: str, message: str) -> None:
+    def _write_waiting(self, claim: Obj, reason: str, message: str) -> None:
+        """Write the claim's waiting status (``reason``, ``message``) unless it says so
+        already; a new reason, or a claim that was Lost, is announced."""
         status = claim_states.waiting(claim, reason, message, self.clock.now())
         if status is None:
             return  # it says so already
@@ -264,11 +266,11 @@ class Binder:
                 event="Normal" if reason == binding.WaitReason.QUEUED.value else "Warning",
                 fields={"detail": told},
             )
-        self.status.write(claim, status, announce)
+        self.statuses.write(claim, status, announce)
 
     def _lose(self, claim: Obj) -> None:
         node = gpuclaims.node_name(claim)
-        self.status.write(
+        self.statuses.write(
             claim,
             claim_states.lost(claim, self.clock.now()),
             Announcement(
@@ -290,11 +292,11 @@ def register(
     manager: Manager,
     caches: Caches,
     ledger: Ledger,
-    status: ClaimStatus,
+    statuses: ClaimStatus,
     settings: Settings,
 ) -> Controller[Key]:
     binder = Binder(
-        caches, ledger, status, settings, clock=manager.clock, registry=manager.registry
+        caches, ledger, statuses, settings, clock=manager.clock, registry=manager.registry
     )
     controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
     # A new leader first reads every claim afresh: the previous leader's last bindings may

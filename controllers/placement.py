@@ -162,7 +162,7 @@ class Placement:
             return None
         vmi_name, vmi_uid = self._vmi_of(pod)
         if not vmi_name:
-            return self._wait(
+            return self._report_waiting(
                 pod,
                 "Warning",
                 "the pod names no VM instance (no controller ownerReference to a "
@@ -171,19 +171,19 @@ class Placement:
         try:
             refs = references.from_object(pod)
         except references.AnnotationError as exc:
-            return self._wait(pod, "Warning", str(exc))
-        names_ = templates.claim_names(vmi_name, refs)
+            return self._report_waiting(pod, "Warning", str(exc))
+        claim_names = templates.claim_names(vmi_name, refs)
         made = {
             name
-            for name, ref in zip(names_, refs, strict=True)
+            for name, ref in zip(claim_names, refs, strict=True)
             if isinstance(ref, references.TemplateRef)
         }
         if launcher_pods.needs_pin(pod):
             if self._pinned.current(key, pod) is not pod:
                 log.debug("pinned already; the cache has not caught up", reason="Pinned")
                 return None
-            return self._place(pod, vmi_name, vmi_uid, names_, made)
-        result, gone = self.rejections.take(pod, vmi_name, vmi_uid, names_)
+            return self._place(pod, vmi_name, vmi_uid, claim_names, made)
+        result, gone = self.rejections.take(pod, vmi_name, vmi_uid, claim_names)
         if gone:
             self._forget(key)
         return result
@@ -229,11 +229,11 @@ class Placement:
             claim = self.caches.claims.store.get((ns, name))
             if claim is None:
                 why = " (it is made from the VM's claim template)" if name in made else ""
-                return self._wait(pod, "Normal", f"claim {name} does not exist yet{why}")
+                return self._report_waiting(pod, "Normal", f"claim {name} does not exist yet{why}")
             if _meta(claim).get("deletionTimestamp"):
-                return self._wait(pod, "Warning", f"claim {name} is being deleted")
+                return self._report_waiting(pod, "Warning", f"claim {name} is being deleted")
             if name in made and vmi_uid and not templates.is_template_claim_of(claim, owner):
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Normal",
                     f"claim {name} is not this VM instance's template claim (an earlier VM "
@@ -241,7 +241,7 @@ class Placement:
                 )
             other = self._other_user(claim, vmi_name)
             if other:
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Warning",
                     f"claim {name} is attached to VM instance {other}, which still exists; "
@@ -250,7 +250,7 @@ class Placement:
             if name not in made and gpuclaims.attachment(claim) != gpuclaims.VmiRef(
                 vmi_name, vmi_uid
             ):
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Normal",
                     f"claim {name} is not attached to this VM instance yet (the attachments "
@@ -262,7 +262,7 @@ class Placement:
                     or {}
                 )
                 why = bound.get("message") or "not bound yet"
-                return self._wait(
+                return self._report_waiting(
                     pod, "Normal", f"claim {name} is {gpuclaims.phase(claim) or 'new'}: {why}"
                 )
             claims.append(claim)
@@ -270,7 +270,7 @@ class Placement:
         if len(nodes) == 1:
             node = nodes[0]
             if not self.ledger.has_node(node):
-                return self._wait(
+                return self._report_waiting(
                     pod, "Normal", f"node {node} of the claims is gone; they will be bound again"
                 )
             return self._pin(pod, node, claim_names)
@@ -331,7 +331,7 @@ class Placement:
             target, moving, why = plan.target, plan.moving, plan.why
             if target is None:
                 where = ", ".join(f"{_meta(c)['name']} on {gpuclaims.node_name(c)}" for c in fresh)
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Warning",
                     f"the claims are bound to different nodes ({where}) and none of these "
@@ -376,7 +376,9 @@ class Placement:
         return self.statuses.write(claim, status, announce).ok
 
     # ---- reporting -------------------------------------------------------------------------
-    def _wait(self, pod: Obj, type_: EventType, message: str) -> Result:
+    def _report_waiting(self, pod: Obj, type_: EventType, message: str) -> Result:
+        """Log the pod's wait and record it as an Event on the pod, once per message; the
+        pod is looked at again after :data:`WAIT_RECHECK` seconds."""
         key = key_of(pod)
         with self._lock:
             changed = self._waits.get(key) != message
