@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.node:
                 print(node_status(client, args.node))
             else:
-                print(report.report(*report.collect(client)))
+                print(report.catalog(*report.collect(client)))
         except (FileNotFoundError, errors.ApiError) as exc:
             print(f"gpuoperator status: {exc}", file=sys.stderr)
             return 1
@@ -270,7 +270,7 @@ def node_status(client: Client, node: str) -> str:
     """``gpuoperator status --node N``."""
     ledger, classes = report.collect(client)
     claims, _ = client.list(GPUClaim, field_selector=f"status.nodeName={node}")
-    return report.node_report(ledger, classes, node, claims, report.collect_vmis(client))
+    return report.node(ledger, classes, node, claims, report.collect_vmis(client))
 
 
 def leader_identity(flag: str | None) -> str:

@@ -52,7 +52,9 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def report(ledger: Ledger, classes: dict[str, Obj]) -> str:
+def catalog(ledger: Ledger, classes: dict[str, Obj]) -> str:
+    """The classes with their figures, and the nodes with GPU resources with why each is not
+    eligible for a class: what ``gpuoperator status`` prints."""
     out = ["CLASSES"]
     rows = [["NAME", "MODE", "RESOURCE", "FREE", "MAX FREE/NODE", "ELIGIBLE NODES"]]
     for name in ledger.class_names():
@@ -113,7 +115,7 @@ def collect_vmis(client: Client) -> dict[tuple[str, str], Obj]:
     return {(v["metadata"]["namespace"], v["metadata"]["name"]): v for v in vmis}
 
 
-def node_report(
+def node(
     ledger: Ledger,
     classes: dict[str, Obj],
     node_name: str,
@@ -124,10 +126,10 @@ def node_report(
 ) -> str:
     """What holds ``node_name``: ``claims`` are the claims bound there (or more: others are
     skipped), ``vmis`` the VM instances by ``(namespace, name)``."""
-    node = next((n for n in _nodes(ledger, node_name)), None)
-    if node is None:
+    found = next((n for n in _nodes(ledger, node_name)), None)
+    if found is None:
         return f"node {node_name}: not found, or it has no GPU resource"
-    cordoned = draining.draining(node)
+    cordoned = draining.draining(found)
     out = [f"NODE {node_name}: {'cordoned' if cordoned else 'not cordoned'}"]
     holds = draining.holds_on(node_name, claims, vmis)
     by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}

@@ -54,7 +54,7 @@ def node_lines(*others: dict[str, Any]) -> list[str]:
             "status": {"phase": "Running"},
         }
     }
-    text = report.node_report(inventory, {"a10": CLASS}, "n1", claims, vmis, clock=FakeClock())
+    text = report.node(inventory, {"a10": CLASS}, "n1", claims, vmis, clock=FakeClock())
     return text.splitlines()
 
 
@@ -74,6 +74,6 @@ def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -
 
 def test_an_unknown_node_says_so() -> None:
     inventory = Ledger()
-    assert report.node_report(inventory, {}, "nope", [], {}) == (
+    assert report.node(inventory, {}, "nope", [], {}) == (
         "node nope: not found, or it has no GPU resource"
     )
