@@ -22,9 +22,10 @@ the protection controller's write comes first, and binding after it spares a con
 
 Never over-allocating rests on four things:
 
-* one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's moves take it
-  too) from reading the figures until **every** write it started has ended — a failed
-  write does not let the pass leave while the others are still in flight;
+* one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's and
+  draining's moves take it too) from reading the figures until **every** write it started
+  has ended — a failed write does not let the pass leave while the others are still in
+  flight;
 * the claims and figures a pass reads are the ledger's *assumed* state: a plan's
   bindings are counted before their writes leave (``ClaimStatus.assume``), and kept until
   the watch delivers a newer version, so the next pass neither plans a claim bound a moment

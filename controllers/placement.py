@@ -44,9 +44,9 @@ that node, so the binder places them elsewhere.
 Choices where docs/design.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
-  ``Ledger.allocation_lock``, the lock every binder pass holds too, and it goes through the
-  same write-back (``claim_status``): counted in the ledger before it is sent, kept
-  there until the watch delivers a newer version.
+  ``Ledger.allocation_lock``, the lock every binder pass and drain move holds too, and it
+  goes through the same write-back (``claim_status``): counted in the ledger before it is
+  sent, kept there until the watch delivers a newer version.
 * ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
   and pinning it is the only correct way to remove the operator's gate.
 * Waits are reported once per message (log line and Event), not on every look.
