@@ -33,14 +33,14 @@ def claim(**status: Any) -> Obj:
 
 
 def world() -> tuple[ClaimStore, Ledger, ClaimStatus]:
-    api, inventory = ClaimStore(), Ledger(clock=FakeClock())
-    inventory.apply_class(
+    api, ledger = ClaimStore(), Ledger(clock=FakeClock())
+    ledger.apply_class(
         {
             "metadata": {"name": "a10"},
             "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
         }
     )
-    inventory.apply_node(
+    ledger.apply_node(
         {
             "metadata": {"name": "n1"},
             "spec": {},
@@ -51,22 +51,22 @@ def world() -> tuple[ClaimStore, Ledger, ClaimStatus]:
             },
         }
     )
-    statuses = ClaimStatus(api, inventory, FakeRecorder(), registry=CollectorRegistry())
-    return api, inventory, statuses
+    statuses = ClaimStatus(api, ledger, FakeRecorder(), registry=CollectorRegistry())
+    return api, ledger, statuses
 
 
 def test_a_record_leaves_another_decisions_assumption_counted() -> None:
-    api, inventory, statuses = world()
+    api, ledger, statuses = world()
     observed = api.store(claim(phase="Pending"))
-    inventory.apply_claim(observed)
+    ledger.apply_claim(observed)
     # The binder assumed a binding to n1 and its write is in flight.
-    inventory.assume({**observed, "status": {"phase": "Bound", "nodeName": "n1"}})
+    ledger.assume({**observed, "status": {"phase": "Bound", "nodeName": "n1"}})
     written = statuses.record(observed, {"phase": "Pending", "usage": {"idleUnitSeconds": 0}})
     assert written.ok
-    assumed = inventory.claim(("t", "c"))
+    assumed = ledger.claim(("t", "c"))
     assert assumed is not None
     assert assumed["status"] == {"phase": "Bound", "nodeName": "n1"}
-    view = inventory.node("n1")
+    view = ledger.node("n1")
     assert view is not None
     assert [d["free"] for d in view.devices] == [2]  # the binding's units stay counted
     # The binding then meets the conflict: the record changed the claim first.
@@ -92,7 +92,7 @@ def test_a_record_never_changes_phase_or_node() -> None:
 
 
 def test_gpu_hours_never_wait_for_the_decisions_lock() -> None:
-    api, inventory, statuses = world()
+    api, ledger, statuses = world()
     caches = offline_caches()
     stored = api.store(claim(phase="Bound", nodeName="n1", boundTime="2026-01-01T00:00:00Z"))
     caches.claims.store.put(stored)
@@ -103,7 +103,7 @@ def test_gpu_hours_never_wait_for_the_decisions_lock() -> None:
         controller.reconcile(("t", "c"))
         done.set()
 
-    with inventory.allocation_lock:  # a binder pass is running
+    with ledger.allocation_lock:  # a binder pass is running
         worker = threading.Thread(target=reconcile)
         worker.start()
         assert done.wait(10.0), "the GPU-hours write waited for the binder"

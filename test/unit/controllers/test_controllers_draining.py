@@ -77,18 +77,18 @@ class World:
     def __init__(self, **settings: Any) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Ledger(clock=self.clock)
+        self.ledger = Ledger(clock=self.clock)
         self.api = Api()
         self.events = Events()
         statuses = ClaimStatus(
             self.api,
-            self.inventory,
+            self.ledger,
             self.events,
             registry=CollectorRegistry(),
         )
         self.controller = drainingmod.Draining(
             self.caches,
-            self.inventory,
+            self.ledger,
             statuses,
             self.events,
             Settings.model_validate(settings),
@@ -100,11 +100,11 @@ class World:
             "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
         }
         self.caches.classes.store.put(cls)
-        self.inventory.apply_class(cls)
+        self.ledger.apply_class(cls)
 
     def put_node(self, obj: Obj) -> None:
         self.caches.nodes.store.put(obj)
-        self.inventory.apply_node(obj)
+        self.ledger.apply_node(obj)
 
     def put_claim(self, obj: Obj) -> None:
         self.api.store(obj)
@@ -113,7 +113,7 @@ class World:
     def sync(self) -> None:
         for stored in self.api.claims.values():
             self.caches.claims.store.put(copy.deepcopy(stored))
-            self.inventory.apply_claim(copy.deepcopy(stored))
+            self.ledger.apply_claim(copy.deepcopy(stored))
 
     def drain(self, name: str) -> None:
         self.controller.reconcile(("", name))
@@ -196,11 +196,11 @@ def test_a_move_never_takes_units_another_decision_assumed() -> None:
     w.put_node(node("n1", 4, cordoned=True))
     w.put_node(node("n2", 2))
     w.put_claim(claim("idle", 2, 1, "n1"))
-    # A binding of the binder's, assumed into the inventory and not yet written, takes n2.
+    # A binding of the binder's, assumed into the ledger and not yet written, takes n2.
     pending = claim("new", 2, 5, "n2")
     w.api.store({**pending, "status": {"phase": "Pending"}})
     w.sync()
-    w.inventory.assume({**w.api.claims["new"], "status": pending["status"]})
+    w.ledger.assume({**w.api.claims["new"], "status": pending["status"]})
     w.drain("n1")
     assert w.where("idle") == "n1"
 

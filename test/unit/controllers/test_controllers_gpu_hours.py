@@ -34,15 +34,15 @@ class NoEvents:
 
 
 class Replica:
-    """One operator process: its own caches, inventory, controller and collector."""
+    """One operator process: its own caches, ledger, controller and collector."""
 
     def __init__(self, api: ClaimStore, clock: FakeClock) -> None:
         self.api = api
         self.caches = offline_caches()
-        self.inventory = Ledger(clock=clock)
+        self.ledger = Ledger(clock=clock)
         statuses = ClaimStatus(
             api,
-            self.inventory,
+            self.ledger,
             NoEvents(),
             registry=CollectorRegistry(),
         )
@@ -56,10 +56,10 @@ class Replica:
             if key[1] not in self.api.claims:
                 gone = self.caches.claims.store.remove(key)
                 assert gone is not None
-                self.inventory.delete_claim(gone)
+                self.ledger.delete_claim(gone)
         for stored in self.api.claims.values():
             self.caches.claims.store.put(copy.deepcopy(stored))
-            self.inventory.apply_claim(copy.deepcopy(stored))
+            self.ledger.apply_claim(copy.deepcopy(stored))
 
     def put_vmi(self, vmi: Obj) -> None:
         self.caches.vmis.store.put(vmi)
