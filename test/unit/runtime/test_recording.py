@@ -33,15 +33,7 @@ class Api:
         self._call("create", obj)
         return obj
 
-    def patch(
-        self,
-        kind: Kind,
-        name: str,
-        patch: Obj,
-        namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-    ) -> Obj:
+    def patch(self, kind: Kind, name: str, patch: Obj, *_: Any, **__: Any) -> Obj:
         self._call("patch", (name, patch))
         return patch
 
