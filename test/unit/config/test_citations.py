@@ -1,6 +1,7 @@
 """Code, manifests and docs cite the behaviour contract as it is in the repository,
 ``docs/design.md §n``, and say what a thing is instead of citing an issue number: a reader
-cannot open the old ``DESIGN.md`` (it is not in the repository) nor an issue tracker.
+can open neither the old contract file at the top of the tree (it is not in the repository)
+nor an issue tracker.
 
 ``EXEMPT`` holds the webhook server's files, rewritten on their own branch; once that branch
 has landed the list is to be emptied.
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 STALE = re.compile(
     "|".join(
         (
-            r"\b" + "DESIGN" + r"(\.md)?\b",
+            r"\b" + "DES" + "IGN" + r"(\.md)?\b",
             r"\b[Dd]esign " + "card" + r"s?\b",
             r"\b[Ii]ssues? " + r"#?[0-9]+",
         )
