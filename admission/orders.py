@@ -1,4 +1,4 @@
-"""The order webhook: validating, GPUClaim CREATE, fail closed (DESIGN.md §5).
+"""The order webhook: validating, GPUClaim CREATE, fail closed (docs/design.md §5).
 
 Refuses, with a message a tenant understands, an order whose class does not exist, whose
 count exceeds the class's maxCount or its published maxFreePerNode, that would exceed a

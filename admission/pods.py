@@ -1,4 +1,4 @@
-"""The pod webhook: mutating, Pod CREATE, fail closed (DESIGN.md §5 "VMs").
+"""The pod webhook: mutating, Pod CREATE, fail closed (docs/design.md §5 "VMs").
 
 Registered with an objectSelector on ``kubevirt.io=virt-launcher`` and the claims label, so
 it sees the pods KubeVirt renders for a VMI with claim references: the launcher pod, the
@@ -24,7 +24,7 @@ webhook is down; this check is the second line.
 Re-invocation (``reinvocationPolicy: IfNeeded``) is harmless: the gate is added once (a
 duplicate gate fails pod validation) and a toleration the pod carries is not added again.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * A launcher pod whose annotation is missing or malformed is refused with the parser's
   message (fail closed: the VMI webhook refused such a VMI, so the pod can only come from an

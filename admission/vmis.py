@@ -1,4 +1,4 @@
-"""The VMI webhook: mutating, VirtualMachineInstance CREATE, fail closed (DESIGN.md §5 "VMs").
+"""The VMI webhook: mutating, VirtualMachineInstance CREATE, fail closed (docs/design.md §5 "VMs").
 
 Registered with an objectSelector on the label ``gpu.cozystack.io/claims: "true"``, so it sees
 only VMIs that name their GPUs by reference. For such a VMI it:
@@ -20,7 +20,7 @@ whoever sent it. The attachment of a held claim is recorded by the attachments c
 once the VMI exists (by name and UID); of two VMIs admitted at once for one held claim, the
 older gets it and the other waits with its launcher pod gated.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * A dry run is judged exactly as a real create (nothing differs: nothing is written).
 * A malformed annotation is refused with the parser's message even when ``gpuForVMs`` is

@@ -1,5 +1,5 @@
 """Attachments: a held claim's ``status.attachment`` ``{vmi, uid}`` kept true to the VMIs
-that exist (DESIGN.md §2 GPUClaim, §5 "VMs"). This controller is the attachment's only
+that exist (docs/design.md §2 GPUClaim, §5 "VMs"). This controller is the attachment's only
 writer: the VMI webhook writes nothing, so a review sent to it (forged or not) cannot mark a
 claim attached.
 

@@ -3,7 +3,7 @@
 Key = class name, one worker: a class's claims are decided together, in order of creation
 (``model.binding.plan``: FIFO with backfill, binpack or spread, unexpired ``refusedNodes``
 skipped: the oldest claim that fits nowhere nominates the node it will fit on soonest, and
-younger claims are bound anywhere else), on the inventory's current figures, and each
+younger claims are bound anywhere else), on the ledger's current figures, and each
 binding is written to the claim's status with its resourceVersion as precondition
 (``claim_status``). Budgets and the vGPU entitlement are re-checked at bind time (two orders
 can pass the webhook together; template claims never met it). The class's nomination is
@@ -11,7 +11,7 @@ logged when it changes; each waiting claim's ``Bound`` condition says why it wai
 
 A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is planned again
 in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
-``Bound`` condition (DESIGN.md §5). The inventory wakes the classes of a deleted node's
+``Bound`` condition (docs/design.md §5). The ledger wakes the classes of a deleted node's
 claims even when the node served nothing any more (NotReady or cordoned before it went).
 ``status.lostNode`` names the lost node until the claim is bound again. Every status the
 binder writes is one of ``model.claim_states``.
@@ -22,10 +22,11 @@ the protection controller's write comes first, and binding after it spares a con
 
 Never over-allocating rests on four things:
 
-* one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's moves take it
-  too) from reading the figures until **every** write it started has ended — a failed
-  write does not let the pass leave while the others are still in flight;
-* the claims and figures a pass reads are the inventory's *assumed* state: a plan's
+* one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's and
+  draining's moves take it too) from reading the figures until **every** write it started
+  has ended — a failed write does not let the pass leave while the others are still in
+  flight;
+* the claims and figures a pass reads are the ledger's *assumed* state: a plan's
   bindings are counted before their writes leave (``ClaimStatus.assume``), and kept until
   the watch delivers a newer version, so the next pass neither plans a claim bound a moment
   ago (no wasted 409, no false ``NoCapacity``) nor hands its units out again; an
@@ -36,7 +37,7 @@ Never over-allocating rests on four things:
 * a 409 on the binder's own retried write is recognised as its own (``claim_status``);
 * writes are fenced — a replica that stops leading stops writing, even between retries,
   and each attempt ends before another replica may take the Lease; and a replica that
-  becomes leader lists every claim afresh into the inventory before its first pass, so the
+  becomes leader lists every claim afresh into the ledger before its first pass, so the
   previous leader's last bindings count even if its watch has not delivered them yet.
 """
 
@@ -89,16 +90,16 @@ class Binder:
     def __init__(
         self,
         caches: Caches,
-        inventory: Ledger,
-        status: ClaimStatus,
+        ledger: Ledger,
+        statuses: ClaimStatus,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
-        self.status = status
+        self.ledger = ledger
+        self.statuses = statuses
         self.settings = settings
         self.clock = clock
         self._metrics = _metrics(registry)
@@ -107,18 +108,18 @@ class Binder:
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bind")
 
     def reconcile(self, key: Key) -> Result | None:
-        with self.inventory.allocation_lock:
+        with self.ledger.allocation_lock:
             return self._reconcile(key[1])
 
     def _reconcile(self, class_name: str) -> Result | None:
-        # The inventory's view: a claim bound (or lost) a moment ago reads as such even
+        # The ledger's view: a claim bound (or lost) a moment ago reads as such even
         # while the claims cache still shows the version before.
-        claims, unconfirmed = self.inventory.settled_claims_of_class(class_name)
+        claims, unconfirmed = self.ledger.settled_claims_of_class(class_name)
         cls = self.caches.classes.store.get(("", class_name))
         if cls is None:
             for claim in claims:
                 if binding.is_waiting(claim):
-                    self._wait(
+                    self._write_waiting(
                         claim,
                         "ClassNotFound",
                         f"class {class_name} does not exist (kubectl get gpuclasses)",
@@ -127,12 +128,12 @@ class Binder:
         lost = [
             c
             for c in claims
-            if gpuclaims.is_bound(c) and not self.inventory.has_node(gpuclaims.node_name(c))
+            if gpuclaims.is_bound(c) and not self.ledger.has_node(gpuclaims.node_name(c))
         ]
         for claim in lost:
             self._lose(claim)
         if lost:
-            claims, unconfirmed = self.inventory.settled_claims_of_class(class_name)
+            claims, unconfirmed = self.ledger.settled_claims_of_class(class_name)
         candidates = []
         tenants: dict[str, list[Obj]] = {}  # namespace -> its claims, read once per pass
         for claim in claims:
@@ -144,20 +145,20 @@ class Binder:
                 continue
             why = self._refusal(claim, cls, tenants)
             if why is not None:
-                self._wait(claim, why.reason.value, why.message)
+                self._write_waiting(claim, why.reason.value, why.message)
             else:
                 candidates.append(claim)
         now = self.clock.now()
-        plan = self.inventory.plan(candidates, cls, self.settings.placement_policy, now)
+        plan = self.ledger.plan(candidates, cls, self.settings.placement_policy, now)
         self._log_nomination(class_name, plan.nomination)
         by_key = {gpuclaims.key(c): c for c in candidates}
         self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
-            self._wait(by_key[claim_key], waiting.reason.value, waiting.message)
+            self._write_waiting(by_key[claim_key], waiting.reason.value, waiting.message)
         looks: list[float] = []
         if plan.waiting and any(_refusals(c) for c in by_key.values()):
             looks.append(30.0)  # a refusal expires: look again
-        expiry = self.inventory.next_expiry(class_name)
+        expiry = self.ledger.next_expiry(class_name)
         if expiry is not None:
             looks.append(expiry + 0.1)  # a write with an unknown outcome is forgotten then
         elif unconfirmed:
@@ -186,14 +187,14 @@ class Binder:
     def _bind_all(self, bindings: list[tuple[Obj, str]], now: datetime.datetime) -> None:
         """Write a plan's bindings together and return only once every write has ended.
 
-        All are assumed into the inventory first (their units are counted before anything is
+        All are assumed into the ledger first (their units are counted before anything is
         sent), then written in parallel (each in a copy of this reconcile's log context).
         The first failure is raised after the last write ended, never before: leaving early
         would let the next pass plan on figures the writes still running are about to take.
         """
         intended = [
             (
-                self.status.assume(
+                self.statuses.assume(
                     claim, claim_states.bound(claim, node, now, self.caches.served_vmi(claim))
                 ),
                 node,
@@ -220,18 +221,18 @@ class Binder:
         return orders.binding_refusal(claim, cls, namespace, quotas, others)
 
     def _tenant_claims(self, ns: str, tenants: dict[str, list[Obj]]) -> list[Obj]:
-        """The namespace's claims as the inventory counts them — a claim this replica bound
+        """The namespace's claims as the ledger counts them — a claim this replica bound
         a moment ago reads as Bound while the claims cache still shows it Pending (a budget
         added up on the cache would let a later pass bind past it) — read once per pass, so
         every claim of the pass is judged on the same figures while the watch moves on."""
         if ns not in tenants:
             cached = self.caches.claims.store.by_index(BY_NAMESPACE, ns)
-            tenants[ns] = [self.inventory.claim(key_of(c)) or c for c in cached]
+            tenants[ns] = [self.ledger.claim(key_of(c)) or c for c in cached]
         return tenants[ns]
 
     def _bind(self, intended: Obj, node: str) -> None:
         count = intended["spec"]["count"]
-        written = self.status.send(
+        written = self.statuses.send(
             intended,
             Announcement(
                 "claim bound",
@@ -246,7 +247,9 @@ class Binder:
                 waited = (self.clock.now() - created).total_seconds()
                 self._metrics.wait.observe(max(0.0, waited))
 
-    def _wait(self, claim: Obj, reason: str, message: str) -> None:
+    def _write_waiting(self, claim: Obj, reason: str, message: str) -> None:
+        """Write the claim's waiting status (``reason``, ``message``) unless it says so
+        already; a new reason, or a claim that was Lost, is announced."""
         status = claim_states.waiting(claim, reason, message, self.clock.now())
         if status is None:
             return  # it says so already
@@ -264,11 +267,11 @@ class Binder:
                 event="Normal" if reason == binding.WaitReason.QUEUED.value else "Warning",
                 fields={"detail": told},
             )
-        self.status.write(claim, status, announce)
+        self.statuses.write(claim, status, announce)
 
     def _lose(self, claim: Obj) -> None:
         node = gpuclaims.node_name(claim)
-        self.status.write(
+        self.statuses.write(
             claim,
             claim_states.lost(claim, self.clock.now()),
             Announcement(
@@ -289,18 +292,18 @@ def _refusals(claim: Obj) -> bool:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
-    status: ClaimStatus,
+    ledger: Ledger,
+    statuses: ClaimStatus,
     settings: Settings,
 ) -> Controller[Key]:
     binder = Binder(
-        caches, inventory, status, settings, clock=manager.clock, registry=manager.registry
+        caches, ledger, statuses, settings, clock=manager.clock, registry=manager.registry
     )
     controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
     # A new leader first reads every claim afresh: the previous leader's last bindings may
     # not have reached this replica's watch yet. They are slimmed as the cache slims them.
     slim = caches.claims.options.transform
-    manager.on_leading(lambda: inventory.catch_up(manager.client.list(GPUClaim, transform=slim)[0]))
+    manager.on_leading(lambda: ledger.catch_up(manager.client.list(GPUClaim, transform=slim)[0]))
 
     def every_class(_obj: Obj) -> list[Key]:
         return caches.class_keys()
@@ -312,7 +315,7 @@ def register(
             (caches.classes, own_key),
             (caches.quotas, every_class),
             (caches.namespaces, every_class),
-            (inventory.changes, changed_classes),
+            (ledger.changes, changed_classes),
         ],
     )
     return controller

@@ -1,5 +1,5 @@
 """Claim protection: a claim serving a VMI that is not yet gone is not removed until the VMI
-is gone (DESIGN.md §2 GPUClaim finalizer, §10).
+is gone (docs/design.md §2 GPUClaim finalizer, §10).
 
 Every claim carries the finalizer ``gpu.cozystack.io/claim-protection`` (as a PVC carries
 ``kubernetes.io/pvc-protection``). It is set at admission where it can be (the

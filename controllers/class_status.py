@@ -1,7 +1,7 @@
 """Class status: ``free``, ``maxFreePerNode``, ``nodes``, the ``Available`` condition and
 ``observedGeneration`` of every GPUClass, and its protection finalizer.
 
-The figures come from the inventory's catalog, which keeps them incrementally: a pod,
+The figures come from the ledger's catalog, which keeps them incrementally: a pod,
 claim or node event re-derives one node's contribution, and this controller only copies
 the result of the classes that changed. The finalizer
 ``gpu.cozystack.io/class-protection`` holds a class while any claim names it.
@@ -66,7 +66,7 @@ class ClassStatus:
     def __init__(
         self,
         caches: Caches,
-        inventory: Ledger,
+        ledger: Ledger,
         writer: ApiAccess,
         recorder: protocols.RecordsEvents,
         *,
@@ -75,7 +75,7 @@ class ClassStatus:
         status_interval: float = 0.0,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
+        self.ledger = ledger
         self.writer = writer
         self.recorder = recorder
         self.clock = clock
@@ -106,8 +106,8 @@ class ClassStatus:
             cls = self.writer.replace(
                 GPUClass, {**cls, "metadata": {**meta, "finalizers": [*finalizers, FINALIZER]}}
             )
-        figures = self.inventory.class_figures(name)
-        allocatable = self.inventory.class_allocatable(name)
+        figures = self.ledger.class_figures(name)
+        allocatable = self.ledger.class_allocatable(name)
         self.gauge.labels(name, "allocatable").set(allocatable)
         self.gauge.labels(name, "allocated").set(allocatable - figures.free)
         self.gauge.labels(name, "free").set(figures.free)
@@ -213,14 +213,14 @@ def _resource(cls: Obj) -> str:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
+    ledger: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:
     reconciler = ClassStatus(
         caches,
-        inventory,
+        ledger,
         manager.writer_for(NAME),
         recorder,
         clock=manager.clock,
@@ -233,7 +233,7 @@ def register(
         [
             (caches.classes, own_key),
             (caches.claims, class_of_claim),
-            (inventory.changes, changed_classes),
+            (ledger.changes, changed_classes),
         ],
     )
     return controller

@@ -2,7 +2,7 @@
 (``model.draining`` says which claim is which).
 
 Key = a node ``("", name)``; woken by the node (cordoned, uncordoned, gone), by the claims
-bound to it while it is cordoned, and by every change of the inventory's figures while some
+bound to it while it is cordoned, and by every change of the ledger's figures while some
 node is cordoned (room may have freed elsewhere for a hold that could not move). A claim
 that still carries this controller's condition once it is no longer on a cordoned node (it
 lost its node, was refused by it, or the node was uncordoned) is keyed by itself
@@ -10,9 +10,9 @@ lost its node, was refused by it, or the node was uncordoned) is keyed by itself
 
 * **movable holds** are moved one decision at a time, in order of creation, under
   ``Ledger.allocation_lock`` (the lock every binder pass and placement move holds): each
-  target is chosen on the inventory's current figures by the binding model's rules
+  target is chosen on the ledger's current figures by the binding model's rules
   (``Ledger.candidates``, ``binding.choose`` with the ``placementPolicy``), and the move
-  goes through the claim status write-back (``claim_status``: assumed into the inventory
+  goes through the claim status write-back (``claim_status``: assumed into the ledger
   before it is sent, resourceVersion precondition, fenced writer), so the next choice
   already counts it — moves obey the same allocation guarantees as binding. The ``Bound``
   condition says ``Moved`` and an Event on the claim says "moved from N1 to N2: node
@@ -45,13 +45,13 @@ from gpuoperator.model import binding, claim_states, conditions, draining, gpu_h
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
+from gpuoperator.runtime import protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -85,16 +85,16 @@ class Draining:
     def __init__(
         self,
         caches: Caches,
-        inventory: Ledger,
+        ledger: Ledger,
         statuses: ClaimStatus,
-        recorder: Recorder,
+        recorder: protocols.RecordsEvents,
         settings: Settings,
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
+        self.ledger = ledger
         self.statuses = statuses
         self.recorder = recorder
         self.settings = settings
@@ -112,7 +112,7 @@ class Draining:
         if not draining.draining(node):
             self._settle(name)
             return None
-        with self.inventory.allocation_lock:
+        with self.ledger.allocation_lock:
             claims = self._claims_on(name)
             holds = draining.holds_on(name, claims, self._vmis(claims))
             moves = self.settings.drain_moves
@@ -125,30 +125,30 @@ class Draining:
             self._clear_conditions([c for c in claims if gpuclaims.key(c) not in movable])
         fresh = draining.holds_on(
             name,
-            [self.inventory.claim(h.key) or {} for h in holds],
+            [self.ledger.claim(h.key) or {} for h in holds],
             self._vmis(claims),
         )
         self._report(node or {}, name, fresh)
         return Result(requeue_after=RETRY) if retry else None
 
     def _claims_on(self, name: str) -> list[Obj]:
-        """The claims the cache files under node ``name``, as the inventory counts them."""
+        """The claims the cache files under node ``name``, as the ledger counts them."""
         return [
-            self.inventory.claim(gpuclaims.key(c)) or c
+            self.ledger.claim(gpuclaims.key(c)) or c
             for c in self.caches.claims.store.by_index(BY_NODE, name)
         ]
 
     # ---- decisions ------------------------------------------------------------------------
     def _move(self, source: str, h: Hold) -> bool | None:
         """Move one hold, or report it stuck: True moved, False stuck, None lost a race."""
-        claim = self.inventory.claim(h.key)
+        claim = self.ledger.claim(h.key)
         if claim is None or not gpuclaims.is_bound_to(claim, source):
             return True
         cls = self.caches.classes.store.get(("", h.class_name))
         if cls is None:
             return False
         now = self.clock.now()
-        candidates = self.inventory.candidates(claim, cls, now)
+        candidates = self.ledger.candidates(claim, cls, now)
         target = binding.choose(candidates, self.settings.placement_policy)
         if target is None:
             message = draining.stuck_message(source, h.count, gpuclasses.resource_name(cls))
@@ -193,7 +193,7 @@ class Draining:
         """The node is not cordoned (any more): no condition of ours stays, nothing is told.
         The lock is taken only when a claim there still carries the condition."""
         if any(flagged(c) for c in self.caches.claims.store.by_index(BY_NODE, name)):
-            with self.inventory.allocation_lock:
+            with self.ledger.allocation_lock:
                 self._clear_conditions(self._claims_on(name))
         with self._lock:
             self._told.pop(name, None)
@@ -213,8 +213,8 @@ class Draining:
             self.caches.nodes.store.get(("", node))
         ):
             return None  # its node's pass decides
-        with self.inventory.allocation_lock:
-            self._clear_conditions([self.inventory.claim(key) or claim])
+        with self.ledger.allocation_lock:
+            self._clear_conditions([self.ledger.claim(key) or claim])
         return None
 
     def _clear_conditions(self, claims: list[Obj]) -> None:
@@ -262,16 +262,16 @@ def flagged(claim: Obj) -> bool:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
+    ledger: Ledger,
     statuses: ClaimStatus,
-    recorder: Recorder,
+    recorder: protocols.RecordsEvents,
     settings: Settings,
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,
         Draining(
             caches,
-            inventory,
+            ledger,
             statuses,
             recorder,
             settings,
@@ -315,7 +315,7 @@ def register(
         [
             (caches.nodes, from_node),
             (caches.claims, node_of_claim),
-            (inventory.changes, cordoned_nodes),
+            (ledger.changes, cordoned_nodes),
         ],
     )
     return controller

@@ -6,7 +6,7 @@ serve). When the claim's state (not held, idle, in use) differs from the one its
 ``status.usage`` records, the open interval is closed and the next one opened, in one write
 through the claim status write-back's ``ClaimStatus.record`` (resourceVersion precondition,
 fenced writer, the watch's copy of the claim as the base). The write keeps the claim's phase
-and node, so it is never assumed into the inventory and takes no decision lock: the
+and node, so it is never assumed into the ledger and takes no decision lock: the
 binder's passes never wait for it, and a binding in flight on the same claim meets a 409
 and decides again. A conflict here (the binder or placement wrote first) is decided again on
 the fresh claim.

@@ -66,7 +66,7 @@ class NodeInventory:
     def __init__(
         self,
         caches: Caches,
-        inventory: Ledger,
+        ledger: Ledger,
         writer: ApiAccess,
         recorder: protocols.RecordsEvents,
         *,
@@ -75,7 +75,7 @@ class NodeInventory:
         status_interval: float = 0.0,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
+        self.ledger = ledger
         self.writer = writer
         self.recorder = recorder
         self.clock = clock
@@ -87,7 +87,7 @@ class NodeInventory:
 
     def reconcile(self, key: Key) -> Result | None:
         name = key[1]
-        view = self.inventory.node(name)
+        view = self.ledger.node(name)
         cached = self.caches.gpunodes.store.get(("", name))
         current = self._written.current(name, cached)
         if view is None:
@@ -215,15 +215,15 @@ class NodeInventory:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
+    ledger: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:
-    """Wire the controller: node and GPUNode events, and inventory changes, enqueue nodes."""
+    """Wire the controller: node and GPUNode events, and ledger changes, enqueue nodes."""
     reconciler = NodeInventory(
         caches,
-        inventory,
+        ledger,
         manager.writer_for(NAME),
         recorder,
         clock=manager.clock,
@@ -234,14 +234,14 @@ def register(
         NAME,
         reconciler,
         workers=workers,
-        seed=lambda: [("", n) for n in inventory.node_names()] + list(caches.gpunodes.store),
+        seed=lambda: [("", n) for n in ledger.node_names()] + list(caches.gpunodes.store),
     )
     manager.add_controller(
         controller,
         [
             (caches.nodes, own_key),
             (caches.gpunodes, own_key),
-            (inventory.changes, changed_nodes),
+            (ledger.changes, changed_nodes),
         ],
     )
     return controller

@@ -83,7 +83,7 @@ class NodeRejections:
     its pod rejected, and the rejection owed to the claims once the pod is deleted."""
 
     caches: Caches
-    inventory: Ledger
+    ledger: Ledger
     writer: ApiAccess
     statuses: ClaimStatus
     recorder: protocols.RecordsEvents
@@ -184,7 +184,7 @@ class NodeRejections:
             cached = self.caches.claims.store.get((key[0], name))
             if cached is None:
                 continue
-            claim = self.inventory.claim(key_of(cached)) or cached  # our own writes included
+            claim = self.ledger.claim(key_of(cached)) or cached  # our own writes included
             if objects.meta(claim).get("deletionTimestamp"):
                 continue
             other = gpuclaims.other_live_user(

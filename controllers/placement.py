@@ -1,5 +1,5 @@
 """Placement: a VM's launcher pod pinned to the node its claims are bound to, and moved on
-when that node rejects it (DESIGN.md §5 "VMs").
+when that node rejects it (docs/design.md §5 "VMs").
 
 Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
 WaitForFirstConsumer volumes (``launcher_pods.launcher_pod_kind``) of a VM with claim
@@ -23,12 +23,12 @@ pinned for this one), and is Bound. Then:
   ``slimming.slim_pod``), so the pod is pinned without reading it first; only when that
   version is stale (409) is the pod read and the patch sent once more on what was read.
 * Bound to several nodes: the set is gathered on one of them, as ``model.gathering``
-  decides on the inventory's figures. Candidate targets are the set's nodes, the one holding
+  decides on the ledger's figures. Candidate targets are the set's nodes, the one holding
   most of its units first; the claims on other nodes are moved there when the target is
   eligible for their classes and has free units of each resource for all of them together
   (classes may share a resource), and no moving claim refused the target. A move rewrites
   the claim's status (``nodeName``, ``boundTime``, the ``Bound`` condition with reason
-  ``Moved``) with the claim's resourceVersion and is fed to the inventory at once, so the
+  ``Moved``) with the claim's resourceVersion and is fed to the ledger at once, so the
   binder's next plan sees it. The claims of this VM are not attached to any running VM (the
   pod waits otherwise), so moving them stops nothing.
   When no target fits, the pod stays gated and the Event ``WaitingForPlacement`` says why;
@@ -41,12 +41,12 @@ set. ``controllers.node_rejections`` takes the rejection (the pod is deleted) on
 transient, and records it on the set's claims, which go back to ``Pending`` when Bound to
 that node, so the binder places them elsewhere.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * **Moves never race the binder.** A move is decided and written while holding
-  ``Ledger.allocation_lock``, the lock every binder pass holds too, and it goes through the
-  same write-back (``claim_status``): counted in the inventory before it is sent, kept
-  there until the watch delivers a newer version.
+  ``Ledger.allocation_lock``, the lock every binder pass and drain move holds too, and it
+  goes through the same write-back (``claim_status``): counted in the ledger before it is
+  sent, kept there until the watch delivers a newer version.
 * ``gpuForVMs`` off does not stop this controller: a gated pod was admitted while it was on,
   and pinning it is the only correct way to remove the operator's gate.
 * Waits are reported once per message (log line and Event), not on every look.
@@ -129,7 +129,7 @@ class Placement:
     def __init__(
         self,
         caches: Caches,
-        inventory: Ledger,
+        ledger: Ledger,
         writer: ApiAccess,
         statuses: ClaimStatus,
         recorder: protocols.RecordsEvents,
@@ -138,7 +138,7 @@ class Placement:
         clock: Clock = SYSTEM,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
+        self.ledger = ledger
         self.writer = writer
         self.statuses = statuses
         self.recorder = recorder
@@ -149,7 +149,7 @@ class Placement:
         #: pod key -> the pod as this replica pinned it, until the cache shows that version
         self._pinned: OwnWrites[Key] = OwnWrites()
         self.rejections = node_rejections.NodeRejections(
-            caches, inventory, writer, statuses, recorder, settings, clock=clock
+            caches, ledger, writer, statuses, recorder, settings, clock=clock
         )
 
     def reconcile(self, key: Key) -> Result | None:
@@ -162,7 +162,7 @@ class Placement:
             return None
         vmi_name, vmi_uid = self._vmi_of(pod)
         if not vmi_name:
-            return self._wait(
+            return self._report_waiting(
                 pod,
                 "Warning",
                 "the pod names no VM instance (no controller ownerReference to a "
@@ -171,19 +171,19 @@ class Placement:
         try:
             refs = references.from_object(pod)
         except references.AnnotationError as exc:
-            return self._wait(pod, "Warning", str(exc))
-        names_ = templates.claim_names(vmi_name, refs)
+            return self._report_waiting(pod, "Warning", str(exc))
+        claim_names = templates.claim_names(vmi_name, refs)
         made = {
             name
-            for name, ref in zip(names_, refs, strict=True)
+            for name, ref in zip(claim_names, refs, strict=True)
             if isinstance(ref, references.TemplateRef)
         }
         if launcher_pods.needs_pin(pod):
             if self._pinned.current(key, pod) is not pod:
                 log.debug("pinned already; the cache has not caught up", reason="Pinned")
                 return None
-            return self._place(pod, vmi_name, vmi_uid, names_, made)
-        result, gone = self.rejections.take(pod, vmi_name, vmi_uid, names_)
+            return self._place(pod, vmi_name, vmi_uid, claim_names, made)
+        result, gone = self.rejections.take(pod, vmi_name, vmi_uid, claim_names)
         if gone:
             self._forget(key)
         return result
@@ -229,11 +229,11 @@ class Placement:
             claim = self.caches.claims.store.get((ns, name))
             if claim is None:
                 why = " (it is made from the VM's claim template)" if name in made else ""
-                return self._wait(pod, "Normal", f"claim {name} does not exist yet{why}")
+                return self._report_waiting(pod, "Normal", f"claim {name} does not exist yet{why}")
             if _meta(claim).get("deletionTimestamp"):
-                return self._wait(pod, "Warning", f"claim {name} is being deleted")
+                return self._report_waiting(pod, "Warning", f"claim {name} is being deleted")
             if name in made and vmi_uid and not templates.is_template_claim_of(claim, owner):
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Normal",
                     f"claim {name} is not this VM instance's template claim (an earlier VM "
@@ -241,7 +241,7 @@ class Placement:
                 )
             other = self._other_user(claim, vmi_name)
             if other:
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Warning",
                     f"claim {name} is attached to VM instance {other}, which still exists; "
@@ -250,7 +250,7 @@ class Placement:
             if name not in made and gpuclaims.attachment(claim) != gpuclaims.VmiRef(
                 vmi_name, vmi_uid
             ):
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Normal",
                     f"claim {name} is not attached to this VM instance yet (the attachments "
@@ -262,15 +262,15 @@ class Placement:
                     or {}
                 )
                 why = bound.get("message") or "not bound yet"
-                return self._wait(
+                return self._report_waiting(
                     pod, "Normal", f"claim {name} is {gpuclaims.phase(claim) or 'new'}: {why}"
                 )
             claims.append(claim)
         nodes = sorted({gpuclaims.node_name(c) for c in claims})
         if len(nodes) == 1:
             node = nodes[0]
-            if not self.inventory.has_node(node):
-                return self._wait(
+            if not self.ledger.has_node(node):
+                return self._report_waiting(
                     pod, "Normal", f"node {node} of the claims is gone; they will be bound again"
                 )
             return self._pin(pod, node, claim_names)
@@ -318,20 +318,20 @@ class Placement:
 
     def _gather(self, pod: Obj, vmi_name: str, claims: list[Obj]) -> Result | None:
         """Move the claims bound elsewhere to one node of the set, or say why not."""
-        with self.inventory.allocation_lock:
-            # Judge on the inventory's view: another reconcile may have just moved claims.
+        with self.ledger.allocation_lock:
+            # Judge on the ledger's view: another reconcile may have just moved claims.
             # Not on a state whose write is unconfirmed: a move would rest on the stored
             # version's resourceVersion, not on that state.
-            if any(self.inventory.unconfirmed(key_of(c)) for c in claims):
+            if any(self.ledger.unconfirmed(key_of(c)) for c in claims):
                 return Result(requeue_after=RETRY)
-            fresh = [self.inventory.claim(key_of(c)) or c for c in claims]
+            fresh = [self.ledger.claim(key_of(c)) or c for c in claims]
             if len({gpuclaims.node_name(c) for c in fresh}) == 1:
                 return Result(requeue_after=RETRY)
             plan = self._move_plan(fresh)
             target, moving, why = plan.target, plan.moving, plan.why
             if target is None:
                 where = ", ".join(f"{_meta(c)['name']} on {gpuclaims.node_name(c)}" for c in fresh)
-                return self._wait(
+                return self._report_waiting(
                     pod,
                     "Warning",
                     f"the claims are bound to different nodes ({where}) and none of these "
@@ -345,13 +345,13 @@ class Placement:
         return Result(requeue_after=WAIT_RECHECK)
 
     def _move_plan(self, claims: list[Obj]) -> gathering.Gathering:
-        """Where ``claims`` gather, on the inventory's figures (``model.gathering``)."""
+        """Where ``claims`` gather, on the ledger's figures (``model.gathering``)."""
         class_free: dict[str, dict[str, int] | None] = {}
         for node in {gpuclaims.node_name(c) for c in claims}:
-            if not self.inventory.has_node(node):
+            if not self.ledger.has_node(node):
                 class_free[node] = None
                 continue
-            view = self.inventory.node(node)
+            view = self.ledger.node(node)
             class_free[node] = {c["name"]: c["free"] for c in view.classes} if view else {}
         resources: dict[str, str] = {}
         for class_name in {orders.ordered_class(c) for c in claims}:
@@ -376,7 +376,9 @@ class Placement:
         return self.statuses.write(claim, status, announce).ok
 
     # ---- reporting -------------------------------------------------------------------------
-    def _wait(self, pod: Obj, type_: EventType, message: str) -> Result:
+    def _report_waiting(self, pod: Obj, type_: EventType, message: str) -> Result:
+        """Log the pod's wait and record it as an Event on the pod, once per message; the
+        pod is looked at again after :data:`WAIT_RECHECK` seconds."""
         key = key_of(pod)
         with self._lock:
             changed = self._waits.get(key) != message
@@ -423,14 +425,14 @@ def vmis_of_claim(claim: Obj) -> set[str]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
+    ledger: Ledger,
     statuses: ClaimStatus,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:
     placement = Placement(
-        caches, inventory, manager.writer, statuses, recorder, settings, clock=manager.clock
+        caches, ledger, manager.writer, statuses, recorder, settings, clock=manager.clock
     )
     controller = manager.controller(
         NAME,

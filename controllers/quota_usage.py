@@ -1,5 +1,5 @@
 """Quota usage: the GPU budget keys of every ResourceQuota show what is used, so tenants
-read their budgets with ``kubectl describe quota`` (DESIGN.md §3).
+read their budgets with ``kubectl describe quota`` (docs/design.md §3).
 
 Key = a ResourceQuota ``(namespace, name)``; woken by the quota itself and by every claim
 of its namespace. The used values are ``model.quota_usage`` (the budget usage the order

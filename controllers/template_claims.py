@@ -1,5 +1,5 @@
 """Template claims: the GPUClaim a VM's ``claimTemplate`` reference orders, for as long as the
-VMI exists (DESIGN.md §2 GPUClaim, §5 "VMs").
+VMI exists (docs/design.md §2 GPUClaim, §5 "VMs").
 
 Key: a VMI ``(namespace, name)``. For every ``claimTemplate`` reference of a VMI that exists,
 is not being deleted and has not finished, the claim ``templates.template_claims`` describes
@@ -14,7 +14,7 @@ never adopted, changed or deleted: a Warning Event ``TemplateClaimConflict`` on 
 which, and the VMI is looked at again after :data:`CONFLICT_RECHECK` seconds (a foreign
 claim without an ownerReference to a VMI cannot be watched back to this VMI).
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * A claim that exists and is ours is left as it is, even if the annotation now orders
   another class or count there: a claim's spec is immutable, and a running VM's GPUs do not
@@ -30,7 +30,7 @@ Choices where DESIGN.md is silent:
   entries must be exactly those the webhook writes for its references, and every template is
   judged again as the webhook judges it (class, maxCount, vGPU entitlement, permitted
   resource, a count no larger than the largest allocatable of one node), on the caches and
-  the inventory of now. Otherwise none of the VMI's missing claims is created (its VM could
+  the ledger of now. Otherwise none of the VMI's missing claims is created (its VM could
   not run on part of them) and a Warning Event ``TemplateClaimRefused`` says why, once per
   message; the VMI is looked at again after :data:`CONFLICT_RECHECK` seconds (an
   entitlement or a node may come). Claims already made are never touched.
@@ -85,13 +85,13 @@ class TemplateClaims:
     def __init__(
         self,
         caches: Caches,
-        inventory: WebhookFigures,
+        ledger: WebhookFigures,
         writer: ApiAccess,
         recorder: protocols.RecordsEvents,
         settings: Settings,
     ) -> None:
         self.caches = caches
-        self.inventory = inventory
+        self.ledger = ledger
         self.writer = writer
         self.recorder = recorder
         self.settings = settings
@@ -150,9 +150,9 @@ class TemplateClaims:
                 for c in self.caches.claims.store.by_index(BY_NAMESPACE, ns)
             },
             namespace=self.caches.namespaces.store.get(("", ns)),
-            permitted=self.inventory.permitted(),
+            permitted=self.ledger.permitted(),
             largest_allocatable={
-                name: self.inventory.largest_allocatable(name)
+                name: self.ledger.largest_allocatable(name)
                 for name in template_classes
                 if name in classes
             },
@@ -231,14 +231,14 @@ def owning_vmi(claim: Obj) -> list[Key]:
 def register(
     manager: Manager,
     caches: Caches,
-    inventory: Ledger,
+    ledger: Ledger,
     recorder: Recorder,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,
-        TemplateClaims(caches, inventory, manager.writer, recorder, settings),
+        TemplateClaims(caches, ledger, manager.writer, recorder, settings),
         workers=workers,
         seed=lambda: list(caches.vmis.store),
     )

@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import requests
 import structlog
@@ -47,11 +47,11 @@ from gpuoperator import names
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims, conditions
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.indexing import key_of
 from gpuoperator.runtime.metrics import per_registry
-from gpuoperator.runtime.recording import EventType, Recorder
+from gpuoperator.runtime.recording import EventType
 
 log = structlog.get_logger(__name__)
 
@@ -136,14 +136,18 @@ def _unknown_outcome(exc: BaseException) -> bool:
     return isinstance(exc, requests.RequestException | OSError)
 
 
+class ApiAccess(protocols.Gets, protocols.ReplacesStatus, Protocol):
+    """Writes a claim's status, and reads it back after a 409 (did our write land?)."""
+
+
 class ClaimStatus:
     """Claim status writes with the ledger kept ahead of the watch (module docstring)."""
 
     def __init__(
         self,
-        writer: Client,
+        writer: ApiAccess,
         ledger: Ledger,
-        recorder: Recorder,
+        recorder: protocols.RecordsEvents,
         *,
         registry: CollectorRegistry | None = None,
     ) -> None:

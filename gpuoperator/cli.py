@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.node:
                 print(node_status(client, args.node))
             else:
-                print(report.report(*report.collect(client)))
+                print(report.catalog(*report.collect(client)))
         except (FileNotFoundError, errors.ApiError) as exc:
             print(f"gpuoperator status: {exc}", file=sys.stderr)
             return 1
@@ -268,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def node_status(client: Client, node: str) -> str:
     """``gpuoperator status --node N``."""
-    inventory, classes = report.collect(client)
+    ledger, classes = report.collect(client)
     claims, _ = client.list(GPUClaim, field_selector=f"status.nodeName={node}")
-    return report.node_report(inventory, classes, node, claims, report.collect_vmis(client))
+    return report.node(ledger, classes, node, claims, report.collect_vmis(client))
 
 
 def leader_identity(flag: str | None) -> str:
@@ -317,10 +317,10 @@ def run(args: argparse.Namespace) -> int:
             metrics_insecure=args.metrics_insecure,
         ),
     )
-    shared, inventory = wire(manager, operator_settings)
+    shared, ledger = wire(manager, operator_settings)
     if args.webhook_address:
         routes = admitting.app(
-            webhooks(shared, inventory, operator_settings),
+            webhooks(shared, ledger, operator_settings),
             ready=lambda: manager.ready()[0],
             registry=manager.registry,
         )
@@ -417,50 +417,50 @@ def self_managed_certificates(
 
 
 def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches.Caches, Ledger]:
-    """The composition: shared caches, the inventory fed by them, and the controllers."""
+    """The composition: shared caches, the ledger fed by them, and the controllers."""
     shared = caches.register(manager)
-    inventory = Ledger(clock=manager.clock)
-    inventory.connect(shared)
+    ledger = Ledger(clock=manager.clock)
+    ledger.connect(shared)
     # Events, the bindings, usage records and the status figures each write through a
     # client-side rate bucket of their own (Manager.writer_for); the others share one.
     recorder = Recorder(manager.writer_for("events"), api_version=names.API_VERSION)
-    node_inventory.register(manager, shared, inventory, recorder, operator_settings)
-    class_status.register(manager, shared, inventory, recorder, operator_settings)
+    node_inventory.register(manager, shared, ledger, recorder, operator_settings)
+    class_status.register(manager, shared, ledger, recorder, operator_settings)
     # Claims by phase and reason, and the oldest pending claim: computed on each scrape.
     claim_metrics.register(manager, shared)
     license_copier.register(manager, shared, recorder, operator_settings, manager.options.namespace)
     # The one write-back of claim status, shared by the binder, placement, GPU-hours and
     # draining.
     statuses = claim_status.ClaimStatus(
-        manager.writer_for(binder.NAME), inventory, recorder, registry=manager.registry
+        manager.writer_for(binder.NAME), ledger, recorder, registry=manager.registry
     )
-    binder.register(manager, shared, inventory, statuses, operator_settings)
+    binder.register(manager, shared, ledger, statuses, operator_settings)
     usage_records.register(manager, shared, workers=4)
     # Claims normally get their protection finalizer at admission (config/policy); where
     # they do not, a new claim's first write is that finalizer and the binder waits for it:
     # as many workers as the binder has writers, so it is not the bottleneck of a burst.
     claim_protection.register(manager, shared, recorder, workers=16)
-    template_claims.register(manager, shared, inventory, recorder, operator_settings)
+    template_claims.register(manager, shared, ledger, recorder, operator_settings)
     attachments.register(manager, shared, recorder, operator_settings)
-    placement.register(manager, shared, inventory, statuses, recorder, operator_settings)
-    # Beyond the peers (issue 14): budgets shown in ResourceQuota status, GPU-hours,
-    # idle holds moved off cordoned nodes.
+    placement.register(manager, shared, ledger, statuses, recorder, operator_settings)
+    # Beyond the first catalog (docs/design.md §10): budgets shown in ResourceQuota status,
+    # GPU-hours, idle holds moved off cordoned nodes.
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
-    draining.register(manager, shared, inventory, statuses, recorder, operator_settings)
+    draining.register(manager, shared, ledger, statuses, recorder, operator_settings)
     # The admission policies' parameter: the classes' resource names and the settings.
     policy_params.register(manager, shared, operator_settings)
-    return shared, inventory
+    return shared, ledger
 
 
 def webhooks(
-    shared: caches.Caches, inventory: Ledger, operator_settings: settings.Settings
+    shared: caches.Caches, ledger: Ledger, operator_settings: settings.Settings
 ) -> dict[str, admitting.Handler]:
     """The admission handlers. They run on every replica and write nothing: they decide on
-    the shared caches and the inventory alone."""
+    the shared caches and the ledger alone."""
     return {
         orders.PATH: orders.OrderWebhook(shared),
-        vmis.PATH: vmis.VmiWebhook(shared, inventory, operator_settings),
+        vmis.PATH: vmis.VmiWebhook(shared, ledger, operator_settings),
         pods.PATH: pods.PodWebhook(shared, operator_settings),
     }
 

@@ -7,8 +7,9 @@ as its GPUNode's status, nor with GPUNode itself.) One lock guards all of it.
 
 Every event updates only the node(s) it touches (the model's ledger and the
 Catalog are incremental) and then tells listeners which nodes and classes changed, so the
-node-inventory and class-status controllers reconcile exactly those. Webhooks and the
-binder read through the same object. ``gpuoperator status`` feeds it one-shot lists instead
+node-inventory and class-status controllers reconcile exactly those. The VMI webhook and the
+controllers that decide where claims go (binder, placement, draining, template claims) read
+through the same object. ``gpuoperator status`` feeds it one-shot lists instead
 of informers.
 
 **Assumed claims.** A claim state a controller is writing is counted before the write lands
@@ -84,9 +85,9 @@ class Ledger:
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
         self.changes = Feed("inventory")
         #: Guards the allocation of free units. Invariant: a decision that hands out units
-        #: (a binder pass, placement's moves) holds it from reading the figures until every
-        #: write it started has ended, each assumed here before it was sent; so two such
-        #: decisions never give the same free units away.
+        #: (a binder pass, placement's moves, draining's moves) holds it from reading the
+        #: figures until every write it started has ended, each assumed here before it was
+        #: sent; so two such decisions never give the same free units away.
         self.allocation_lock = threading.RLock()
 
     # ---- wiring ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Every name gpuoperator shares with the cluster, in one place (DESIGN.md §4).
+"""Every name gpuoperator shares with the cluster, in one place (docs/design.md §4).
 
 Controllers, webhooks, manifests' tests and the CLI import these constants; nothing else
 spells them.

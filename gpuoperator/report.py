@@ -25,8 +25,8 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 
 
 def collect(client: Client) -> tuple[Ledger, dict[str, Obj]]:
-    """The inventory of the cluster now, and its classes by name."""
-    inventory = Ledger()
+    """The ledger of the cluster now, and its classes by name."""
+    ledger = Ledger()
     nodes, _ = client.list(pykube.Node)
     pods, _ = client.list(pykube.Pod)
     classes, _ = client.list(GPUClass)
@@ -35,14 +35,14 @@ def collect(client: Client) -> tuple[Ledger, dict[str, Obj]]:
         kubevirts, _ = client.list(KubeVirt)
     except errors.NotFoundError:
         kubevirts = []
-    inventory.load(
+    ledger.load(
         nodes=[slimming.slim_node(n) for n in nodes],
         pods=[slimming.slim_pod(p) for p in pods],
         classes=classes,
         claims=claims,
         kubevirt=kubevirts[0] if kubevirts else None,
     )
-    return inventory, {c["metadata"]["name"]: c for c in classes}
+    return ledger, {c["metadata"]["name"]: c for c in classes}
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -52,12 +52,14 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def report(inventory: Ledger, classes: dict[str, Obj]) -> str:
+def catalog(ledger: Ledger, classes: dict[str, Obj]) -> str:
+    """The classes with their figures, and the nodes with GPU resources with why each is not
+    eligible for a class: what ``gpuoperator status`` prints."""
     out = ["CLASSES"]
     rows = [["NAME", "MODE", "RESOURCE", "FREE", "MAX FREE/NODE", "ELIGIBLE NODES"]]
-    for name in inventory.class_names():
+    for name in ledger.class_names():
         cls = classes[name]
-        f = inventory.class_figures(name)
+        f = ledger.class_figures(name)
         rows.append(
             [
                 name,
@@ -72,17 +74,17 @@ def report(inventory: Ledger, classes: dict[str, Obj]) -> str:
     out.append("")
     out.append("NODES")
     rows = [["NODE", "RESOURCE", "ALLOCATABLE", "ALLOCATED", "FREE", "NOT ELIGIBLE FOR"]]
-    for node_name in inventory.node_names():
-        view = inventory.node(node_name)
+    for node_name in ledger.node_names():
+        view = ledger.node(node_name)
         if view is None:
             continue
         for device in view.devices:
             resource = device["resourceName"]
             why = []
-            for class_name in inventory.class_names():
+            for class_name in ledger.class_names():
                 if gpuclasses.resource_name(classes[class_name]) != resource:
                     continue
-                reasons = inventory.eligibility(node_name, class_name)
+                reasons = ledger.eligibility(node_name, class_name)
                 if reasons:
                     why.append(f"{class_name} ({'; '.join(reasons)})")
             if view.overcommitted.get(resource):
@@ -113,8 +115,8 @@ def collect_vmis(client: Client) -> dict[tuple[str, str], Obj]:
     return {(v["metadata"]["namespace"], v["metadata"]["name"]): v for v in vmis}
 
 
-def node_report(
-    inventory: Ledger,
+def node(
+    ledger: Ledger,
     classes: dict[str, Obj],
     node_name: str,
     claims: list[Obj],
@@ -124,10 +126,10 @@ def node_report(
 ) -> str:
     """What holds ``node_name``: ``claims`` are the claims bound there (or more: others are
     skipped), ``vmis`` the VM instances by ``(namespace, name)``."""
-    node = next((n for n in _nodes(inventory, node_name)), None)
-    if node is None:
+    found = next((n for n in _nodes(ledger, node_name)), None)
+    if found is None:
         return f"node {node_name}: not found, or it has no GPU resource"
-    cordoned = draining.draining(node)
+    cordoned = draining.draining(found)
     out = [f"NODE {node_name}: {'cordoned' if cordoned else 'not cordoned'}"]
     holds = draining.holds_on(node_name, claims, vmis)
     by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
@@ -140,7 +142,7 @@ def node_report(
                 h.class_name,
                 str(h.count),
                 h.vmi or "-",
-                _drain(h, by_key, inventory, classes, clock),
+                _drain(h, by_key, ledger, classes, clock),
             ]
         )
     out.append(_table(rows) if len(rows) > 1 else "(no claim bound to this node)")
@@ -155,8 +157,8 @@ def node_report(
     return "\n".join(out)
 
 
-def _nodes(inventory: Ledger, name: str) -> list[Obj]:
-    view = inventory.node(name)
+def _nodes(ledger: Ledger, name: str) -> list[Obj]:
+    view = ledger.node(name)
     if view is not None:
         return [view.node]
     return []
@@ -165,7 +167,7 @@ def _nodes(inventory: Ledger, name: str) -> list[Obj]:
 def _drain(
     h: draining.Hold,
     claims: dict[tuple[str, str], Obj],
-    inventory: Ledger,
+    ledger: Ledger,
     classes: dict[str, Obj],
     clock: Clock,
 ) -> str:
@@ -176,7 +178,7 @@ def _drain(
     cls = classes.get(h.class_name)
     if cls is None:
         return f"idle hold; class {h.class_name} not found"
-    room = [n for n, _ in inventory.candidates(claims[h.key], cls, clock.now())]
+    room = [n for n, _ in ledger.candidates(claims[h.key], cls, clock.now())]
     if not room:
         return "idle hold; fits on no other eligible node now"
     return f"idle hold; room on {', '.join(room)}"

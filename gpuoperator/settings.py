@@ -1,4 +1,4 @@
-"""Operator settings (DESIGN.md §4): the ``gpu-operator-settings`` ConfigMap in the
+"""Operator settings (docs/design.md §4): the ``gpu-operator-settings`` ConfigMap in the
 operator's namespace, overridden by environment variables, overridden by flags.
 
 Every value is validated by pydantic; a bad one is a single clear startup error that names

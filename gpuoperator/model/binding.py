@@ -1,4 +1,4 @@
-"""Binding (DESIGN.md §5 "Binding"): which node each pending claim of a class is bound to,
+"""Binding (docs/design.md §5 "Binding"): which node each pending claim of a class is bound to,
 and in which order.
 
 A waiting claim (phase ``Pending``, ``Lost`` or none yet, not being deleted) is bound to one
@@ -20,7 +20,7 @@ free units, since fewer are free there than it needs — so a small order never 
 big one waits elsewhere, and the big one is never starved: the units that free on its node
 stay free until it fits (:class:`Nomination`).
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * One nomination per class: only the oldest waiting claim that can ever fit nominates; a
   younger claim that fits nowhere else just waits (``NoCapacity``, or ``Queued`` when it

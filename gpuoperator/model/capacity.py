@@ -1,5 +1,5 @@
-"""Free GPU units per node and per class (DESIGN.md §5 "Capacity", "Holds live in the
-operator's ledger").
+"""Free GPU units per node and per class (docs/design.md §5 "Capacity", "Holds are the
+operator's ledger, not kubelet's").
 
 For node N and resource R::
 
@@ -13,7 +13,7 @@ are reported as over-committing, instead of showing a negative free.
 The :class:`Ledger` keeps these figures incrementally: each update touches only the node(s)
 involved (the pod's node, or its old and new node when it moved; a rebound claim's old and
 new node), never the whole cluster, and returns the names of the nodes whose figures changed
-so callers recompute only those. Choices where DESIGN.md is silent:
+so callers recompute only those. Choices where docs/design.md is silent:
 
 * A claim holds units while ``status.phase == "Bound"`` with a ``status.nodeName``, **even
   while it is being deleted**: budgets stop charging a claim once it is being deleted
@@ -22,7 +22,7 @@ so callers recompute only those. Choices where DESIGN.md is silent:
 * A pod counts on its ``spec.nodeName`` while it is not terminated (scheduled-but-pending
   pods included: the scheduler has already given them the units), with
   :func:`gpuoperator.model.pods.pod_usage`; pods without GPU use are not stored at all.
-* "No claim accounts for" is decided by ownership (DESIGN.md §5, §10): the launcher pods a
+* "No claim accounts for" is decided by ownership (docs/design.md §5, §10): the launcher pods a
   VMI controls on node N (:func:`gpuoperator.model.pods.launcher_vmi`) are covered, per
   resource and all together, by at most the units that VMI's Bound claims hold on N
   (:func:`gpuoperator.model.claims.covering_vmi`); whatever they use beyond that counts like

@@ -1,4 +1,4 @@
-"""What a GPUClaim is, decided once (DESIGN.md §2 GPUClaim, §5 "Capacity", §10): its phases,
+"""What a GPUClaim is, decided once (docs/design.md §2 GPUClaim, §5 "Capacity", §10): its phases,
 its key, the VM instance it serves, and whether that VM instance is still a live user.
 
 **Phases.** ``Pending`` (waiting for a node), ``Bound`` (holding ``spec.count`` units on

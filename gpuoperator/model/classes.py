@@ -1,4 +1,4 @@
-"""Reading a GPUClass (DESIGN.md §2): the few facts every component needs from a class.
+"""Reading a GPUClass (docs/design.md §2): the few facts every component needs from a class.
 
 A class is the full custom resource as the API server returns it (``metadata``, ``spec``).
 The schema already refuses malformed classes, so these readers only resolve what the schema
@@ -56,7 +56,7 @@ def mode(cls: Obj) -> str:
 
 
 def is_vgpu(cls: Obj) -> bool:
-    """Whether ordering the class needs the namespace's vGPU entitlement (DESIGN.md §3)."""
+    """Whether ordering the class needs the namespace's vGPU entitlement (docs/design.md §3)."""
     return mode(cls) == VGPU
 
 

@@ -1,4 +1,4 @@
-"""Drain-aware holds (issue 14): what becomes of the holds on a cordoned node.
+"""Drain-aware holds (docs/design.md §5 "Draining"): what becomes of the holds on a cordoned node.
 
 A hoster cordons a node for maintenance. Each claim Bound to it is one of:
 
@@ -16,7 +16,7 @@ A hoster cordons a node for maintenance. Each claim Bound to it is one of:
 
 A movable hold that fits nowhere stays where it is and is reported, with why.
 
-Choices where the issue is silent:
+Choices where docs/design.md is silent:
 
 * A move goes before claims waiting in the binder's queue: the hold was granted earlier,
   and the move only keeps it.

@@ -1,4 +1,4 @@
-"""Node eligibility for a class (DESIGN.md §5 "Capacity"): taints and tolerations matched as
+"""Node eligibility for a class (docs/design.md §5 "Capacity"): taints and tolerations matched as
 kube-scheduler and kubelet match them.
 
 A node is eligible for a class when it is Ready, not cordoned, and every ``NoSchedule`` and

@@ -1,4 +1,4 @@
-"""Gathering a VM's claims on one node (DESIGN.md §5 "VMs"): when the claims a launcher pod
+"""Gathering a VM's claims on one node (docs/design.md §5 "VMs"): when the claims a launcher pod
 waits on are Bound to several nodes, which node they all move to, or why none can take them.
 
 Candidate targets are the nodes the claims are bound to, the one holding most of the set's
@@ -6,13 +6,13 @@ units first (then the one holding most claims, then by name, so two replicas dec
 The claims on the other nodes move to the first target that
 
 * still exists,
-* is eligible for each moving claim's class (the inventory lists the class on the node),
+* is eligible for each moving claim's class (the ledger lists the class on the node),
 * was not refused by a moving claim (its ``status.refusedNodes``, unexpired), and
 * has free units of each resource for all moving claims together (classes may share a
   resource, so their needs add up per resource).
 
 The binder and draining plan with the same figures (:mod:`gpuoperator.model.binding`,
-:mod:`gpuoperator.model.draining`); each caller holds the inventory's decision lock
+:mod:`gpuoperator.model.draining`); each caller holds the ledger's allocation lock
 (``Ledger.allocation_lock``) across its decision and the writes it makes, so no two of
 them hand out the same units.
 

@@ -1,6 +1,7 @@
-"""GPU-hours (issue 14): the unit-seconds a claim has held, split into **idle** (Bound, its VM
-not running) and **in use** (Bound, its VM instance running), kept in the claim's own status
-so that every replica, and every leader after the next, reads the same totals.
+"""GPU-hours (docs/design.md §5 "GPU-hours"): the unit-seconds a claim has held, split into
+**idle** (Bound, its VM not running) and **in use** (Bound, its VM instance running), kept in
+the claim's own status so that every replica, and every leader after the next, reads the
+same totals.
 
 ``status.usage`` of a GPUClaim::
 
@@ -18,7 +19,7 @@ takes over later reads the open interval from the status and goes on counting fr
 lies between the two depends on when the change is written (a VM that started while no
 replica led is counted idle until the new leader writes the change, seconds later).
 
-Choices where the issue is silent:
+Choices where docs/design.md is silent:
 
 * **In use** means the VM instance the claim serves (``model.claims``: a template claim's
   owner, a held claim's attachment, by UID once recorded) has a running launcher pod: phase

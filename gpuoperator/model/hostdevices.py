@@ -1,5 +1,5 @@
 """KubeVirt's host devices: the ``permittedHostDevices`` table and a VMI's own
-``spec.domain.devices.hostDevices`` (DESIGN.md §5 "VMs", §10).
+``spec.domain.devices.hostDevices`` (docs/design.md §5 "VMs", §10).
 
 When the KubeVirt CR sets ``spec.configuration.permittedHostDevices``, virt-controller
 renders a launcher pod only for GPUs whose ``deviceName`` the table lists (under

@@ -1,4 +1,4 @@
-"""Launcher pods (DESIGN.md §5 "VMs"): which pod of a VM with claims a pod is, and the
+"""Launcher pods (docs/design.md §5 "VMs"): which pod of a VM with claims a pod is, and the
 patches the pod webhook and the placement controller make to it.
 
 * :func:`launcher_pod_kind`, :func:`gate_patch`, :func:`tolerations_patch` — the pod webhook.
@@ -7,7 +7,7 @@ patches the pod webhook and the placement controller make to it.
 * :func:`needs_pin`, :func:`maybe_rejected`, :func:`watched`, :func:`vmi_name_of` — which pods
   the placement controller acts on, and for which VMI.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * The temporary WaitForFirstConsumer pod is recognised by the presence of its annotation, as
   KubeVirt itself does; a migration target is recognised first and never touched.

@@ -1,4 +1,4 @@
-"""Orders (DESIGN.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the refusals of
+"""Orders (docs/design.md §5 "Ordering a claim", §3 "Budgets and entitlement"): the refusals of
 one GPUClaim order, decided once for the order webhook, the VMI webhook's claim templates and
 the binder's re-check at bind time (:func:`binding_refusal`).
 
@@ -31,7 +31,7 @@ claim being deleted keeps its node until its finalizers are gone, so releasing i
 free budget for a new order first). Usage is attributed through the class each claim names,
 never through resource names (classes may share one).
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * ``spec.hard`` values are Kubernetes quantities; a budget counts whole units, so a value
   that is not a non-negative whole number (``"1.5"``, ``"500m"``, garbage) is read as a budget
@@ -282,7 +282,7 @@ def order_refusals(
     figures: capacity.ClassFigures | None,
     known_classes: Iterable[str] | None = None,
 ) -> list[str]:
-    """Why the order ``claim`` is refused (DESIGN.md §5), in the module docstring's order;
+    """Why the order ``claim`` is refused (docs/design.md §5), in the module docstring's order;
     ``[]`` when it is acceptable.
 
     ``cls`` is the claim's GPUClass (``None``: it does not exist), ``namespace`` the claim's

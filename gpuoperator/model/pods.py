@@ -1,4 +1,4 @@
-"""A pod's use of extended resources (DESIGN.md §5 "Capacity"), counted as kube-scheduler
+"""A pod's use of extended resources (docs/design.md §5 "Capacity"), counted as kube-scheduler
 counts it, so the operator's free units agree with what the scheduler will admit.
 
 For each resource: iterate the init containers in order; a restartable init container
@@ -13,7 +13,7 @@ units (an invalid quantity counts as 0), a limit without a request counting as t
 
 A pod that has terminated (``Succeeded``/``Failed``) uses nothing. A pod being deleted still
 uses its units until it is gone, as it does for the scheduler. Which of a pod's units a claim
-already holds is decided by ownership, never by a label a tenant can set (DESIGN.md §5, §10):
+already holds is decided by ownership, never by a label a tenant can set (docs/design.md §5, §10):
 :func:`launcher_vmi` names the VMI controlling a virt-launcher pod, and the ledger
 (:mod:`gpuoperator.model.capacity`) subtracts only the units that VMI's Bound claims hold on
 the pod's node. A migration target is an ordinary pod for accounting: its claims are bound

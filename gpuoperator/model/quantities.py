@@ -1,5 +1,5 @@
 """Kubernetes resource quantities as the operator reads them: whole units of extended
-resources (DESIGN.md §5 "Capacity").
+resources (docs/design.md §5 "Capacity").
 
 * :func:`is_extended` — which resources are counted at all: extended ones (``domain/name``);
   native ones (CPU, memory) never are.

@@ -1,4 +1,4 @@
-"""Budget keys (DESIGN.md §3, §4): built and parsed in one place.
+"""Budget keys (docs/design.md §3, §4): built and parsed in one place.
 
 Budgets are ``ResourceQuota`` ``spec.hard`` entries in a tenant namespace:
 ``<class>.gpuclass.cozystack.io/devices`` per class and ``gpuclass.cozystack.io/devices``

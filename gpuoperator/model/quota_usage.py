@@ -1,4 +1,4 @@
-"""Budget usage shown in ResourceQuota status (DESIGN.md §3): what ``status.used`` of a
+"""Budget usage shown in ResourceQuota status (docs/design.md §3): what ``status.used`` of a
 quota's GPU budget keys should say, so ``kubectl describe quota`` prints it beside ``Hard``.
 
 For every budget key in ``spec.hard`` (:func:`quota.parse_key`: the per-class

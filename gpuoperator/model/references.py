@@ -1,4 +1,4 @@
-"""The references annotation (DESIGN.md §2 GPUClaim, §4 names, §5 "VMs"): how a VM names
+"""The references annotation (docs/design.md §2 GPUClaim, §4 names, §5 "VMs"): how a VM names
 its GPU claims, parsed once for the VMI webhook, the pod webhook, the template controller and
 the placement controller.
 
@@ -13,7 +13,7 @@ parser reads pods.
 :func:`parse` is the annotation's grammar: every error (:class:`AnnotationError`) names the
 annotation, the 1-based item and what is allowed.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * Items are numbered from 1 in messages (``item 2`` is the second reference).
 * ``parse(None)`` (the label without the annotation) is an error, not "no references": the

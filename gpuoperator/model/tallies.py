@@ -1,7 +1,7 @@
 """Tallies of claims, as the claim metrics report them: how many claims each class has per
 phase and ``Bound`` reason, and how long the oldest claim of each class has been pending.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * A claim with no phase yet (the binder has not decided it) is counted as ``Pending``: it
   waits for a node like any Pending claim (:data:`claims.WAITING_PHASES`).

@@ -1,7 +1,7 @@
-"""Template claims (DESIGN.md §2 GPUClaim, §5 "VMs"): the GPUClaims the template controller
+"""Template claims (docs/design.md §2 GPUClaim, §5 "VMs"): the GPUClaims the template controller
 makes for a VMI's ``claimTemplate`` references, and which claims a VMI uses.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * The ``index`` of :func:`template_claim_name` is the 0-based position of the reference in
   the whole annotation list (held references included), so it stays stable whatever the
@@ -59,7 +59,7 @@ def template_claim_name(vmi_name: str, index: int) -> str:
     distinct names. The scheme is part of the contract: the template controller finds its
     claims by this name, so changing it would orphan the claims of running VMs.
 
-    The claim carries no VMI name in a label (a VMI name can exceed a label value, DESIGN.md
+    The claim carries no VMI name in a label (a VMI name can exceed a label value, docs/design.md
     §2): it is tied to its VMI by this name and by its controller ownerReference
     (:func:`template_claim`), so garbage collection removes it with the VMI. A claim of this
     name that is not controlled by the VMI's UID (a tenant's own claim, or the claim of an

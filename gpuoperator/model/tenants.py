@@ -1,4 +1,4 @@
-"""Tenant entitlement (DESIGN.md §3): a namespace may order ``vgpu`` classes only when it
+"""Tenant entitlement (docs/design.md §3): a namespace may order ``vgpu`` classes only when it
 carries the label ``gpu.cozystack.io/vgpu-entitled: "true"``.
 
 The label lives on the Namespace, which only the hoster edits, so a tenant cannot grant

@@ -1,4 +1,4 @@
-"""The VMI admission decision (DESIGN.md §5 "VMs"): what the VMI webhook refuses, judged
+"""The VMI admission decision (docs/design.md §5 "VMs"): what the VMI webhook refuses, judged
 without placement, and what it writes for an admitted VMI with references.
 
 * :func:`vmi_refusals` — what the VMI webhook refuses.
@@ -11,12 +11,12 @@ without placement, and what it writes for an admitted VMI with references.
 The webhook writes nothing but its answer: the attachment of a held claim is recorded by the
 attachments controller once the VMI exists.
 
-Choices where DESIGN.md is silent:
+Choices where docs/design.md is silent:
 
 * ``hostDevices`` beside references are refused when they name the resourceName of any
-  class (DESIGN.md §10), judged on the classes that exist at admission; other host devices
+  class (docs/design.md §10), judged on the classes that exist at admission; other host devices
   (NICs, USB...) stay allowed.
-* Besides the refusals DESIGN.md lists, :func:`vmi_refusals` refuses a held claim that is
+* Besides the refusals docs/design.md lists, :func:`vmi_refusals` refuses a held claim that is
   being deleted, a held claim whose class no longer exists, and a held claim named by another
   live VMI's annotation even when its attachment is not recorded (yet).
 * A template's class is judged with the order's own rules and messages (maxCount and the
@@ -202,7 +202,7 @@ def vmi_refusals(
     gpu_for_vms: bool,
     largest_allocatable: Mapping[str, int],
 ) -> list[str]:
-    """Why the VMI webhook refuses ``vmi`` with the parsed ``refs`` (DESIGN.md §5 "VMs"),
+    """Why the VMI webhook refuses ``vmi`` with the parsed ``refs`` (docs/design.md §5 "VMs"),
     judged without placement; ``[]`` when it is admitted. Every applicable refusal is
     returned, in reference order, each naming the field (``annotation
     gpu.cozystack.io/claims: item N``, ``spec.domain.devices.gpus`` or

@@ -13,7 +13,7 @@ log = structlog.get_logger(__name__)
 
 
 class Feed:
-    """A source of change notices that are not API objects (the inventory's figures, for
+    """A source of change notices that are not API objects (the ledger's figures, for
     instance), wired to controllers like an informer: each notice reaches every handler's
     ``on_add``, in the thread that publishes it, and handlers must be quick (map the notice
     to keys and enqueue them)."""

@@ -53,7 +53,7 @@ Mapper = Callable[[Obj], Iterable[Key]]
 
 class Source(Protocol):
     """What wakes a controller: an ``Informer`` (API objects) or a ``Feed`` (notices such
-    as the inventory's changes); each event is mapped to keys by the watch's ``Mapper``."""
+    as the ledger's changes); each event is mapped to keys by the watch's ``Mapper``."""
 
     def add_handlers(self, handlers: Handlers) -> None: ...
 

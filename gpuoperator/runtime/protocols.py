@@ -9,10 +9,12 @@ theirs, trimmed to the parameters components pass.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuoperator.runtime.client import Kind, Obj
-from gpuoperator.runtime.recording import EventType
+
+if TYPE_CHECKING:  # the recorder itself asks for protocols of this module
+    from gpuoperator.runtime.recording import EventType
 
 
 class Gets(Protocol):

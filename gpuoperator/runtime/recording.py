@@ -18,13 +18,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import pykube
 import structlog
 
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 
 log = structlog.get_logger(__name__)
@@ -42,10 +42,14 @@ class _Seen:
     at: float
 
 
+class ApiAccess(protocols.Creates, protocols.Patches, Protocol):
+    """Creates an Event, and patches its count and last timestamp when it repeats."""
+
+
 class Recorder:
     def __init__(
         self,
-        client: Client,
+        client: ApiAccess,
         *,
         api_version: str,
         dedupe_window: float = 600.0,

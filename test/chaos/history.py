@@ -2,7 +2,7 @@
 whole history rather than one snapshot.
 
 Fed by :class:`store.Watch` from etcd (see ``store``), so no version is missed even while
-the API server restarts. Two checks run on it, with their own arithmetic (DESIGN.md §5),
+the API server restarts. Two checks run on it, with their own arithmetic (docs/design.md §5),
 nothing taken from the product:
 
 * **Holds never exceed capacity, at any revision.** After each etcd revision the units of

@@ -1,5 +1,5 @@
 """The chaos suite's checks on one consistent snapshot of the cluster, written from
-DESIGN.md §5 with their own plain arithmetic (none of the product's model is used).
+docs/design.md §5 with their own plain arithmetic (none of the product's model is used).
 
 A snapshot is read at one etcd revision: claims are listed first, then pods, nodes and
 classes with ``resourceVersion=<that revision>&resourceVersionMatch=Exact``, so all four
@@ -407,7 +407,7 @@ def nearest_node(claim: Obj, snap: Snapshot, free: dict[Spot, int], now: datetim
     return reachable[0][1] if reachable else ""
 
 
-#: What the order webhook says for each refusal of DESIGN.md §5 (for the figures).
+#: What the order webhook says for each refusal of docs/design.md §5 (for the figures).
 _REFUSALS = (
     ("allows at most", "over maxCount"),
     ("not entitled", "not entitled"),

@@ -1,5 +1,5 @@
 """A template claim (ordered by the operator for a VM's claimTemplate, owned by its VMI) is
-protected like a held one (DESIGN.md §2, §10): deleting it while the VM runs only marks it
+protected like a held one (docs/design.md §2, §10): deleting it while the VM runs only marks it
 for deletion — the claim, and the units it holds, stay until the VMI is gone, and a VMI
 being deleted is not gone (its launcher pod may still hold the GPU)."""
 

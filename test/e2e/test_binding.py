@@ -411,8 +411,8 @@ def test_an_order_is_protected_at_admission_and_its_first_write_by_the_operator_
 ) -> None:
     """The shipped MutatingAdmissionPolicy sets the claim-protection finalizer inside the
     create, so the operator never updates the claim itself on the way to Bound: its only
-    write is the status (DESIGN §2: the finalizer "may be set at admission, to spare a
-    write")."""
+    write is the status (docs/design.md §2 GPUClaim: the finalizer is set at admission,
+    "sparing a write per claim")."""
     start_operator()
     cls = fleet.gpu_class()
     fleet.node(4)

@@ -1,4 +1,4 @@
-"""Self-managed webhook certificates on a cluster without cert-manager (DESIGN §9): a fresh
+"""Self-managed webhook certificates on a cluster without cert-manager (docs/design.md §9): a fresh
 install issues its CA and serving certificate into the shipped (empty) Secret, injects the
 caBundle and decides orders through its webhook; certificates rotate while the webhooks keep
 answering."""

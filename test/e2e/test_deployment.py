@@ -1,5 +1,5 @@
-"""The product as deployed (DESIGN §9): config/overlays/dev, rendered by the pinned kubectl's
-kustomize, is what the e2e session applied; the real API server accepted every object, and
+"""The product as deployed (docs/design.md §9): config/overlays/dev, rendered by the pinned
+kubectl's kustomize, is what the e2e session applied; the real API server accepted every object, and
 the suite's replicas run the rendered Deployment's container under its ServiceAccount."""
 
 from __future__ import annotations

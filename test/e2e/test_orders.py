@@ -1,5 +1,5 @@
 """The order webhook on the real API server (registered by URL with a caBundle): every
-refusal of DESIGN.md §5 with its message, dry runs, and template claims passing through."""
+refusal of docs/design.md §5 with its message, dry runs, and template claims passing through."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tamper policy (DESIGN §2, §6) on the real API server: only the operator's service
+"""The tamper policy (docs/design.md §2, §6) on the real API server: only the operator's service
 account may set, change or remove the template-claim mark on a GPUClaim.
 
 The shipped policy and binding (``config/policy``, rendered with kustomize) are

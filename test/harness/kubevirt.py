@@ -1,4 +1,4 @@
-"""A stand-in for KubeVirt's virt-controller, for the e2e suite (DESIGN.md §8).
+"""A stand-in for KubeVirt's virt-controller, for the e2e suite (docs/design.md §8).
 
 The e2e cluster has no KubeVirt, only its two CRDs (``test/harness/crds/``). This module
 does to a ``kubevirt.io/v1`` VirtualMachineInstance what virt-controller does and what

@@ -1,6 +1,6 @@
 """The over-allocation check, run after every e2e test: for every node and GPU resource, the
 units of bound claims plus the units of the pods no claim accounts for never exceed what
-kubelet counts (allocatable). DESIGN.md §5 "Capacity" is its only source.
+kubelet counts (allocatable). docs/design.md §5 "Capacity" is its only source.
 
 It is an oracle, so it shares no code with the product's pod and capacity model: it reads
 the API server's objects and does its own plain arithmetic.
@@ -144,7 +144,7 @@ def overbudgets(claims: list[Obj], quotas: list[Obj]) -> list[str]:
     its GPU keys (``gpuclass.cozystack.io/devices`` for all classes,
     ``<class>.gpuclass.cozystack.io/devices`` for one), the units of the namespace's Bound
     claims it charges (a claim being deleted included, until it is gone) are at most its hard
-    limit (DESIGN.md §3)."""
+    limit (docs/design.md §3)."""
     out = []
     for quota in quotas:
         meta = quota.get("metadata") or {}

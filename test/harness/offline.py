@@ -407,6 +407,10 @@ class ClaimStore:
     def get(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj:
         return copy.deepcopy(self.claims[name])
 
+    def get_or_none(self, _kind: Kind, name: str, _namespace: str | None = None) -> Obj | None:
+        found = self.claims.get(name)
+        return copy.deepcopy(found) if found is not None else None
+
 
 # -- events -----------------------------------------------------------------------------------
 
@@ -458,7 +462,7 @@ class FakeRecorder:
 class OfflineCluster:
     """The fake API server, the product's caches on an :class:`OfflineManager` writing to it,
     a real ``Ledger``, a fake clock and the Events recorded. :meth:`put` stores an object
-    in the server and delivers it, as its watch would, to the cache and the inventory;
+    in the server and delivers it, as its watch would, to the cache and the ledger;
     :meth:`sync` delivers the server's current state of one object."""
 
     def __init__(self, clock: Any = None) -> None:
@@ -470,10 +474,10 @@ class OfflineCluster:
         self.recorder = FakeRecorder()
         self.manager = OfflineManager(self.api, clock=self.clock)
         self.caches = offline_caches(self.manager)
-        self.inventory = Ledger(clock=self.clock)
+        self.ledger = Ledger(clock=self.clock)
 
     def _feeds(self, informer: Informer) -> tuple[Hook, Hook] | None:
-        inv, caches = self.inventory, self.caches
+        inv, caches = self.ledger, self.caches
         return {
             id(caches.classes): (inv.apply_class, inv.delete_class),
             id(caches.nodes): (inv.apply_node, inv.delete_node),
@@ -483,7 +487,7 @@ class OfflineCluster:
         }.get(id(informer))
 
     def deliver(self, informer: Informer, obj: Obj) -> Obj:
-        """``obj`` reaches ``informer``'s cache (and the inventory) as a watch event would."""
+        """``obj`` reaches ``informer``'s cache (and the ledger) as a watch event would."""
         stored = put(informer, obj)
         feeds = self._feeds(informer)
         if feeds is not None:

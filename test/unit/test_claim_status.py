@@ -1,5 +1,5 @@
 """The one claim status write-back, against the fake API server scripted to answer each
-outcome: how each outcome settles the inventory's assumption, and what is told."""
+outcome: how each outcome settles the ledger's assumption, and what is told."""
 
 from __future__ import annotations
 

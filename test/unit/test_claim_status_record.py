@@ -5,7 +5,7 @@ same claim stays counted, and the decision in flight meets the conflict instead.
 from __future__ import annotations
 
 import threading
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,10 +15,8 @@ from gpuoperator import names
 from gpuoperator.claim_status import ClaimStatus, Outcome
 from gpuoperator.ledger import Ledger
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.recording import Recorder
-from harness.offline import ClaimStore, offline_caches
+from harness.offline import ClaimStore, FakeRecorder, offline_caches
 
 Obj = dict[str, Any]
 RESOURCE = "nvidia.com/GA102GL_A10"
@@ -35,14 +33,14 @@ def claim(**status: Any) -> Obj:
 
 
 def world() -> tuple[ClaimStore, Ledger, ClaimStatus]:
-    api, inventory = ClaimStore(), Ledger(clock=FakeClock())
-    inventory.apply_class(
+    api, ledger = ClaimStore(), Ledger(clock=FakeClock())
+    ledger.apply_class(
         {
             "metadata": {"name": "a10"},
             "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
         }
     )
-    inventory.apply_node(
+    ledger.apply_node(
         {
             "metadata": {"name": "n1"},
             "spec": {},
@@ -53,24 +51,22 @@ def world() -> tuple[ClaimStore, Ledger, ClaimStatus]:
             },
         }
     )
-    statuses = ClaimStatus(
-        cast("Client", api), inventory, cast("Recorder", object()), registry=CollectorRegistry()
-    )
-    return api, inventory, statuses
+    statuses = ClaimStatus(api, ledger, FakeRecorder(), registry=CollectorRegistry())
+    return api, ledger, statuses
 
 
 def test_a_record_leaves_another_decisions_assumption_counted() -> None:
-    api, inventory, statuses = world()
+    api, ledger, statuses = world()
     observed = api.store(claim(phase="Pending"))
-    inventory.apply_claim(observed)
+    ledger.apply_claim(observed)
     # The binder assumed a binding to n1 and its write is in flight.
-    inventory.assume({**observed, "status": {"phase": "Bound", "nodeName": "n1"}})
+    ledger.assume({**observed, "status": {"phase": "Bound", "nodeName": "n1"}})
     written = statuses.record(observed, {"phase": "Pending", "usage": {"idleUnitSeconds": 0}})
     assert written.ok
-    assumed = inventory.claim(("t", "c"))
+    assumed = ledger.claim(("t", "c"))
     assert assumed is not None
     assert assumed["status"] == {"phase": "Bound", "nodeName": "n1"}
-    view = inventory.node("n1")
+    view = ledger.node("n1")
     assert view is not None
     assert [d["free"] for d in view.devices] == [2]  # the binding's units stay counted
     # The binding then meets the conflict: the record changed the claim first.
@@ -96,7 +92,7 @@ def test_a_record_never_changes_phase_or_node() -> None:
 
 
 def test_gpu_hours_never_wait_for_the_decisions_lock() -> None:
-    api, inventory, statuses = world()
+    api, ledger, statuses = world()
     caches = offline_caches()
     stored = api.store(claim(phase="Bound", nodeName="n1", boundTime="2026-01-01T00:00:00Z"))
     caches.claims.store.put(stored)
@@ -107,7 +103,7 @@ def test_gpu_hours_never_wait_for_the_decisions_lock() -> None:
         controller.reconcile(("t", "c"))
         done.set()
 
-    with inventory.allocation_lock:  # a binder pass is running
+    with ledger.allocation_lock:  # a binder pass is running
         worker = threading.Thread(target=reconcile)
         worker.start()
         assert done.wait(10.0), "the GPU-hours write waited for the binder"

@@ -22,8 +22,8 @@ def claim(rv: int, phase: str | None = None, node_name: str = "n1", count: int =
     return objects.claim(namespace="t", rv=rv, count=count, phase=phase, node=node, status={})
 
 
-def free(inventory: Ledger, name: str = "n1") -> int:
-    view = inventory.node(name)
+def free(ledger: Ledger, name: str = "n1") -> int:
+    view = ledger.node(name)
     assert view is not None
     [entry] = view.classes
     return entry["free"]
@@ -31,138 +31,138 @@ def free(inventory: Ledger, name: str = "n1") -> int:
 
 def world() -> tuple[Ledger, FakeClock]:
     clock = FakeClock()
-    inventory = Ledger(clock=clock)
-    inventory.apply_class(objects.gpuclass(resource=RESOURCE))
-    inventory.apply_node(objects.node())
-    inventory.apply_claim(claim(10))
-    return inventory, clock
+    ledger = Ledger(clock=clock)
+    ledger.apply_class(objects.gpuclass(resource=RESOURCE))
+    ledger.apply_node(objects.node())
+    ledger.apply_claim(claim(10))
+    return ledger, clock
 
 
 def test_an_assumed_bind_holds_its_units_before_the_write_lands() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))  # rv 10 is the write's precondition
-    assert free(inventory) == 1
-    assert inventory.claim(KEY)["status"]["phase"] == "Bound"  # type: ignore[index]
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))  # rv 10 is the write's precondition
+    assert free(ledger) == 1
+    assert ledger.claim(KEY)["status"]["phase"] == "Bound"  # type: ignore[index]
 
 
 def test_a_relist_older_than_a_confirmed_bind_does_not_roll_the_hold_back() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.confirm(claim(12, "Bound"))
-    inventory.apply_claim(claim(10))  # a snapshot from before the bind
-    inventory.apply_claim(claim(11))  # another writer's event from before ours
-    assert free(inventory) == 1
-    assert inventory.claims_of_class("a10")[0]["status"]["phase"] == "Bound"
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.confirm(claim(12, "Bound"))
+    ledger.apply_claim(claim(10))  # a snapshot from before the bind
+    ledger.apply_claim(claim(11))  # another writer's event from before ours
+    assert free(ledger) == 1
+    assert ledger.claims_of_class("a10")[0]["status"]["phase"] == "Bound"
 
 
 def test_the_watch_delivering_the_written_version_ends_the_assumption() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.confirm(claim(12, "Bound"))
-    inventory.apply_claim(claim(12, "Bound"))
-    assert inventory.assumed_keys() == set()
-    inventory.apply_claim(claim(13))  # released later: the watch is the truth again
-    assert free(inventory) == 4
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.confirm(claim(12, "Bound"))
+    ledger.apply_claim(claim(12, "Bound"))
+    assert ledger.assumed_keys() == set()
+    ledger.apply_claim(claim(13))  # released later: the watch is the truth again
+    assert free(ledger) == 4
 
 
 def test_a_newer_version_from_the_watch_supersedes_an_assumption_in_flight() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.apply_claim(claim(10))  # the same version again: the assumption stands
-    assert free(inventory) == 1
-    inventory.apply_claim(claim(11, "Bound", node_name="n1", count=1))  # someone else won
-    assert inventory.assumed_keys() == set()
-    assert free(inventory) == 3
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.apply_claim(claim(10))  # the same version again: the assumption stands
+    assert free(ledger) == 1
+    ledger.apply_claim(claim(11, "Bound", node_name="n1", count=1))  # someone else won
+    assert ledger.assumed_keys() == set()
+    assert free(ledger) == 3
 
 
 def test_a_confirm_after_the_watch_was_quicker_keeps_the_watchs_version() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.apply_claim(claim(13))  # our write (12) and a release (13) already arrived
-    inventory.confirm(claim(12, "Bound"))
-    assert inventory.assumed_keys() == set()
-    assert free(inventory) == 4
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.apply_claim(claim(13))  # our write (12) and a release (13) already arrived
+    ledger.confirm(claim(12, "Bound"))
+    assert ledger.assumed_keys() == set()
+    assert free(ledger) == 4
 
 
 def test_a_refused_write_is_forgotten() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.forget(KEY)
-    assert free(inventory) == 4
-    assert inventory.claim(KEY)["status"] == {}  # type: ignore[index]
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.forget(KEY)
+    assert free(ledger) == 4
+    assert ledger.claim(KEY)["status"] == {}  # type: ignore[index]
 
 
 def test_a_write_with_an_unknown_outcome_expires_when_the_watch_never_confirms_it() -> None:
-    inventory, clock = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.expire_after(KEY, 90)
+    ledger, clock = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.expire_after(KEY, 90)
     clock.advance(89)
-    inventory.expire()
-    assert free(inventory) == 1
+    ledger.expire()
+    assert free(ledger) == 1
     clock.advance(1)
-    assert inventory.claims_of_class("a10")[0]["status"] == {}
-    assert free(inventory) == 4
+    assert ledger.claims_of_class("a10")[0]["status"] == {}
+    assert free(ledger) == 4
 
 
 def test_without_an_assumption_an_older_version_is_never_counted_over_a_newer_one() -> None:
-    inventory, _ = world()
-    inventory.apply_claim(claim(20, "Bound"))
-    inventory.apply_claim(claim(15))
-    assert free(inventory) == 1
+    ledger, _ = world()
+    ledger.apply_claim(claim(20, "Bound"))
+    ledger.apply_claim(claim(15))
+    assert free(ledger) == 1
 
 
 def test_assumptions_tell_the_controllers_which_nodes_and_classes_changed() -> None:
-    inventory, _ = world()
+    ledger, _ = world()
     notices: list[Obj] = []
-    inventory.changes.add_handlers(Handlers(on_add=notices.append))
-    inventory.assume(claim(10, "Bound"))
-    inventory.forget(KEY)
+    ledger.changes.add_handlers(Handlers(on_add=notices.append))
+    ledger.assume(claim(10, "Bound"))
+    ledger.forget(KEY)
     assert notices == [{"nodes": ["n1"], "classes": ["a10"]}] * 2
 
 
 def test_a_deleted_claim_drops_its_assumption() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.delete_claim(claim(10))
-    assert inventory.assumed_keys() == set()
-    assert inventory.claim(KEY) is None
-    assert free(inventory) == 4
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.delete_claim(claim(10))
+    assert ledger.assumed_keys() == set()
+    assert ledger.claim(KEY) is None
+    assert free(ledger) == 4
 
 
 def test_a_fresh_list_at_leadership_counts_a_bind_the_watch_has_not_delivered() -> None:
-    inventory, _ = world()
-    inventory.catch_up([claim(12, "Bound")])
-    assert free(inventory) == 1
-    inventory.apply_claim(claim(11))  # the watch, still behind
-    assert free(inventory) == 1
+    ledger, _ = world()
+    ledger.catch_up([claim(12, "Bound")])
+    assert free(ledger) == 1
+    ledger.apply_claim(claim(11))  # the watch, still behind
+    assert free(ledger) == 1
 
 
 def test_a_write_confirmed_after_the_claims_deletion_holds_nothing() -> None:
-    inventory, _ = world()
-    inventory.assume(claim(10, "Bound"))
-    inventory.delete_claim(claim(10))  # the delete event overtook the write's reply
-    inventory.confirm(claim(12, "Bound"))
-    assert inventory.assumed_keys() == set()
-    assert free(inventory) == 4
+    ledger, _ = world()
+    ledger.assume(claim(10, "Bound"))
+    ledger.delete_claim(claim(10))  # the delete event overtook the write's reply
+    ledger.confirm(claim(12, "Bound"))
+    assert ledger.assumed_keys() == set()
+    assert free(ledger) == 4
 
 
 def test_an_unconfirmed_unbind_frees_the_units_only_once_confirmed() -> None:
-    inventory, _ = world()
-    inventory.apply_claim(claim(11, "Bound"))
-    inventory.assume(claim(11, "Pending"))  # a node refusal: back to Pending
-    assert free(inventory) == 1, "the stored claim still holds its units"
-    assert inventory.unconfirmed(KEY)
-    inventory.confirm(claim(12, "Pending"))
-    assert free(inventory) == 4
-    assert not inventory.unconfirmed(KEY)
+    ledger, _ = world()
+    ledger.apply_claim(claim(11, "Bound"))
+    ledger.assume(claim(11, "Pending"))  # a node refusal: back to Pending
+    assert free(ledger) == 1, "the stored claim still holds its units"
+    assert ledger.unconfirmed(KEY)
+    ledger.confirm(claim(12, "Pending"))
+    assert free(ledger) == 4
+    assert not ledger.unconfirmed(KEY)
 
 
 def test_an_unconfirmed_move_holds_units_on_both_nodes_until_forgotten() -> None:
-    inventory, _ = world()
-    inventory.apply_node(objects.node("n2"))
-    inventory.apply_claim(claim(11, "Bound"))
-    inventory.assume(claim(11, "Bound", node_name="n2"))
-    assert (free(inventory, "n1"), free(inventory, "n2")) == (1, 1)
-    inventory.forget(KEY)
-    assert (free(inventory, "n1"), free(inventory, "n2")) == (1, 4)
-    assert not inventory.unconfirmed(KEY)
+    ledger, _ = world()
+    ledger.apply_node(objects.node("n2"))
+    ledger.apply_claim(claim(11, "Bound"))
+    ledger.assume(claim(11, "Bound", node_name="n2"))
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 1)
+    ledger.forget(KEY)
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 4)
+    assert not ledger.unconfirmed(KEY)

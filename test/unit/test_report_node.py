@@ -1,4 +1,4 @@
-"""``gpuoperator status --node N`` on an inventory loaded from lists: every claim bound to the
+"""``gpuoperator status --node N`` on a ledger loaded from lists: every claim bound to the
 node with what a drain does with it, and the tenants whose VMs block the drain."""
 
 from __future__ import annotations
@@ -41,20 +41,20 @@ def claim(ns: str, name: str, count: int, second: int, **status: Any) -> dict[st
 
 
 def node_lines(*others: dict[str, Any]) -> list[str]:
-    inventory = Ledger()
+    ledger = Ledger()
     claims = [
         claim("shop", "idle", 1, 1),
         claim("shop", "big", 3, 2),
         claim("lab", "train", 2, 3, attachment={"vmi": "gpu-vm", "uid": "u1"}),
     ]
-    inventory.load(nodes=[node("n1", 8, cordoned=True), *others], classes=[CLASS], claims=claims)
+    ledger.load(nodes=[node("n1", 8, cordoned=True), *others], classes=[CLASS], claims=claims)
     vmis = {
         ("lab", "gpu-vm"): {
             "metadata": {"name": "gpu-vm", "namespace": "lab", "uid": "u1"},
             "status": {"phase": "Running"},
         }
     }
-    text = report.node_report(inventory, {"a10": CLASS}, "n1", claims, vmis, clock=FakeClock())
+    text = report.node(ledger, {"a10": CLASS}, "n1", claims, vmis, clock=FakeClock())
     return text.splitlines()
 
 
@@ -73,7 +73,7 @@ def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -
 
 
 def test_an_unknown_node_says_so() -> None:
-    inventory = Ledger()
-    assert report.node_report(inventory, {}, "nope", [], {}) == (
+    ledger = Ledger()
+    assert report.node(ledger, {}, "nope", [], {}) == (
         "node nope: not found, or it has no GPU resource"
     )

@@ -1,4 +1,5 @@
-"""Settings: sources in order, and one clear error for a bad value."""
+"""Settings: sources in order, and one clear error for a bad value; ``drainMoves`` on by
+default and off from any source."""
 
 from __future__ import annotations
 
@@ -80,3 +81,29 @@ def test_a_bad_value_is_one_error_naming_setting_value_source_and_allowed(
     assert "\n" not in message
     for fragment in fragments:
         assert fragment in message, message
+
+
+# ---- drainMoves: on by default, off from any source, and a non-boolean is a startup error
+def test_drain_moves_are_on_by_default() -> None:
+    assert settings.load(None, {}, {}).drain_moves is True
+
+
+@pytest.mark.parametrize(
+    ("cm", "env", "flags"),
+    [
+        ({"drainMoves": "false"}, {}, {}),
+        ({"drainMoves": "true"}, {"GPUOP_DRAIN_MOVES": "false"}, {}),
+        ({}, {"GPUOP_DRAIN_MOVES": "true"}, {"drainMoves": False}),
+    ],
+)
+def test_every_source_turns_drain_moves_off(
+    cm: dict[str, str], env: dict[str, str], flags: dict[str, object]
+) -> None:
+    assert settings.load(cm, env, flags).drain_moves is False
+
+
+def test_a_bad_drain_moves_value_names_the_setting_and_its_source() -> None:
+    with pytest.raises(settings.SettingsError) as err:
+        settings.load({"drainMoves": "sometimes"}, {}, {})
+    assert "drainMoves='sometimes'" in str(err.value)
+    assert "ConfigMap" in str(err.value)

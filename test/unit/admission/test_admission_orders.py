@@ -1,4 +1,4 @@
-"""The order webhook (DESIGN.md §5) on the product's caches: an order is judged on what the
+"""The order webhook (docs/design.md §5) on the product's caches: an order is judged on what the
 caches hold (its class and its published figures, its namespace's entitlement, quotas and
 claims, never another namespace's), refused as 403 Forbidden with a message that names the
 claim; template claims and operations other than CREATE pass; a dry run is judged the same;

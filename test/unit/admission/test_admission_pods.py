@@ -1,4 +1,4 @@
-"""The pod webhook (DESIGN.md §5 "VMs"): a launcher pod, or KubeVirt's temporary pod, of a VM
+"""The pod webhook (docs/design.md §5 "VMs"): a launcher pod, or KubeVirt's temporary pod, of a VM
 with claim references gets the placement gate once and the tolerations of its claims'
 classes once, however often it is admitted; migration targets and other pods are admitted
 untouched. Its registration (config/webhook) is checked with the shipped manifests

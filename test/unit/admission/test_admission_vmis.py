@@ -1,4 +1,4 @@
-"""The VMI webhook (DESIGN.md §5 "VMs"): a VMI with claim references is refused with every
+"""The VMI webhook (docs/design.md §5 "VMs"): a VMI with claim references is refused with every
 reason the model finds (prefixed with the VMI), or admitted with one ``gpus`` entry per unit.
 It writes nothing (it holds no client: the attachments controller records attachments), so a
 dry run is answered exactly as a real create, and its refusals name nothing the review did

@@ -22,7 +22,7 @@ CONFIG = REPO / "config"
 #: Every installable variant: the base and the overlays.
 VARIANTS = ("default", "overlays/dev", "overlays/kind", "overlays/production")
 
-# The deployment's fixed names (DESIGN §9; the names the operator itself uses are in
+# The deployment's fixed names (docs/design.md §9; the names the operator itself uses are in
 # gpuoperator.names and are taken from there).
 NAMESPACE = "gpu-operator-system"
 SERVICE_ACCOUNT = "gpu-operator"

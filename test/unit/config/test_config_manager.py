@@ -171,7 +171,7 @@ def test_dev_keeps_the_deployment_for_its_args_but_runs_no_pod() -> None:
     assert find(render("overlays/dev"), "Deployment", DEPLOYMENT)["spec"]["replicas"] == 0
 
 
-#: Pod Security "restricted" and the rest of DESIGN §6, as (path, required value).
+#: Pod Security "restricted" (docs/design.md §9, the production overlay), as (path, value).
 POD_SECURITY = {("runAsNonRoot",): True, ("seccompProfile", "type"): "RuntimeDefault"}
 CONTAINER_SECURITY = {
     ("runAsNonRoot",): True,

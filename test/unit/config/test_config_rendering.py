@@ -1,4 +1,4 @@
-"""Every variant under config/ renders, installs what DESIGN §9 lists under the fixed names,
+"""Every variant under config/ renders, installs what docs/design.md §9 lists under the fixed names,
 and keeps the namespaces consistent."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The e2e over-allocation oracle does DESIGN.md §5's arithmetic on its own: these cases
+"""The e2e over-allocation oracle does docs/design.md §5's arithmetic on its own: these cases
 pin it down with figures worked out by hand."""
 
 from __future__ import annotations

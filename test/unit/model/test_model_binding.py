@@ -1,4 +1,4 @@
-"""Binding follows DESIGN.md §5 "Binding": a waiting claim goes to an eligible node with
+"""Binding follows docs/design.md §5 "Binding": a waiting claim goes to an eligible node with
 enough free units that has not refused it lately, chosen by binpack or spread with ties broken
 by name; claims of a class wait FIFO with backfill (the oldest claim that fits nowhere
 nominates the node it will fit on soonest, younger claims bind anywhere else, and it binds
@@ -537,7 +537,7 @@ KEPT_N1 = (
 
 
 def test_a_big_head_nominates_its_nearest_node_and_small_claims_bind_elsewhere() -> None:
-    """The issue's case: an order that fits only on an empty node. It keeps the node nearest
+    """The case backfill is for: an order that fits only on an empty node. It keeps the node nearest
     to fitting; every younger order binds on the other nodes, however many there are."""
     nodes = [node("n1", {A10_RES: 4}), node("n2", {A10_RES: 4}), node("n3", {A10_RES: 4})]
     ledger = ledger_of(

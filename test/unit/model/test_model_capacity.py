@@ -1,4 +1,4 @@
-"""The ledger's free units follow DESIGN.md §5 "Capacity": allocatable minus bound claims'
+"""The ledger's free units follow docs/design.md §5 "Capacity": allocatable minus bound claims'
 holds minus other pods' use, clamped at 0 with the overrun reported; updates touch only the
 nodes involved and say which; class figures sum over eligible nodes that serve the resource."""
 

@@ -1,4 +1,4 @@
-"""What a claim is (DESIGN.md §2 GPUClaim, §10): whom it serves, whether that VM instance is
+"""What a claim is (docs/design.md §2 GPUClaim, §10): whom it serves, whether that VM instance is
 still a live user (a VMI being deleted is), and which launcher pods its units cover."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A class's resource, mode, effective maxCount and tolerations are read one way everywhere
-(DESIGN.md §2): the order webhook, VMI webhook and binder must not disagree on maxCount."""
+(docs/design.md §2): the order webhook, VMI webhook and binder must not disagree on maxCount."""
 
 from __future__ import annotations
 

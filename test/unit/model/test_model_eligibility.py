@@ -1,4 +1,4 @@
-"""Node eligibility follows the scheduler's taint rules (DESIGN.md §5 "Capacity"): Ready, not
+"""Node eligibility follows the scheduler's taint rules (docs/design.md §5 "Capacity"): Ready, not
 cordoned, every NoSchedule/NoExecute taint tolerated; only the three taints Ready and cordon
 decide are skipped."""
 

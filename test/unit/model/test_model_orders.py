@@ -1,4 +1,4 @@
-"""An order is refused exactly as DESIGN.md §5 "Ordering a claim" says (unknown class,
+"""An order is refused exactly as docs/design.md §5 "Ordering a claim" says (unknown class,
 count above maxCount, count above maxFreePerNode, a budget, missing vGPU entitlement), in that
 order and with messages naming the field, the value and what is allowed; budgets (§3) charge
 every claim that exists, one being deleted until it is gone, each quota must hold, and the

@@ -1,4 +1,4 @@
-"""A pod's GPU use is counted as kube-scheduler counts it (DESIGN.md §5 "Capacity"):
+"""A pod's GPU use is counted as kube-scheduler counts it (docs/design.md §5 "Capacity"):
 max(regular containers + sidecars, each init container's peak) + overhead; terminated pods
 use nothing; only ownership (never a label) names the VMI whose claims may account a pod."""
 

@@ -1,4 +1,4 @@
-"""Budget keys are built and parsed one way (DESIGN.md §3, §4); keys with ResourceQuota's own
+"""Budget keys are built and parsed one way (docs/design.md §3, §4); keys with ResourceQuota's own
 ``requests.``/``limits.`` prefixes never read as budgets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What ResourceQuota ``status.used`` says for GPU budget keys: the budget usage of DESIGN.md
+"""What ResourceQuota ``status.used`` says for GPU budget keys: the budget usage of docs/design.md
 §3, only for the budget keys in ``spec.hard``, and nothing rewritten that already says it."""
 
 from __future__ import annotations

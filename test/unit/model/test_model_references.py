@@ -1,4 +1,4 @@
-"""A VM's claim references (DESIGN.md §2, §4, §5 "VMs"): the annotation's grammar with a
+"""A VM's claim references (docs/design.md §2, §4, §5 "VMs"): the annotation's grammar with a
 message for every error, the VMI webhook's refusals (each naming the field and what is
 allowed), template claim names (valid, bounded, deterministic, distinct) and objects, the gpus
 entries, the claims' attachment, the pod kinds, and the pod patches (the gate added once,

@@ -1,5 +1,5 @@
 """Only a namespace labelled ``gpu.cozystack.io/vgpu-entitled: "true"`` may order vGPU
-(DESIGN.md §3); anything else fails closed."""
+(docs/design.md §3); anything else fails closed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared names are the contract's (DESIGN.md §4): a typo here breaks every component."""
+"""The shared names are the contract's (docs/design.md §4): a typo here breaks every component."""
 
 from gpuoperator import names
 

@@ -4,10 +4,10 @@ background, and a send that fails never reaches the caller."""
 from __future__ import annotations
 
 import threading
-from typing import Any, cast
+from typing import Any
 
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.client import Kind, Obj
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.recording import Recorder
 
@@ -29,17 +29,17 @@ class Api:
         if fail is not None:
             raise fail
 
-    def create(self, _kind: Any, body: Obj) -> None:
-        self._call("create", body)
+    def create(self, kind: Kind, obj: Obj) -> Obj:
+        self._call("create", obj)
+        return obj
 
-    def patch(self, _kind: Any, name: str, patch: Obj, _namespace: str) -> None:
+    def patch(self, kind: Kind, name: str, patch: Obj, *_: Any, **__: Any) -> Obj:
         self._call("patch", (name, patch))
+        return patch
 
 
 def recorder(api: Api, clock: FakeClock) -> Recorder:
-    return Recorder(
-        cast("Client", api), api_version="example.io/v1", dedupe_window=60.0, clock=clock
-    )
+    return Recorder(api, api_version="example.io/v1", dedupe_window=60.0, clock=clock)
 
 
 def test_a_repeated_event_within_the_window_bumps_the_count_of_the_first() -> None:

@@ -1,4 +1,4 @@
-"""Node inventory over the fake API server and the product's caches and inventory, wired by
+"""Node inventory over the fake API server and the product's caches and ledger, wired by
 its own ``register``: a node with GPU resources gets a GPUNode owned by the Node, with its
 devices, its classes' free units, ``Schedulable`` and ``Overcommitted`` in one status write,
 and nothing more while nothing changes; a GPUNode whose node is gone or has no GPU resource
@@ -30,7 +30,7 @@ class World(OfflineCluster):
         node_inventory.register(
             self.manager.as_manager(),
             self.caches,
-            self.inventory,
+            self.ledger,
             self.recorder.recorder,
             Settings.model_validate({"statusInterval": 0}),
         )
@@ -186,7 +186,7 @@ def test_pods_that_overrun_the_holds_are_named_with_one_warning_per_episode(
     # The pod goes: the episode ends; a new overrun is told again.
     world.sync(world.caches.gpunodes, "n1")
     world.caches.pods.store.remove((objects.NS, "hog"))
-    world.inventory.delete_pod(hog)
+    world.ledger.delete_pod(hog)
     world.reconcile()
     assert world.condition("Overcommitted") == ("False", "WithinCapacity")
     world.sync(world.caches.gpunodes, "n1")

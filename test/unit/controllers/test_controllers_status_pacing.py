@@ -87,17 +87,17 @@ class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Ledger(clock=self.clock)
+        self.ledger = Ledger(clock=self.clock)
         self.writer = Writer()
         self.caches.classes.store.put(gpu_class())
-        self.inventory.apply_class(gpu_class())
-        self.inventory.apply_node(node())
+        self.ledger.apply_class(gpu_class())
+        self.ledger.apply_node(node())
         self.caches.gpunodes.store.put(
             {"metadata": {"name": "n1", "uid": "u-gpunode", "resourceVersion": "1"}}
         )
 
     def bind(self, name: str) -> None:
-        self.inventory.apply_claim(claim(name))
+        self.ledger.apply_claim(claim(name))
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def world() -> World:
 def nodes(world: World, interval: float = INTERVAL) -> node_inventory.NodeInventory:
     return node_inventory.NodeInventory(
         world.caches,
-        world.inventory,
+        world.ledger,
         world.writer,
         FakeRecorder(),
         clock=world.clock,
@@ -120,7 +120,7 @@ def nodes(world: World, interval: float = INTERVAL) -> node_inventory.NodeInvent
 def classes(world: World, interval: float = INTERVAL) -> class_status.ClassStatus:
     return class_status.ClassStatus(
         world.caches,
-        world.inventory,
+        world.ledger,
         world.writer,
         FakeRecorder(),
         clock=world.clock,
@@ -187,6 +187,6 @@ def test_a_class_figure_that_grows_is_written_at_once(world: World) -> None:
     world.bind("c0")
     reconciler.reconcile(("", "a10"))  # 7 free
     world.clock.advance(1.0)
-    world.inventory.delete_claim(claim("c0"))  # the unit is free again: orders may fit
+    world.ledger.delete_claim(claim("c0"))  # the unit is free again: orders may fit
     assert reconciler.reconcile(("", "a10")) is None
     assert [s["maxFreePerNode"] for _k, _n, s in world.writer.statuses] == [7, 8]

@@ -1,5 +1,5 @@
 """The chaos suite's own checks (``chaos.oracle``, ``chaos.history``) on hand-made objects:
-they must catch what they are there to catch, and excuse only what DESIGN.md allows."""
+they must catch what they are there to catch, and excuse only what docs/design.md allows."""
 
 from __future__ import annotations
 

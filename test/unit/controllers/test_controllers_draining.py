@@ -9,7 +9,7 @@ The over-allocation oracle is the double's stored claims summed here per node.
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -17,9 +17,7 @@ from controllers import draining as drainingmod
 from gpuoperator import names
 from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.ledger import Ledger
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness.offline import ClaimStore, offline_caches
 
@@ -43,7 +41,7 @@ class Events:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
 
-    def event(self, obj: Obj, _type: str, reason: str, message: str, **_: Any) -> None:
+    def event(self, obj: Obj, type_: str, reason: str, message: str, **_: Any) -> None:
         self.seen.append((obj["metadata"]["name"], reason, message))
 
 
@@ -79,20 +77,20 @@ class World:
     def __init__(self, **settings: Any) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Ledger(clock=self.clock)
+        self.ledger = Ledger(clock=self.clock)
         self.api = Api()
         self.events = Events()
         statuses = ClaimStatus(
-            cast("Client", self.api),
-            self.inventory,
-            cast("Recorder", self.events),
+            self.api,
+            self.ledger,
+            self.events,
             registry=CollectorRegistry(),
         )
         self.controller = drainingmod.Draining(
             self.caches,
-            self.inventory,
+            self.ledger,
             statuses,
-            cast("Recorder", self.events),
+            self.events,
             Settings.model_validate(settings),
             clock=self.clock,
             registry=CollectorRegistry(),
@@ -102,11 +100,11 @@ class World:
             "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
         }
         self.caches.classes.store.put(cls)
-        self.inventory.apply_class(cls)
+        self.ledger.apply_class(cls)
 
     def put_node(self, obj: Obj) -> None:
         self.caches.nodes.store.put(obj)
-        self.inventory.apply_node(obj)
+        self.ledger.apply_node(obj)
 
     def put_claim(self, obj: Obj) -> None:
         self.api.store(obj)
@@ -115,7 +113,7 @@ class World:
     def sync(self) -> None:
         for stored in self.api.claims.values():
             self.caches.claims.store.put(copy.deepcopy(stored))
-            self.inventory.apply_claim(copy.deepcopy(stored))
+            self.ledger.apply_claim(copy.deepcopy(stored))
 
     def drain(self, name: str) -> None:
         self.controller.reconcile(("", name))
@@ -198,11 +196,11 @@ def test_a_move_never_takes_units_another_decision_assumed() -> None:
     w.put_node(node("n1", 4, cordoned=True))
     w.put_node(node("n2", 2))
     w.put_claim(claim("idle", 2, 1, "n1"))
-    # A binding of the binder's, assumed into the inventory and not yet written, takes n2.
+    # A binding of the binder's, assumed into the ledger and not yet written, takes n2.
     pending = claim("new", 2, 5, "n2")
     w.api.store({**pending, "status": {"phase": "Pending"}})
     w.sync()
-    w.inventory.assume({**w.api.claims["new"], "status": pending["status"]})
+    w.ledger.assume({**w.api.claims["new"], "status": pending["status"]})
     w.drain("n1")
     assert w.where("idle") == "n1"
 

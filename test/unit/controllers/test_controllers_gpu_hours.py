@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,9 +19,7 @@ from controllers import gpu_hours as gpuhoursmod
 from gpuoperator import cli, names, settings
 from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.ledger import Ledger
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.recording import Recorder
 from harness.offline import ClaimStore, OfflineManager, offline_caches, put
 
 Obj = dict[str, Any]
@@ -36,16 +34,16 @@ class NoEvents:
 
 
 class Replica:
-    """One operator process: its own caches, inventory, controller and collector."""
+    """One operator process: its own caches, ledger, controller and collector."""
 
     def __init__(self, api: ClaimStore, clock: FakeClock) -> None:
         self.api = api
         self.caches = offline_caches()
-        self.inventory = Ledger(clock=clock)
+        self.ledger = Ledger(clock=clock)
         statuses = ClaimStatus(
-            cast("Client", api),
-            self.inventory,
-            cast("Recorder", NoEvents()),
+            api,
+            self.ledger,
+            NoEvents(),
             registry=CollectorRegistry(),
         )
         self.controller = gpuhoursmod.GpuHours(self.caches, statuses, clock=clock)
@@ -58,10 +56,10 @@ class Replica:
             if key[1] not in self.api.claims:
                 gone = self.caches.claims.store.remove(key)
                 assert gone is not None
-                self.inventory.delete_claim(gone)
+                self.ledger.delete_claim(gone)
         for stored in self.api.claims.values():
             self.caches.claims.store.put(copy.deepcopy(stored))
-            self.inventory.apply_claim(copy.deepcopy(stored))
+            self.ledger.apply_claim(copy.deepcopy(stored))
 
     def put_vmi(self, vmi: Obj) -> None:
         self.caches.vmis.store.put(vmi)
@@ -218,9 +216,9 @@ class Summing:
         self.manager = OfflineManager(clock=clock)
         self.caches = offline_caches(self.manager)
         statuses = ClaimStatus(
-            cast("Client", api),
+            api,
             Ledger(clock=clock),
-            cast("Recorder", NoEvents()),
+            NoEvents(),
             registry=CollectorRegistry(),
         )
         gpuhoursmod.register(

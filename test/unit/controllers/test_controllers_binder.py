@@ -6,7 +6,7 @@ again waits as Pending.
 
 The API server double is the harness's (``harness.offline.FakeApi``). The oracle of every
 over-allocation check is the double's stored claims (what the API
-server holds), summed here, never the inventory the binder itself counts with.
+server holds), summed here, never the ledger the binder itself counts with.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import functools
 import threading
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -28,11 +28,9 @@ from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import node_rejections as model_rejections
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.runtime.informing import Handlers
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 from harness import objects
 from harness.offline import FakeApi, FakeRecorder, offline_caches
@@ -80,18 +78,18 @@ class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
-        self.inventory = Ledger(clock=self.clock)
+        self.ledger = Ledger(clock=self.clock)
         self.api = FakeApi()
         self.events = FakeRecorder()
         self.statuses = ClaimStatus(
-            cast("Client", self.api),
-            self.inventory,
-            cast("Recorder", self.events),
+            self.api,
+            self.ledger,
+            self.events,
             registry=CollectorRegistry(),
         )
         self.binder = bindermod.Binder(
             self.caches,
-            self.inventory,
+            self.ledger,
             self.statuses,
             Settings.model_validate({}),
             clock=self.clock,
@@ -100,28 +98,28 @@ class World:
 
     def put_class(self, cls: Obj) -> None:
         self.caches.classes.store.put(cls)
-        self.inventory.apply_class(cls)
+        self.ledger.apply_class(cls)
 
     def put_node(self, obj: Obj) -> None:
         self.caches.nodes.store.put(obj)
-        self.inventory.apply_node(obj)
+        self.ledger.apply_node(obj)
 
     def delete_node(self, name: str) -> None:
         gone = self.caches.nodes.store.remove(("", name))
         assert gone is not None
-        self.inventory.delete_node(gone)
+        self.ledger.delete_node(gone)
 
     def put_claim(self, obj: Obj) -> Obj:
         stored = self.api.add(GPUClaim, obj)
         self.caches.claims.store.put(stored)
-        self.inventory.apply_claim(stored)
+        self.ledger.apply_claim(stored)
         return stored
 
     def sync(self, name: str) -> None:
         """Deliver the API server's current claim to the cache, as the watch would."""
         stored = self.api.get(GPUClaim, name, NS)
         self.caches.claims.store.put(stored)
-        self.inventory.apply_claim(stored)
+        self.ledger.apply_claim(stored)
 
     def reconcile(self, class_name: str) -> object:
         return self.binder.reconcile(("", class_name))
@@ -200,7 +198,7 @@ def test_a_claim_being_deleted_keeps_its_budget_until_it_is_gone(world: World) -
 
     gone = world.caches.claims.store.remove((NS, "leaving"))
     assert gone is not None
-    world.inventory.delete_claim(gone)
+    world.ledger.delete_claim(gone)
     world.api.remove(GPUClaim, "leaving", NS)
     world.sync("next")
     world.reconcile("a10")
@@ -232,7 +230,7 @@ def test_a_claim_that_fits_only_on_an_empty_node_does_not_block_younger_claims(
             GPUClaim, claim(f"young-{i:02d}", namespace=f"tenant-{i:02d}", created=at(2 + i))
         )
         world.caches.claims.store.put(stored)
-        world.inventory.apply_claim(stored)
+        world.ledger.apply_claim(stored)
         world.reconcile("a10")
     young = [
         world.api.stored(GPUClaim, f"young-{i:02d}", f"tenant-{i:02d}") or {} for i in range(12)
@@ -247,7 +245,7 @@ def test_a_claim_that_fits_only_on_an_empty_node_does_not_block_younger_claims(
     world.api.remove(GPUClaim, "h1", NS)
     gone = world.caches.claims.store.remove((NS, "h1"))
     assert gone is not None
-    world.inventory.delete_claim(gone)
+    world.ledger.delete_claim(gone)
     world.sync("big")
     world.reconcile("a10")
     assert (world.status("big")["phase"], world.status("big")["nodeName"]) == ("Bound", "n1")
@@ -270,7 +268,7 @@ def test_a_failed_write_does_not_let_the_next_pass_plan_while_another_write_is_i
     world.put_claim(claim("big", class_name="large", count=2, created=at(3)))
     # The slow write lands once the "large" pass has to wait for the lock, or has ended.
     s2_in_flight, go = threading.Event(), threading.Event()
-    world.inventory.allocation_lock = WatchedLock(contended=go)  # type: ignore[assignment]
+    world.ledger.allocation_lock = WatchedLock(contended=go)  # type: ignore[assignment]
 
     def deleted_meanwhile(_obj: Obj) -> None:
         assert s2_in_flight.wait(WAIT)  # fail only once the other write is in flight
@@ -339,8 +337,8 @@ def test_a_pass_raises_a_write_failure_only_after_its_other_writes_ended(world: 
     assert s2_landed.is_set()
     assert world.status("s2")["phase"] == "Bound"
     # The refused write is forgotten: s1 is counted as the watch has it (Pending, no hold).
-    assert (world.inventory.claim((NS, "s1")) or {}).get("status") is None
-    assert world.inventory.claim((NS, "s2"))["status"]["phase"] == "Bound"  # type: ignore[index]
+    assert (world.ledger.claim((NS, "s1")) or {}).get("status") is None
+    assert world.ledger.claim((NS, "s2"))["status"]["phase"] == "Bound"  # type: ignore[index]
 
 
 def test_a_conflict_on_the_binders_own_retried_write_counts_as_bound(world: World) -> None:
@@ -352,7 +350,7 @@ def test_a_conflict_on_the_binders_own_retried_write_counts_as_bound(world: Worl
     world.reconcile("small")
 
     assert world.status("s1")["phase"] == "Bound"
-    counted = world.inventory.claim((NS, "s1"))
+    counted = world.ledger.claim((NS, "s1"))
     assert counted is not None and counted["status"]["nodeName"] == "n1"
     assert world.events.reasons("s1") == ["Bound"]
     writes = len(world.writes())
@@ -375,8 +373,8 @@ def test_a_conflict_from_another_writer_forgets_the_binding(world: World) -> Non
     world.reconcile("small")
 
     assert world.status("s1").get("phase") is None
-    assert world.inventory.node("n1") is not None
-    assert (world.inventory.claim((NS, "s1")) or {}).get("status") is None
+    assert world.ledger.node("n1") is not None
+    assert (world.ledger.claim((NS, "s1")) or {}).get("status") is None
     assert world.events.reasons("s1") == []
 
 
@@ -393,7 +391,7 @@ def test_a_bind_with_an_unknown_outcome_waits_for_the_watch_then_expires_and_bin
     world.api.before["s1"] = timed_out
     with pytest.raises(errors.ApiError):
         world.reconcile("small")
-    assert world.inventory.node("n1") is not None
+    assert world.ledger.node("n1") is not None
     # It may have landed: its units stay counted, and the next pass does not resend it.
     writes = len(world.writes())
     result = world.reconcile("small")
@@ -460,17 +458,17 @@ def test_a_binding_opens_the_holds_usage_interval_so_gpu_hours_has_nothing_to_wr
 
 
 def test_deleting_a_node_that_was_already_not_ready_wakes_the_classes_of_its_claims() -> None:
-    inventory = Ledger()
-    inventory.apply_class(objects.gpuclass("a10", resource=RESOURCE))
-    inventory.apply_node(node("n1", 4))
-    inventory.apply_claim(
+    ledger = Ledger()
+    ledger.apply_class(objects.gpuclass("a10", resource=RESOURCE))
+    ledger.apply_node(node("n1", 4))
+    ledger.apply_claim(
         claim("hold", class_name="a10", count=2, created=at(1), phase="Bound", node="n1")
     )
-    inventory.apply_node(node("n1", 4, ready=False))
+    ledger.apply_node(node("n1", 4, ready=False))
     notices: list[Obj] = []
-    inventory.changes.add_handlers(Handlers(on_add=notices.append))
+    ledger.changes.add_handlers(Handlers(on_add=notices.append))
 
-    inventory.delete_node(node("n1", 4, ready=False))
+    ledger.delete_node(node("n1", 4, ready=False))
 
     assert any("a10" in n["classes"] for n in notices), notices
 
@@ -517,7 +515,7 @@ def refuse(world: World, name: str, node_name: str) -> bool:
     status write: refusedNodes, back to Pending) on the claim as the cache has it."""
     rejections = node_rejections.NodeRejections(
         world.caches,
-        world.inventory,
+        world.ledger,
         world.api,
         world.statuses,
         world.events,
@@ -543,7 +541,7 @@ def refuse(world: World, name: str, node_name: str) -> bool:
 
 def unconfirmed_refusal(world: World, name: str, node_name: str) -> None:
     """The refusal write does not land and its outcome is unknown (a 504; a fence between
-    retries or a cut connection look the same): the inventory keeps it assumed."""
+    retries or a cut connection look the same): the ledger keeps it assumed."""
 
     def timed_out(_obj: Obj) -> None:
         raise errors.ApiError(504, "Timeout", "the server was unable to return a response")
@@ -601,7 +599,7 @@ def test_a_claim_whose_refusal_write_is_unconfirmed_is_not_bound_elsewhere_over_
     assert world.status("hold")["nodeName"] == "n-0"
     # The refusal is taken again (placement retries) and lands: then the claim moves on.
     world.clock.advance(ASSUME_TTL + 1)
-    world.inventory.expire()
+    world.ledger.expire()
     assert refuse(world, "hold", "n-0")
     world.reconcile("a10")
     assert versions == [("Pending", ""), ("Bound", "n-1")]

@@ -1,4 +1,4 @@
-"""Class status over the fake API server and the product's caches and inventory, wired by its
+"""Class status over the fake API server and the product's caches and ledger, wired by its
 own ``register``: a class gets its protection finalizer and its figures (free units, the most
 free on one node, eligible nodes, ``Available``, ``observedGeneration``) in one status write
 and nothing more while nothing changes; a class with no eligible node is not Available; a
@@ -30,7 +30,7 @@ class World(OfflineCluster):
         class_status.register(
             self.manager.as_manager(),
             self.caches,
-            self.inventory,
+            self.ledger,
             self.recorder.recorder,
             Settings.model_validate({"statusInterval": 0}),
         )
@@ -175,7 +175,7 @@ def test_class_status_is_woken_by_its_classes_their_claims_and_inventory_changes
     assert (classes, claims, changes) == (
         world.caches.classes,
         world.caches.claims,
-        world.inventory.changes,
+        world.ledger.changes,
     )
     assert list(by_class(objects.gpuclass("l40s"))) == [("", "l40s")]
     assert list(by_claim(objects.claim(class_name="l40s"))) == [("", "l40s")]
