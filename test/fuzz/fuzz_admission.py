@@ -214,8 +214,11 @@ def webhook_process(
 ) -> Iterator[tuple[subprocess.Popen[bytes], abuse.Target]]:
     """The webhook server (of ``tree``, a checkout, or of this one) as its own process,
     logging into ``directory``; stopped on leaving."""
-    env = None
+    env, cwd = None, None
     if tree is not None:
+        # ``python -m`` puts the working directory first on sys.path: run in the tree, or
+        # this checkout's modules would shadow the baseline's.
+        cwd = str(tree)
         path = os.pathsep.join(str(tree / sub) for sub in (".", "hack", "test"))
         env = {**os.environ, "PYTHONPATH": path}
     with (directory / "server.log").open("wb") as log_file:
@@ -225,6 +228,7 @@ def webhook_process(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
         )
     try:
         wait_for("the webhook server", (directory / "port").exists, until=bool, timeout=30)
