@@ -27,6 +27,7 @@ loop has a count, every request a timeout, every address is loopback.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import subprocess
@@ -139,28 +140,49 @@ def slow_clients(target: abuse.Target, good: int) -> tuple[list[float], int, int
     return times, failed, held
 
 
-def genuine(target: abuse.Target, n: int) -> tuple[list[float], int]:
-    """``n`` genuine VMI reviews from 127.0.0.1: their times, and how many failed."""
+def genuine(target: abuse.Target, n: int, kept_alive: bool = False) -> tuple[list[float], int]:
+    """``n`` genuine VMI reviews from 127.0.0.1, each on a fresh TLS connection or all on one
+    kept alive (as the API server sends them): their times, and how many failed."""
     data = body(vmi('[{"claim":"hold-b"}]', name="vm-genuine"))
     times: list[float] = []
     failed = 0
-    for _ in range(n):
-        try:
-            answer = abuse.post(target, VMI_PATH, data, timeout=10.0)
-        except OSError:
-            failed += 1
-            continue
-        if answer.status == 200 and json.loads(answer.body)["response"]["allowed"]:
-            times.append(answer.seconds)
-        else:
-            failed += 1
+    conn = abuse.KeptAlive(target) if kept_alive else None
+    try:
+        for _ in range(n):
+            try:
+                if conn is not None:
+                    answer = conn.post(VMI_PATH, data)
+                else:
+                    answer = abuse.post(target, VMI_PATH, data, timeout=10.0)
+            except (OSError, http.client.HTTPException):
+                failed += 1
+                continue
+            if answer.status == 200 and json.loads(answer.body)["response"]["allowed"]:
+                times.append(answer.seconds)
+            else:
+                failed += 1
+    finally:
+        if conn is not None:
+            conn.close()
     return times, failed
 
 
-def busy_clients(target: abuse.Target, n: int) -> tuple[list[float], list[float], int, str]:
-    """Genuine VMI reviews timed without, then with the flood of forged ones: the times of
-    each, the failures, and what the flood got."""
-    quiet, quiet_failed = genuine(target, n)
+#: How the genuine reviews are sent: (label, kept alive).
+WAYS = (("fresh connections", False), ("one kept-alive connection", True))
+
+
+def busy_clients(
+    target: abuse.Target, n: int
+) -> tuple[dict[str, tuple[list[float], list[float]]], int, str]:
+    """Genuine VMI reviews timed without, then with the flood of forged ones, both ways
+    (:data:`WAYS`): for each way the times alone and beside the flood; the failures; and
+    what the flood got."""
+    quiet: dict[str, list[float]] = {}
+    loud: dict[str, list[float]] = {}
+    failed = 0
+    for label, kept in WAYS:
+        quiet[label], failures = genuine(target, n, kept)
+        failed += failures
     flooding = subprocess.Popen(
         [
             sys.executable,
@@ -178,7 +200,9 @@ def busy_clients(target: abuse.Target, n: int) -> tuple[list[float], list[float]
     try:
         if flooding.stdout.readline().strip() != "ready":
             raise RuntimeError("the flood did not start")
-        loud, loud_failed = genuine(target, n)
+        for label, kept in WAYS:
+            loud[label], failures = genuine(target, n, kept)
+            failed += failures
     finally:
         flooding.stdin.close()
         got = json.loads(flooding.stdout.readline() or "{}")
@@ -187,7 +211,7 @@ def busy_clients(target: abuse.Target, n: int) -> tuple[list[float], list[float]
         f"answered {got.get('statuses')}, connections closed by the server "
         f"{got.get('closed')}, setup failures {got.get('setup_failures')}"
     )
-    return quiet, loud, quiet_failed + loud_failed, shown
+    return {label: (quiet[label], loud[label]) for label, _ in WAYS}, failed, shown
 
 
 def big_bodies(target: abuse.Target, clients: int) -> Counter[str]:
@@ -239,15 +263,23 @@ def webhook_process(
         server.wait(10)
 
 
-def busy_line(label: str, figures: tuple[list[float], list[float], int, str]) -> str:
-    quiet, loud, failed, flood_shown = figures
+def busy_line(
+    label: str, figures: tuple[dict[str, tuple[list[float], list[float]]], int, str]
+) -> str:
+    by_way, failed, flood_shown = figures
+
+    def ms(values: list[float], q: float) -> str:
+        return f"{abuse.percentile(values, q) * 1000:.1f}"
+
+    ways = "; ".join(
+        f"on {way}: alone p50 {ms(quiet, 50)} ms, p99 {ms(quiet, 99)} ms, beside the flood "
+        f"p50 {ms(loud, 50)} ms, p99 {ms(loud, 99)} ms"
+        for way, (quiet, loud) in by_way.items()
+    )
     return (
-        f"busy clients{label}: genuine VMI reviews alone "
-        f"p50 {abuse.percentile(quiet, 50) * 1000:.1f} ms, "
-        f"p99 {abuse.percentile(quiet, 99) * 1000:.1f} ms; beside {FLOOD} kept-alive connections "
-        f"of forged ones from {len(FLOOD_SOURCES)} addresses p50 "
-        f"{abuse.percentile(loud, 50) * 1000:.1f} ms, p99 {abuse.percentile(loud, 99) * 1000:.1f} "
-        f"ms, failures {failed}; the flood {flood_shown}"
+        f"busy clients{label}: genuine VMI reviews (the flood: {FLOOD} kept-alive connections "
+        f"of forged ones from {len(FLOOD_SOURCES)} addresses) {ways}; failures {failed}; "
+        f"the flood {flood_shown}"
     )
 
 
