@@ -60,7 +60,7 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import attachments as rules
-from gpuoperator.model import conditions, orders, references
+from gpuoperator.model import claim_states, conditions, orders, references
 from gpuoperator.runtime import errors, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -179,17 +179,6 @@ class Attachments:
             self._unconfirmed.pop(key, None)
 
     # ---- writes ---------------------------------------------------------------------------
-    def _condition(self, claim: Obj, holder: str, uid: str, waiting: list[str]) -> list[Obj]:
-        status, reason, message = rules.condition_for(holder, uid, waiting)
-        return conditions.set_condition(
-            (claim.get("status") or {}).get("conditions"),
-            CONDITION,
-            status,
-            reason,
-            message,
-            now=self.clock.now(),
-        )
-
     def _waiting(self, claim: Obj, holder: str) -> list[Obj]:
         """The live VMIs other than ``holder`` that name the claim (oldest first)."""
         ns, name = _meta(claim)["namespace"], _meta(claim)["name"]
@@ -203,14 +192,10 @@ class Attachments:
         resourceVersion; ``False`` when the claim changed or went meanwhile."""
         meta = _meta(claim)
         holder = str((new_attachment or {}).get("vmi") or "")
-        uid = str((new_attachment or {}).get("uid") or "")
         waiters = [str(_meta(v)["name"]) for v in waiting]
         body = {
             "metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {
-                "attachment": new_attachment,
-                "conditions": self._condition(claim, holder, uid, waiters),
-            },
+            "status": claim_states.attached(claim, new_attachment, waiters, self.clock.now()),
         }
         try:
             self.writer.patch(GPUClaim, meta["name"], body, meta["namespace"], subresource="status")

@@ -23,6 +23,9 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
   keeps the node it lost in ``lostNode``.
 * :func:`counted` (GPU-hours): ``usage`` the figures given; nothing else changes (the
   phase and node stay, so it is written without an assumption, ``ClaimStatus.record``).
+* :func:`attached` (the attachments controller): ``attachment`` the VMI that uses the claim
+  (or none) and the ``Attached`` condition saying so, with the VMIs that wait for it; only
+  those two fields, sent as a merge patch of the status (never the phase nor the node).
 * :func:`flagged` and :func:`unflagged` (a condition beside ``Bound``, such as draining's
   ``NodeCordoned``): that condition True with a reason, or gone; nothing else changes.
 
@@ -42,7 +45,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuoperator.model import binding, conditions, gpu_hours
+from gpuoperator.model import attachments, binding, conditions, gpu_hours
 from gpuoperator.model import claims as gpuclaims
 
 Obj = dict[str, Any]
@@ -261,3 +264,28 @@ def counted(claim: Mapping[str, Any], usage: gpu_hours.Usage) -> Obj:
     status = _status(claim)
     status["usage"] = gpu_hours.to_status(usage)
     return status
+
+
+def attached(
+    claim: Mapping[str, Any],
+    attachment: Mapping[str, Any] | None,
+    waiting: list[str],
+    now: datetime.datetime,
+) -> Obj:
+    """The part of ``claim``'s status the attachments controller writes: ``attachment``
+    (``{vmi, uid}``, or ``None``: no VM uses the claim) and the ``Attached`` condition for
+    it and the ``waiting`` VMIs' names (``attachments.condition_for``)."""
+    holder = str((attachment or {}).get("vmi") or "")
+    uid = str((attachment or {}).get("uid") or "")
+    status, reason, message = attachments.condition_for(holder, uid, waiting)
+    return {
+        "attachment": dict(attachment) if attachment is not None else None,
+        "conditions": conditions.set_condition(
+            _status(claim).get("conditions"),
+            attachments.CONDITION,
+            status,
+            reason,
+            message,
+            now=now,
+        ),
+    }

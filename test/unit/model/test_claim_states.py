@@ -284,3 +284,33 @@ def test_counting_usage_changes_only_the_usage() -> None:
     assert {k: v for k, v in status.items() if k != "usage"} == {
         k: v for k, v in held["status"].items() if k != "usage"
     }
+
+
+def test_an_attachment_sets_only_the_vm_and_the_attached_condition() -> None:
+    held = claim(
+        {
+            "phase": "Bound",
+            "nodeName": "n1",
+            "conditions": [{"type": "Bound", "status": "True", "reason": "Bound"}],
+        }
+    )
+    before = copy.deepcopy(held)
+    status = claim_states.attached(held, {"vmi": "vm-a", "uid": "u1"}, ["vm-b"], NOW)
+    assert held == before
+    assert set(status) == {"attachment", "conditions"}  # a merge patch: phase and node stay
+    assert status["attachment"] == {"vmi": "vm-a", "uid": "u1"}
+    [attached] = [c for c in status["conditions"] if c["type"] == "Attached"]
+    assert (attached["status"], attached["reason"]) == ("True", "VMsWaiting")
+    assert "vm-a (uid u1)" in attached["message"] and "vm-b" in attached["message"]
+    assert [c["type"] for c in status["conditions"]].count("Bound") == 1
+
+
+def test_no_attachment_says_no_vm_uses_the_claim() -> None:
+    status = claim_states.attached(claim({}), None, [], NOW)
+    assert status["attachment"] is None
+    [attached] = status["conditions"]
+    assert (attached["type"], attached["status"], attached["reason"]) == (
+        "Attached",
+        "False",
+        "NotAttached",
+    )
