@@ -35,6 +35,8 @@ Pure: no I/O; celpy parses and evaluates in memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
@@ -144,9 +146,22 @@ def _short(exc: BaseException) -> str:
     return text[:_MESSAGE_CHARS]
 
 
+@functools.cache
+def _environment() -> celpy.Environment:
+    """One CEL environment for the process. ``celpy.Environment()`` raises the interpreter's
+    recursion limit to 2500 for every thread; that would change behaviour far from here
+    (how deeply nested JSON the annotation parsers accept), so the limit is put back. A
+    selector too deep for it fails as any other selector does (:class:`RecursionError`)."""
+    limit = sys.getrecursionlimit()
+    try:
+        return celpy.Environment()
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def selectors(device_class: Obj) -> list[Selector]:
     """Compile the DeviceClass's CEL selectors (entries without ``cel`` are skipped)."""
-    env = celpy.Environment()
+    env = _environment()
     spec = device_class.get("spec")
     items = spec.get("selectors") if isinstance(spec, dict) else None
     out: list[Selector] = []
@@ -157,7 +172,7 @@ def selectors(device_class: Obj) -> list[Selector]:
         expression = str(cel.get("expression") or "")
         try:
             out.append(Selector(index, expression, env.program(env.compile(expression)), None))
-        except celparser.CELParseError as exc:
+        except (celparser.CELParseError, RecursionError) as exc:
             out.append(Selector(index, expression, None, _short(exc)))
     return out
 
@@ -221,7 +236,7 @@ def _matches(compiled: list[Selector], driver: str, device: Obj, failures: dict[
         result: object
         try:
             result = sel.program.evaluate(activation)
-        except evaluation.CELEvalError as exc:
+        except (evaluation.CELEvalError, RecursionError) as exc:
             result = exc
         if isinstance(result, celtypes.BoolType):
             if not result:

@@ -182,6 +182,15 @@ def test_a_selector_that_does_not_compile_matches_nothing_and_says_why() -> None
     assert "does not compile" in inv.reasons[0] and "spec.selectors[0]" in inv.reasons[0]
 
 
+def test_evaluating_selectors_leaves_the_recursion_limit_alone() -> None:
+    import sys
+
+    dra_devices._environment.cache_clear()  # so this test makes the environment anew
+    limit = sys.getrecursionlimit()
+    dra_devices.inventory([slice_of("n1", [device("a")])], device_class(A10_SELECTOR), [])
+    assert sys.getrecursionlimit() == limit
+
+
 MODELS = ("A10", "L40S")
 
 
