@@ -22,7 +22,7 @@ import pytest
 
 from gpuoperator.kinds import DeviceClass, GPUClass, ResourceClaim, ResourceSlice
 from gpuoperator.model import dra_devices
-from harness import dra_driver
+from harness import dra_driver, objects
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
 from harness.kube import Obj, refused, replace
 from harness.tenancy import as_tenant
@@ -297,17 +297,8 @@ def test_a_device_taint_bumps_the_generation_and_takes_the_device(world: World) 
 
 
 def dra_class(name: str, **dra: Any) -> Obj:
-    return {
-        "apiVersion": "cozystack.io/v1alpha1",
-        "kind": "GPUClass",
-        "metadata": {"name": name},
-        "spec": {
-            "vendor": "nvidia",
-            "model": "A10",
-            "mode": "passthrough",
-            "source": {"dra": {"deviceClassName": A10_CLASS, **dra}},
-        },
-    }
+    source = {"dra": {"deviceClassName": A10_CLASS, **dra}}
+    return objects.gpuclass(name, source=source, vendor="nvidia", model="A10")
 
 
 @pytest.fixture
