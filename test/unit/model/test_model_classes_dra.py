@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuoperator.model import binding, capacity, references, vmi_admission
+from gpuoperator.model import binding, capacity, orders, references, vmi_admission
 from gpuoperator.model import classes as gpuclasses
 from harness import objects
 
@@ -92,3 +92,13 @@ def test_the_vmi_webhook_refuses_a_dra_class_naming_it() -> None:
         "a10-dra" in r and "spec.source.dra" in r and "allowed: a class with spec.source." in r
         for r in found
     ), found
+
+
+def test_an_order_of_a_dra_class_is_refused_naming_it_and_what_is_allowed() -> None:
+    claim = objects.claim("c", namespace="t", class_name="a10-dra", count=1)
+    found = orders.order_refusals(
+        claim, DRA, {"metadata": {"name": "t"}}, [], [], capacity.ClassFigures(0, 0, 0)
+    )
+    assert len(found) == 1, found
+    for fragment in ("spec.className", "a10-dra", "gpu.example.com", "spec.source.devicePlugin"):
+        assert fragment in found[0], found[0]
