@@ -42,3 +42,21 @@ class KubeVirt(NamespacedAPIObject):  # type: ignore[misc]
     version = names.KUBEVIRT_API_VERSION
     endpoint = names.KUBEVIRTS
     kind = names.KUBEVIRT_KIND
+
+
+class ResourceSlice(APIObject):  # type: ignore[misc]
+    version = names.DRA_API_VERSION
+    endpoint = names.RESOURCE_SLICES
+    kind = names.RESOURCE_SLICE_KIND
+
+
+class DeviceClass(APIObject):  # type: ignore[misc]
+    version = names.DRA_API_VERSION
+    endpoint = names.DEVICE_CLASSES
+    kind = names.DEVICE_CLASS_KIND
+
+
+class ResourceClaim(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.DRA_API_VERSION
+    endpoint = names.RESOURCE_CLAIMS
+    kind = names.RESOURCE_CLAIM_KIND

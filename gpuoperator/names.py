@@ -115,3 +115,13 @@ VMI_FAILED: Final = "Failed"
 #: The finalizer the API server sets on an object deleted with foreground propagation: the
 #: garbage collector deletes its blocking dependents first (Kubernetes' name).
 FOREGROUND_DELETION_FINALIZER: Final = "foregroundDeletion"
+
+# Dynamic Resource Allocation (resource.k8s.io, GA in Kubernetes 1.34): what DRA classes
+# read (docs/design.md §5 "DRA classes").
+DRA_API_VERSION: Final = "resource.k8s.io/v1"
+RESOURCE_SLICE_KIND: Final = "ResourceSlice"
+RESOURCE_SLICES: Final = "resourceslices"
+DEVICE_CLASS_KIND: Final = "DeviceClass"
+DEVICE_CLASSES: Final = "deviceclasses"
+RESOURCE_CLAIM_KIND: Final = "ResourceClaim"
+RESOURCE_CLAIMS: Final = "resourceclaims"

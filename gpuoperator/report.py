@@ -64,7 +64,7 @@ def catalog(ledger: Ledger, classes: dict[str, Obj]) -> str:
             [
                 name,
                 gpuclasses.mode(cls),
-                gpuclasses.resource_name(cls),
+                gpuclasses.backend(cls),
                 str(f.free),
                 str(f.max_free_per_node),
                 str(f.nodes),

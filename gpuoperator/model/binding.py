@@ -292,7 +292,14 @@ def _no_capacity(
     largest: int,
 ) -> Waiting:
     resource = gpuclasses.resource_name(cls)
-    if not resource:
+    dra = gpuclasses.dra(cls)
+    if dra is not None:
+        message = (
+            f"class {gpuclasses.name(cls)} is a DRA class (spec.source.dra, DeviceClass "
+            f"{dra.device_class_name}): binding claims to DRA devices is not built yet; "
+            "classes with spec.source.devicePlugin are bound"
+        )
+    elif not resource:
         message = f"class {gpuclasses.name(cls)} names no device-plugin resource"
     elif not frees:
         message = f"no eligible node serves {resource}"

@@ -12,6 +12,7 @@ Every function is pure and idempotent: the same class gives the same answer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Final
 
 Obj = dict[str, Any]
@@ -38,8 +39,9 @@ def name(cls: Obj) -> str:
 def resource_name(cls: Obj) -> str:
     """The extended resource the class's units are (``spec.source.devicePlugin.resourceName``).
 
-    ``""`` when the class has no device-plugin source (not possible for a class the API server
-    accepted today; ``dra`` is reserved): such a class serves nothing on any node.
+    ``""`` when the class has no device-plugin source, as a DRA class has none (see `dra`):
+    such a class serves no extended resource on any node, and every reader of node
+    allocatable, pod requests and admission parameters passes it over.
     """
     source = _spec(cls).get("source")
     if not isinstance(source, dict):
@@ -48,6 +50,41 @@ def resource_name(cls: Obj) -> str:
     if not isinstance(plugin, dict):
         return ""
     return str(plugin.get("resourceName") or "")
+
+
+@dataclasses.dataclass(frozen=True)
+class DraSource:
+    """A DRA class's source (``spec.source.dra``): which DeviceClass picks its devices, and
+    which device attribute, if any, groups the devices of one node (docs/design.md §2)."""
+
+    device_class_name: str
+    topology_attribute: str | None = None
+
+
+def dra(cls: Obj) -> DraSource | None:
+    """The class's DRA source, ``None`` for a device-plugin class (or a class without a
+    source, which the schema never lets through)."""
+    source = _spec(cls).get("source")
+    member = source.get("dra") if isinstance(source, dict) else None
+    if not isinstance(member, dict):
+        return None
+    topology = member.get("topologyAttribute")
+    return DraSource(
+        device_class_name=str(member.get("deviceClassName") or ""),
+        topology_attribute=str(topology) if isinstance(topology, str) and topology else None,
+    )
+
+
+def is_dra(cls: Obj) -> bool:
+    """Whether the class's units are DRA devices held through ResourceClaims, not units of
+    an extended resource (docs/design.md §2, §5 "DRA classes")."""
+    return dra(cls) is not None
+
+
+def backend(cls: Obj) -> str:
+    """What serves the class, for people: its resource name, or ``dra:<DeviceClass>``."""
+    source = dra(cls)
+    return f"dra:{source.device_class_name}" if source is not None else resource_name(cls)
 
 
 def mode(cls: Obj) -> str:

@@ -134,8 +134,15 @@ def _class_refusals(
     not_entitled = orders.entitlement_refusal(cls, namespace, namespace_name)
     if not_entitled is not None:
         refusals.append(f"{at}: {not_entitled}")
+    dra = gpuclasses.dra(cls)
     resource = gpuclasses.resource_name(cls)
-    if not hostdevices.is_permitted(resource, permitted):
+    if dra is not None:
+        refusals.append(
+            f"{at}: class {class_name} is a DRA class (spec.source.dra, DeviceClass "
+            f"{dra.device_class_name}), which VMs cannot use yet; allowed: a class with "
+            "spec.source.devicePlugin"
+        )
+    elif not hostdevices.is_permitted(resource, permitted):
         refusals.append(
             f"{at}: class {class_name} uses {resource or 'no resource'}, which the KubeVirt "
             "CR's spec.configuration.permittedHostDevices does not permit; allowed: a class "

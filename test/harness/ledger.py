@@ -100,6 +100,13 @@ def claim_vmi_uid(claim: Obj) -> str:
     return str(((claim.get("status") or {}).get("attachment") or {}).get("uid") or "")
 
 
+def _plugin_resource(cls: Obj) -> str | None:
+    """A device-plugin class's resource; ``None`` for a DRA class, whose holds are
+    ResourceClaim allocations that kube-scheduler itself enforces (no units to count)."""
+    plugin = cls["spec"]["source"].get("devicePlugin")
+    return str(plugin["resourceName"]) if plugin else None
+
+
 def used_units(
     claims: list[Obj], classes: dict[str, Obj], pods: list[Obj]
 ) -> dict[tuple[str, str], int]:
@@ -112,13 +119,15 @@ def used_units(
         cls = classes.get(claim["spec"]["className"])
         if status.get("phase") != "Bound" or not status.get("nodeName") or cls is None:
             continue
-        resource = cls["spec"]["source"]["devicePlugin"]["resourceName"]
+        resource = _plugin_resource(cls)
+        if resource is None:
+            continue
         count = int(claim["spec"]["count"])
         used[(status["nodeName"], resource)] += count
         uid = claim_vmi_uid(claim)
         if uid:
             cover[(status["nodeName"], resource, claim["metadata"]["namespace"], uid)] += count
-    resources = {c["spec"]["source"]["devicePlugin"]["resourceName"] for c in classes.values()}
+    resources = {r for r in map(_plugin_resource, classes.values()) if r is not None}
     #: (node, resource, namespace, VMI uid) → units its launcher pods use there
     launched: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for pod in pods:

@@ -1,0 +1,104 @@
+"""A DRA class (``spec.source.dra``, docs/design.md §2) is read as one, and every reader that
+expects a device-plugin resource passes it over with a reason instead of failing: it serves
+no extended resource, the binder says binding to DRA devices is not built, and the VMI
+webhook refuses it by name (docs/design.md §5 "DRA classes")."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from gpuoperator.model import binding, capacity, orders, references, vmi_admission
+from gpuoperator.model import classes as gpuclasses
+from harness import objects
+
+Obj = dict[str, Any]
+NOW = datetime.datetime(2024, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
+DRA = objects.gpuclass(
+    "a10-dra",
+    source={"dra": {"deviceClassName": "gpu.example.com", "topologyAttribute": "pcieRoot"}},
+)
+PLUGIN = objects.gpuclass("a10")
+
+
+def test_a_dra_class_names_its_device_class_and_topology_attribute() -> None:
+    assert gpuclasses.is_dra(DRA)
+    assert gpuclasses.dra(DRA) == gpuclasses.DraSource("gpu.example.com", "pcieRoot")
+    assert gpuclasses.resource_name(DRA) == ""
+    assert gpuclasses.backend(DRA) == "dra:gpu.example.com"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        pytest.param({"dra": {"deviceClassName": "gpu"}}, gpuclasses.DraSource("gpu"), id="bare"),
+        pytest.param(
+            {"dra": {"deviceClassName": "gpu", "topologyAttribute": ""}},
+            gpuclasses.DraSource("gpu"),
+            id="empty-topology-is-none",
+        ),
+        pytest.param({"dra": {}}, gpuclasses.DraSource(""), id="partial"),
+        pytest.param({"dra": "gpu"}, None, id="not-an-object"),
+        pytest.param({"devicePlugin": {"resourceName": "nvidia.com/x"}}, None, id="plugin"),
+    ],
+)
+def test_dra_reads_partial_objects_totally(source: Obj, expected: object) -> None:
+    assert gpuclasses.dra(objects.gpuclass("c", source=source)) == expected
+
+
+def test_a_device_plugin_class_is_not_dra_and_keeps_its_resource() -> None:
+    assert not gpuclasses.is_dra(PLUGIN)
+    assert gpuclasses.dra(PLUGIN) is None
+    assert gpuclasses.backend(PLUGIN) == gpuclasses.resource_name(PLUGIN) == objects.A10
+
+
+def test_a_dra_class_is_served_by_no_node_and_its_figures_are_zero() -> None:
+    node = objects.node("n1", {objects.A10: 4})
+    ledger = capacity.Ledger()
+    ledger.set_node(node)
+    assert not capacity.serves(ledger, node, DRA)
+    assert capacity.class_figures(ledger, DRA, [node]) == capacity.ClassFigures(0, 0, 0)
+    assert capacity.node_class_free(ledger, node, [DRA, PLUGIN]) == [{"name": "a10", "free": 4}]
+
+
+def test_the_binder_says_a_dra_class_is_not_bound_yet() -> None:
+    node = objects.node("n1", {objects.A10: 4})
+    ledger = capacity.Ledger()
+    ledger.set_node(node)
+    claim = objects.claim("c", namespace="t", class_name="a10-dra", count=1, phase="Pending")
+    result = binding.plan([claim], DRA, [node], ledger, "binpack", NOW)
+    assert result.bindings == []
+    message = str(result.waiting[("t", "c")])
+    for fragment in ("a10-dra", "spec.source.dra", "gpu.example.com", "not built yet"):
+        assert fragment in message, message
+
+
+def test_the_vmi_webhook_refuses_a_dra_class_naming_it() -> None:
+    vmi = {"metadata": {"name": "vm1", "namespace": "t", "uid": "u1"}, "spec": {}}
+    found = vmi_admission.vmi_refusals(
+        vmi,
+        [references.TemplateRef("a10-dra", 1)],
+        classes={"a10-dra": DRA},
+        claims={},
+        live_vmis={},
+        namespace={"metadata": {"name": "t"}},
+        permitted=None,
+        gpu_for_vms=True,
+        largest_allocatable={"a10-dra": 1},
+    )
+    assert any(
+        "a10-dra" in r and "spec.source.dra" in r and "allowed: a class with spec.source." in r
+        for r in found
+    ), found
+
+
+def test_an_order_of_a_dra_class_is_refused_naming_it_and_what_is_allowed() -> None:
+    claim = objects.claim("c", namespace="t", class_name="a10-dra", count=1)
+    found = orders.order_refusals(
+        claim, DRA, {"metadata": {"name": "t"}}, [], [], capacity.ClassFigures(0, 0, 0)
+    )
+    assert len(found) == 1, found
+    for fragment in ("spec.className", "a10-dra", "gpu.example.com", "spec.source.devicePlugin"):
+        assert fragment in found[0], found[0]
