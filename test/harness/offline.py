@@ -1,5 +1,6 @@
 """Cluster-less doubles for unit tests of controllers and webhooks.
 
+* :class:`NoApiServer`: the ``ListWatcher`` of informers that are never started.
 * :class:`OfflineManager`: enough of ``Manager`` for the product's own ``register``
   functions (``caches.register``, each controller's ``register``): informers that are never
   started, controllers kept by name with the sources they are wired to. Caches built this
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from gpuoperator import caches as cachesmod
@@ -32,7 +33,7 @@ from gpuoperator.runtime.client import Client, Kind
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Reconciler
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
+from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Manager, Mapper, Source
 from gpuoperator.runtime.recording import Recorder
 
@@ -122,6 +123,19 @@ def apply_patch(obj: Obj, patch: Any) -> Obj:
 # -- caches -----------------------------------------------------------------------------------
 
 
+class NoApiServer:
+    """The ``ListWatcher`` of an informer that is never started: its cache is filled by
+    the test (``put``, ``store.put``), so a list or a watch is a test's mistake."""
+
+    def list(self, kind: Kind, namespace: str | None = None, **_: Any) -> tuple[list[Obj], str]:
+        raise AssertionError(f"an offline informer of {kind.kind} was asked to list")
+
+    def watch(
+        self, kind: Kind, namespace: str | None = None, **_: Any
+    ) -> Iterator[tuple[str, Obj]]:
+        raise AssertionError(f"an offline informer of {kind.kind} was asked to watch")
+
+
 class OfflineManager:
     """Enough of ``Manager`` for the product's ``register`` functions, with no API server:
     informers are made once per name and never started; ``controller`` keeps the reconciler
@@ -147,7 +161,7 @@ class OfflineManager:
         name = name or kind.endpoint
         if name not in self.informers:
             self.informers[name] = Informer(
-                cast(ListWatcher, object()), kind, options, name=name, registry=self.registry
+                NoApiServer(), kind, options, name=name, registry=self.registry
             )
         return self.informers[name]
 
