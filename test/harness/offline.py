@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
+from prometheus_client import CollectorRegistry
+
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches
@@ -34,7 +36,7 @@ from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Reconciler
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.managing import Manager, Mapper, Source
+from gpuoperator.runtime.managing import Mapper, Source
 from gpuoperator.runtime.recording import Recorder
 
 Obj = dict[str, Any]
@@ -141,17 +143,22 @@ class OfflineManager:
     informers are made once per name and never started; ``controller`` keeps the reconciler
     (``reconcilers[name]``) and ``add_controller`` the sources it is woken by."""
 
-    def __init__(self, writer: Any = None, *, clock: Clock = SYSTEM, registry: Any = None) -> None:
-        from prometheus_client import CollectorRegistry
-
-        self.writer = cast(Client, writer)
+    def __init__(
+        self,
+        writer: FakeApi | None = None,
+        *,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        #: Every component writes to this one fake API server (by default one of its own).
+        self.writer = writer if writer is not None else FakeApi()
         self.clock = clock
         self.registry = registry if registry is not None else CollectorRegistry()
         self.informers: dict[str, Informer] = {}
         self.reconcilers: dict[str, Reconciler[Key]] = {}
         self.sources: dict[str, list[tuple[Source, Mapper]]] = {}
 
-    def writer_for(self, _component: str) -> Client:
+    def writer_for(self, component: str) -> FakeApi:
         """Every component writes to the one fake API server."""
         return self.writer
 
@@ -179,18 +186,15 @@ class OfflineManager:
         )
 
     def add_controller(
-        self, controller: Controller[Key], sources: Iterable[tuple[Source, Mapper]]
+        self, controller: Controller[Key], watches: Iterable[tuple[Source, Mapper]]
     ) -> None:
-        self.sources[controller.name] = list(sources)
-
-    def as_manager(self) -> Manager:
-        return cast(Manager, self)
+        self.sources[controller.name] = list(watches)
 
 
 def offline_caches(manager: OfflineManager | None = None) -> Caches:
     """The operator's shared caches, made by the product's own registration (so with its
     indexes and transforms), on informers that are never started."""
-    return cachesmod.register((manager or OfflineManager()).as_manager())
+    return cachesmod.register(manager or OfflineManager())
 
 
 def put(informer: Informer, obj: Obj) -> Obj:

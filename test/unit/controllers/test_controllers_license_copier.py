@@ -42,7 +42,7 @@ class World(OfflineCluster):
         super().__init__()
         settings = Settings.model_validate({"gpuForVMs": gpu_for_vms})
         license_copier.register(
-            self.manager.as_manager(), self.caches, self.recorder.recorder, settings, OPERATOR_NS
+            self.manager, self.caches, self.recorder.recorder, settings, OPERATOR_NS
         )
         self.reconciler = self.manager.reconcilers[license_copier.NAME]
         self.copies: Informer = self.manager.informers[license_copier.COPIES_INFORMER]
@@ -565,5 +565,5 @@ def test_the_license_namespace_may_not_be_the_operators_own() -> None:
     settings = Settings.model_validate({"licenseNamespace": OPERATOR_NS})
     with pytest.raises(ValueError, match="licenseNamespace='gpu-operator' is the operator's own"):
         license_copier.register(
-            world.manager.as_manager(), world.caches, world.recorder.recorder, settings, OPERATOR_NS
+            world.manager, world.caches, world.recorder.recorder, settings, OPERATOR_NS
         )

@@ -28,7 +28,7 @@ class World(OfflineCluster):
         # Every change written at once (statusInterval 0): these tests are about what is
         # written; the coalescing of writes has tests of its own.
         node_inventory.register(
-            self.manager.as_manager(),
+            self.manager,
             self.caches,
             self.ledger,
             self.recorder.recorder,
