@@ -31,13 +31,12 @@ from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Reconciler
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Mapper, Source
-from gpuoperator.runtime.recording import Recorder
 
 Obj = dict[str, Any]
 Hook = Callable[[Obj], None]
@@ -242,10 +241,6 @@ class FakeApi:
         self.refuse: dict[tuple[str, str], BaseException] = {}
         self._rv = 100
 
-    @property
-    def client(self) -> Client:
-        return cast(Client, self)
-
     # ---- the test's side ------------------------------------------------------------
     def add(self, kind: Kind, obj: Obj) -> Obj:
         """Store ``obj`` (a new resourceVersion, a uid if it has none); the stored copy."""
@@ -440,10 +435,6 @@ class FakeRecorder:
     def __init__(self) -> None:
         self.events: list[Obj] = []
         self._lock = threading.Lock()
-
-    @property
-    def recorder(self) -> Recorder:
-        return cast(Recorder, self)
 
     def event(
         self,

@@ -31,7 +31,7 @@ class World(OfflineCluster):
             self.manager,
             self.caches,
             self.ledger,
-            self.recorder.recorder,
+            self.recorder,
             Settings.model_validate({"statusInterval": 0}),
         )
         self.reconciler = self.manager.reconcilers[node_inventory.NAME]
