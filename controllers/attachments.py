@@ -61,12 +61,11 @@ from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import attachments as rules
 from gpuoperator.model import claim_states, conditions, orders, references
-from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -315,8 +314,15 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
     return sorted(keys)
 
 
+class ManagerAccess(managing.Controls, managing.Clocked, Protocol):
+    """What ``register`` uses of the manager: its fenced writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
+
+
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     recorder: protocols.RecordsEvents,
     settings: Settings,

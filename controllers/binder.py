@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import contextvars
 import datetime
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
@@ -57,11 +59,11 @@ from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import binding, claim_states, conditions, orders
 from gpuoperator.model import claims as gpuclaims
+from gpuoperator.runtime import managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings
 
@@ -289,8 +291,18 @@ def _refusals(claim: Obj) -> bool:
     return bool((claim.get("status") or {}).get("refusedNodes"))
 
 
+class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):
+    """What ``register`` uses of the manager: a hook run on becoming leader, and its
+    (unfenced) client to read every claim afresh then."""
+
+    @property
+    def client(self) -> protocols.Lists: ...
+
+    def on_leading(self, hook: Callable[[], None]) -> None: ...
+
+
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     ledger: Ledger,
     statuses: ClaimStatus,

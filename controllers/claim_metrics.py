@@ -21,14 +21,15 @@ it goes quiet once the claim is bound.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuoperator.caches import Caches
 from gpuoperator.model import tallies
+from gpuoperator.runtime import managing
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
-from gpuoperator.runtime.managing import Manager
 
 
 class ClaimMetrics:
@@ -75,7 +76,11 @@ class ClaimMetrics:
         )
 
 
-def register(manager: Manager, caches: Caches) -> ClaimMetrics:
+class ManagerAccess(managing.Leads, managing.Clocked, managing.Measured, Protocol):
+    """What ``register`` uses of the manager."""
+
+
+def register(manager: ManagerAccess, caches: Caches) -> ClaimMetrics:
     """Register the collector in the manager's registry, over the shared claims cache."""
     collector = ClaimMetrics(caches.claims.store.values, manager.is_leader, clock=manager.clock)
     manager.registry.register(collector)

@@ -36,11 +36,10 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import claims, pods
-from gpuoperator.runtime import protocols
+from gpuoperator.runtime import managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +52,13 @@ HELD = "DeletionHeld"
 class ApiAccess(protocols.Gets, protocols.Replaces, Protocol):
     """What claim protection asks of the API server: a live read, and the claim replaced
     without its finalizer."""
+
+
+class ManagerAccess(managing.Controls, Protocol):
+    """What ``register`` uses of the manager: its fenced writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
 
 
 class ClaimProtection:
@@ -159,7 +165,7 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
 
 
 def register(
-    manager: Manager, caches: Caches, recorder: protocols.RecordsEvents, workers: int = 2
+    manager: ManagerAccess, caches: Caches, recorder: protocols.RecordsEvents, workers: int = 2
 ) -> Controller[Key]:
     controller = manager.controller(
         NAME,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Final
+from typing import Final, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -45,12 +45,11 @@ from gpuoperator.model import binding, claim_states, conditions, draining, gpu_h
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
-from gpuoperator.runtime import protocols
+from gpuoperator.runtime import managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.settings import Settings
 
@@ -259,8 +258,12 @@ def flagged(claim: Obj) -> bool:
     return conditions.find(found, draining.CONDITION) is not None
 
 
+class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):
+    """What ``register`` uses of the manager."""
+
+
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     ledger: Ledger,
     statuses: ClaimStatus,

@@ -42,7 +42,7 @@ from __future__ import annotations
 import datetime
 import threading
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -52,11 +52,11 @@ from prometheus_client.registry import Collector
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.model import claim_states, gpu_hours, orders
+from gpuoperator.runtime import managing
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
-from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)
 
@@ -250,8 +250,12 @@ def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
     ]
 
 
+class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):
+    """What ``register`` uses of the manager."""
+
+
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     statuses: ClaimStatus,
     registry: CollectorRegistry | None = None,

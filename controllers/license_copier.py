@@ -47,6 +47,7 @@ other namespaces are not held up). Log lines carry the same reasons.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import pykube
 import structlog
@@ -56,15 +57,13 @@ from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, lean, own_key
 from gpuoperator.kinds import GPUClass
 from gpuoperator.model import classes, conditions, licensing, tenants
-from gpuoperator.runtime import errors, indexing
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, indexing, managing, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.own_writes import OwnWrites
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -92,14 +91,33 @@ FAILED = "LicenseCopyFailed"
 CACHE_LAG_RECHECK = 1.0
 
 
+class ApiAccess(
+    protocols.Gets,
+    protocols.Creates,
+    protocols.Replaces,
+    protocols.ReplacesStatus,
+    protocols.Deletes,
+    Protocol,
+):
+    """What the copier asks of the API server: a live read of a Secret, a copy created,
+    rewritten or deleted, and the class's status replaced."""
+
+
+class ManagerAccess(managing.Informs, managing.Controls, managing.Clocked, Protocol):
+    """What ``register`` uses of the manager: its two Secret informers and fenced writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
+
+
 class LicenseCopier:
     def __init__(
         self,
         caches: Caches,
         copies: Informer,
         sources: Informer,
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         *,
         license_namespace: str,
         make_copies: bool = True,
@@ -416,9 +434,9 @@ def _classes_in_namespace(caches: Caches) -> Callable[[Obj], list[Key]]:
 
 
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
-    recorder: Recorder,
+    recorder: protocols.RecordsEvents,
     settings: Settings,
     operator_namespace: str,
     workers: int = 1,

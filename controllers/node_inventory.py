@@ -27,16 +27,14 @@ from gpuoperator.caches import Caches, own_key
 from gpuoperator.kinds import GPUNode
 from gpuoperator.ledger import Ledger, NodeView, changed_nodes
 from gpuoperator.model import conditions, eligibility
-from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 from gpuoperator.runtime.own_writes import OwnWrites
 from gpuoperator.runtime.pacing import Pacer
-from gpuoperator.runtime.recording import Recorder
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -60,6 +58,12 @@ def _gauge(registry: CollectorRegistry) -> Gauge:
 class ApiAccess(protocols.Creates, protocols.ReplacesStatus, protocols.Deletes, Protocol):
     """What node inventory asks of the API server: GPUNodes created, their status replaced, and
     deleted."""
+
+
+class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):
+    """What ``register`` uses of the manager: the writer of this controller among them."""
+
+    def writer_for(self, component: str) -> ApiAccess: ...
 
 
 class NodeInventory:
@@ -213,10 +217,10 @@ class NodeInventory:
 
 
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     ledger: Ledger,
-    recorder: Recorder,
+    recorder: protocols.RecordsEvents,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:

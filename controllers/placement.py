@@ -81,14 +81,13 @@ from gpuoperator.model import (
 )
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.own_writes import OwnWrites
-from gpuoperator.runtime.recording import EventType, Recorder
+from gpuoperator.runtime.recording import EventType
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -422,12 +421,19 @@ def vmis_of_claim(claim: Obj) -> set[str]:
     return {ref.name for ref in refs if ref is not None}
 
 
+class ManagerAccess(managing.Controls, managing.Clocked, Protocol):
+    """What ``register`` uses of the manager: its fenced writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
+
+
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     ledger: Ledger,
     statuses: ClaimStatus,
-    recorder: Recorder,
+    recorder: protocols.RecordsEvents,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:

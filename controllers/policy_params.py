@@ -18,6 +18,7 @@ resourceVersion; only the keys above are touched, others are left as they are.
 from __future__ import annotations
 
 import copy
+from typing import Protocol
 
 import pykube
 import structlog
@@ -25,16 +26,31 @@ import structlog
 from gpuoperator import names, settings
 from gpuoperator.caches import Caches
 from gpuoperator.model import policy_params
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, managing, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.managing import ManagerOptions
 
 log = structlog.get_logger(__name__)
 
 NAME = "policy-params"
+
+
+class ApiAccess(protocols.Replaces, Protocol):
+    """What the controller asks of the API server: the ConfigMap replaced."""
+
+
+class ManagerAccess(managing.Informs, managing.Controls, Protocol):
+    """What ``register`` uses of the manager: the operator's namespace (its options), the
+    ConfigMap's informer and the fenced writer."""
+
+    @property
+    def options(self) -> ManagerOptions: ...
+
+    @property
+    def writer(self) -> ApiAccess: ...
 
 
 class PolicyParams:
@@ -42,7 +58,7 @@ class PolicyParams:
         self,
         caches: Caches,
         params: Informer,
-        writer: Client,
+        writer: ApiAccess,
         operator_settings: settings.Settings,
     ) -> None:
         self.caches = caches
@@ -91,7 +107,7 @@ class PolicyParams:
 
 
 def register(
-    manager: Manager, caches: Caches, operator_settings: settings.Settings
+    manager: ManagerAccess, caches: Caches, operator_settings: settings.Settings
 ) -> Controller[Key]:
     namespace = manager.options.namespace
     key: Key = (namespace, names.POLICY_PARAMS_CONFIGMAP)

@@ -27,11 +27,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.model import quota_usage
-from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
 
 log = structlog.get_logger(__name__)
@@ -94,7 +93,14 @@ class QuotaUsage:
         return None
 
 
-def register(manager: Manager, caches: Caches) -> Controller[Key]:
+class ManagerAccess(managing.Controls, managing.Measured, Protocol):
+    """What ``register`` uses of the manager: its fenced writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
+
+
+def register(manager: ManagerAccess, caches: Caches) -> Controller[Key]:
     def budget_quotas() -> list[Key]:
         return [key_of(rq) for rq in caches.quotas.store.values() if quota_usage.budget_keys(rq)]
 

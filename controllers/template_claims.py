@@ -48,12 +48,11 @@ from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims, references, templates
-from gpuoperator.runtime import errors, protocols
+from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.managing import Manager
-from gpuoperator.runtime.recording import EventType, Recorder
+from gpuoperator.runtime.recording import EventType
 from gpuoperator.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -228,11 +227,18 @@ def owning_vmi(claim: Obj) -> list[Key]:
     return [] if owner is None else [(claims.key(claim)[0], owner.name)]
 
 
+class ManagerAccess(managing.Controls, Protocol):
+    """What ``register`` uses of the manager: its fenced writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
+
+
 def register(
-    manager: Manager,
+    manager: ManagerAccess,
     caches: Caches,
     ledger: Ledger,
-    recorder: Recorder,
+    recorder: protocols.RecordsEvents,
     settings: Settings,
     workers: int = 2,
 ) -> Controller[Key]:

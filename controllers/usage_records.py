@@ -8,17 +8,18 @@ Bound (Pending, Lost) has no record; a claim being deleted keeps its record unti
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import structlog
 
 from gpuoperator import names
 from gpuoperator.caches import Caches, own_key
 from gpuoperator.kinds import Workload
 from gpuoperator.model import claims
-from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime import errors, managing, protocols
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.managing import Manager
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +55,18 @@ def desired(claim: Obj) -> Obj:
     }
 
 
+class ApiAccess(protocols.Creates, protocols.Replaces, protocols.Deletes, Protocol):
+    """What usage records ask of the API server: a record created, replaced or deleted."""
+
+
+class ManagerAccess(managing.Controls, Protocol):
+    """What ``register`` uses of the manager: the writer of this controller."""
+
+    def writer_for(self, component: str) -> ApiAccess: ...
+
+
 class UsageRecords:
-    def __init__(self, caches: Caches, writer: Client) -> None:
+    def __init__(self, caches: Caches, writer: ApiAccess) -> None:
         self.caches = caches
         self.writer = writer
 
@@ -109,7 +120,7 @@ def _owned_by(record: Obj, claim: Obj | None) -> bool:
     return any(o.get("kind") == names.GPU_CLAIM and o.get("uid") == uid for o in owners)
 
 
-def register(manager: Manager, caches: Caches, workers: int = 2) -> Controller[Key]:
+def register(manager: ManagerAccess, caches: Caches, workers: int = 2) -> Controller[Key]:
     controller = manager.controller(
         NAME,
         UsageRecords(caches, manager.writer_for(NAME)),

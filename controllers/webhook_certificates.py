@@ -23,7 +23,7 @@ import datetime
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pykube
 import structlog
@@ -31,15 +31,14 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from gpuoperator import pki
 from gpuoperator.model import certificates
-from gpuoperator.runtime.client import Client, Kind, Obj
+from gpuoperator.runtime import managing, protocols
+from gpuoperator.runtime.client import Kind, Obj
 from gpuoperator.runtime.clock import Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key
 from gpuoperator.runtime.informing import Handlers, Informer, InformerOptions
 from gpuoperator.runtime.kinds import MutatingWebhookConfiguration, ValidatingWebhookConfiguration
-from gpuoperator.runtime.managing import Manager
 from gpuoperator.runtime.metrics import per_registry
-from gpuoperator.runtime.recording import Recorder
 
 log = structlog.get_logger(__name__)
 
@@ -151,6 +150,11 @@ class Loader:
         )
 
 
+class ApiAccess(protocols.Replaces, Protocol):
+    """What the controller asks of the API server: the Secret and the webhook
+    configurations replaced."""
+
+
 class WebhookCertificates:
     """The leader's reconciler: one key, the Secret's."""
 
@@ -159,8 +163,8 @@ class WebhookCertificates:
         options: Options,
         secret: Informer,
         configurations: Iterable[tuple[Kind, Informer]],
-        writer: Client,
-        recorder: Recorder,
+        writer: ApiAccess,
+        recorder: protocols.RecordsEvents,
         clock: Clock,
     ) -> None:
         self.options = options
@@ -264,9 +268,21 @@ def _describe(plan: certificates.Plan, *, rotated: bool) -> tuple[str, str]:
     return reason, f"issued {' and '.join(issued)} ({why})"
 
 
+class ManagerAccess(
+    managing.Informs, managing.Controls, managing.Clocked, managing.Measured, Protocol
+):
+    """What ``register`` uses of the manager: the informers, a readiness gate, the fenced
+    writer."""
+
+    @property
+    def writer(self) -> ApiAccess: ...
+
+    def add_readiness_gate(self, name: str, check: Callable[[], bool]) -> None: ...
+
+
 def register(
-    manager: Manager,
-    recorder: Recorder,
+    manager: ManagerAccess,
+    recorder: protocols.RecordsEvents,
     options: Options,
     serve: Callable[[bytes, bytes], None],
 ) -> tuple[Loader, Controller[Key]]:

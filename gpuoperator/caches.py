@@ -21,7 +21,7 @@ from gpuoperator.kinds import (
 from gpuoperator.model import gpu_hours, slimming
 from gpuoperator.runtime import indexing
 from gpuoperator.runtime.informing import Informer, InformerOptions
-from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.managing import Informs
 
 #: Index names.
 BY_NAMESPACE = "namespace"
@@ -73,7 +73,7 @@ class Caches:
 lean = slimming.without_managed_fields
 
 
-def register(manager: Manager) -> Caches:
+def register(manager: Informs) -> Caches:
     """Create (once) the shared informers on ``manager``."""
     return Caches(
         nodes=manager.informer(pykube.Node, InformerOptions(transform=slimming.slim_node)),

@@ -58,6 +58,53 @@ class Source(Protocol):
     def add_handlers(self, handlers: Handlers) -> None: ...
 
 
+# What a ``register`` function uses of the manager, one facet each: a component's own
+# ``Protocol`` inherits those it needs (and names the writer it takes, typed by what it
+# writes), so a test wires it onto any object with those members, with no cast.
+# ``Manager`` satisfies every facet here.
+
+
+class Informs(Protocol):
+    def informer(
+        self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
+    ) -> Informer:
+        """The shared informer ``name`` (default: the kind's endpoint), created once."""
+        ...
+
+
+class Controls(Protocol):
+    def controller(
+        self,
+        name: str,
+        reconciler: Reconciler[Key],
+        *,
+        workers: int = ...,
+        seed: Callable[[], Iterable[Key]] = ...,
+    ) -> Controller[Key]:
+        """A controller on the manager's clock and registry."""
+        ...
+
+    def add_controller(
+        self, controller: Controller[Key], watches: Iterable[tuple[Source, Mapper]]
+    ) -> None:
+        """Run ``controller`` while leading, woken by ``watches``."""
+        ...
+
+
+class Clocked(Protocol):
+    @property
+    def clock(self) -> Clock: ...
+
+
+class Measured(Protocol):
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+
+class Leads(Protocol):
+    def is_leader(self) -> bool: ...
+
+
 @dataclass
 class ManagerOptions:
     namespace: str

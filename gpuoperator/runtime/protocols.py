@@ -9,6 +9,7 @@ theirs, trimmed to the parameters components pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gpuoperator.runtime.client import Kind, Obj
@@ -26,6 +27,19 @@ class Gets(Protocol):
 
     def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Obj | None:
         """The object, ``None`` when there is none."""
+        ...
+
+
+class Lists(Protocol):
+    def list(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        transform: Callable[[Obj], Obj] | None = None,
+    ) -> tuple[list[Obj], str]:
+        """Every object (live, page by page), each through ``transform``, and the list's
+        resourceVersion."""
         ...
 
 

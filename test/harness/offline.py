@@ -1,5 +1,6 @@
 """Cluster-less doubles for unit tests of controllers and webhooks.
 
+* :class:`NoApiServer`: the ``ListWatcher`` of informers that are never started.
 * :class:`OfflineManager`: enough of ``Manager`` for the product's own ``register``
   functions (``caches.register``, each controller's ``register``): informers that are never
   started, controllers kept by name with the sources they are wired to. Caches built this
@@ -21,20 +22,21 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
 
 from gpuoperator import caches as cachesmod
 from gpuoperator import names
 from gpuoperator.caches import Caches
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Kind
+from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Reconciler
 from gpuoperator.runtime.indexing import Key
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager, Mapper, Source
-from gpuoperator.runtime.recording import Recorder
+from gpuoperator.runtime.informing import Informer, InformerOptions
+from gpuoperator.runtime.managing import Mapper, Source
 
 Obj = dict[str, Any]
 Hook = Callable[[Obj], None]
@@ -122,22 +124,40 @@ def apply_patch(obj: Obj, patch: Any) -> Obj:
 # -- caches -----------------------------------------------------------------------------------
 
 
+class NoApiServer:
+    """The ``ListWatcher`` of an informer that is never started: its cache is filled by
+    the test (``put``, ``store.put``), so a list or a watch is a test's mistake."""
+
+    def list(self, kind: Kind, namespace: str | None = None, **_: Any) -> tuple[list[Obj], str]:
+        raise AssertionError(f"an offline informer of {kind.kind} was asked to list")
+
+    def watch(
+        self, kind: Kind, namespace: str | None = None, **_: Any
+    ) -> Iterator[tuple[str, Obj]]:
+        raise AssertionError(f"an offline informer of {kind.kind} was asked to watch")
+
+
 class OfflineManager:
     """Enough of ``Manager`` for the product's ``register`` functions, with no API server:
     informers are made once per name and never started; ``controller`` keeps the reconciler
     (``reconcilers[name]``) and ``add_controller`` the sources it is woken by."""
 
-    def __init__(self, writer: Any = None, *, clock: Clock = SYSTEM, registry: Any = None) -> None:
-        from prometheus_client import CollectorRegistry
-
-        self.writer = cast(Client, writer)
+    def __init__(
+        self,
+        writer: FakeApi | None = None,
+        *,
+        clock: Clock = SYSTEM,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        #: Every component writes to this one fake API server (by default one of its own).
+        self.writer = writer if writer is not None else FakeApi()
         self.clock = clock
         self.registry = registry if registry is not None else CollectorRegistry()
         self.informers: dict[str, Informer] = {}
         self.reconcilers: dict[str, Reconciler[Key]] = {}
         self.sources: dict[str, list[tuple[Source, Mapper]]] = {}
 
-    def writer_for(self, _component: str) -> Client:
+    def writer_for(self, component: str) -> FakeApi:
         """Every component writes to the one fake API server."""
         return self.writer
 
@@ -147,7 +167,7 @@ class OfflineManager:
         name = name or kind.endpoint
         if name not in self.informers:
             self.informers[name] = Informer(
-                cast(ListWatcher, object()), kind, options, name=name, registry=self.registry
+                NoApiServer(), kind, options, name=name, registry=self.registry
             )
         return self.informers[name]
 
@@ -165,18 +185,15 @@ class OfflineManager:
         )
 
     def add_controller(
-        self, controller: Controller[Key], sources: Iterable[tuple[Source, Mapper]]
+        self, controller: Controller[Key], watches: Iterable[tuple[Source, Mapper]]
     ) -> None:
-        self.sources[controller.name] = list(sources)
-
-    def as_manager(self) -> Manager:
-        return cast(Manager, self)
+        self.sources[controller.name] = list(watches)
 
 
 def offline_caches(manager: OfflineManager | None = None) -> Caches:
     """The operator's shared caches, made by the product's own registration (so with its
     indexes and transforms), on informers that are never started."""
-    return cachesmod.register((manager or OfflineManager()).as_manager())
+    return cachesmod.register(manager or OfflineManager())
 
 
 def put(informer: Informer, obj: Obj) -> Obj:
@@ -223,10 +240,6 @@ class FakeApi:
         #: (verb, namespace) -> the error every such call answers
         self.refuse: dict[tuple[str, str], BaseException] = {}
         self._rv = 100
-
-    @property
-    def client(self) -> Client:
-        return cast(Client, self)
 
     # ---- the test's side ------------------------------------------------------------
     def add(self, kind: Kind, obj: Obj) -> Obj:
@@ -422,10 +435,6 @@ class FakeRecorder:
     def __init__(self) -> None:
         self.events: list[Obj] = []
         self._lock = threading.Lock()
-
-    @property
-    def recorder(self) -> Recorder:
-        return cast(Recorder, self)
 
     def event(
         self,

@@ -131,8 +131,7 @@ class World:
         return claim_protection.ClaimProtection(self.caches, self.writer, self.events)
 
     def placement(self) -> placement.Placement:
-        # The claim status write-back takes the whole client and recorder.
-        statuses = claim_status.ClaimStatus(self.api.client, self.inventory, self.recorder.recorder)
+        statuses = claim_status.ClaimStatus(self.api, self.inventory, self.recorder)
         return placement.Placement(
             self.caches,
             self.inventory,

@@ -64,7 +64,7 @@ def write(scenario: Scenario | None = None) -> tuple[Any, Ledger, FakeRecorder]:
     inv.apply_claim(current)
     if scenario is not None:
         scenario(api)
-    statuses = ClaimStatus(api.client, inv, events.recorder, registry=CollectorRegistry())
+    statuses = ClaimStatus(api, inv, events, registry=CollectorRegistry())
     announce = Announcement("claim bound", "Bound", "bound to node n1")
     try:
         with structlog.testing.capture_logs() as logs:

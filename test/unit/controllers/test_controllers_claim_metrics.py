@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -13,8 +13,8 @@ from controllers import claim_metrics
 from gpuoperator import caches as cachesmod
 from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import FakeClock
-from gpuoperator.runtime.informing import Informer, InformerOptions, ListWatcher
-from gpuoperator.runtime.managing import Manager
+from gpuoperator.runtime.informing import Informer, InformerOptions
+from harness.offline import NoApiServer
 
 Obj = dict[str, Any]
 START = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -32,7 +32,7 @@ class _FakeManager:
     def informer(
         self, kind: Kind, options: InformerOptions | None = None, name: str | None = None
     ) -> Informer:
-        return Informer(cast("ListWatcher", object()), kind, options, name=name)
+        return Informer(NoApiServer(), kind, options, name=name)
 
     def is_leader(self) -> bool:
         return self.leading.is_set()
@@ -56,8 +56,8 @@ def scrape(manager: _FakeManager) -> list[str]:
 
 def wired() -> tuple[_FakeManager, cachesmod.Caches]:
     manager = _FakeManager()
-    caches = cachesmod.register(cast("Manager", manager))
-    claim_metrics.register(cast("Manager", manager), caches)
+    caches = cachesmod.register(manager)
+    claim_metrics.register(manager, caches)
     return manager, caches
 
 

@@ -33,7 +33,7 @@ ATTACHED = {"vmi": "vm1", "uid": "uid-vm1"}
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
-        claim_protection.register(self.manager.as_manager(), self.caches, self.recorder.recorder)
+        claim_protection.register(self.manager, self.caches, self.recorder)
         self.reconciler = self.manager.reconcilers[claim_protection.NAME]
 
     def reconcile(self, name: str = "hold") -> Result | None:

@@ -28,10 +28,10 @@ class World(OfflineCluster):
         # Every change written at once (statusInterval 0): these tests are about what is
         # written; the coalescing of writes has tests of its own.
         class_status.register(
-            self.manager.as_manager(),
+            self.manager,
             self.caches,
             self.ledger,
-            self.recorder.recorder,
+            self.recorder,
             Settings.model_validate({"statusInterval": 0}),
         )
         self.reconciler = self.manager.reconcilers[class_status.NAME]

@@ -221,9 +221,7 @@ class Summing:
             NoEvents(),
             registry=CollectorRegistry(),
         )
-        gpuhoursmod.register(
-            self.manager.as_manager(), self.caches, statuses, series=gpuhoursmod.PER_NAMESPACE
-        )
+        gpuhoursmod.register(self.manager, self.caches, statuses, series=gpuhoursmod.PER_NAMESPACE)
         self.registry = self.manager.registry
 
     def sync(self) -> None:

@@ -41,9 +41,7 @@ class World(OfflineCluster):
     def __init__(self, *, gpu_for_vms: bool = True) -> None:
         super().__init__()
         settings = Settings.model_validate({"gpuForVMs": gpu_for_vms})
-        license_copier.register(
-            self.manager.as_manager(), self.caches, self.recorder.recorder, settings, OPERATOR_NS
-        )
+        license_copier.register(self.manager, self.caches, self.recorder, settings, OPERATOR_NS)
         self.reconciler = self.manager.reconcilers[license_copier.NAME]
         self.copies: Informer = self.manager.informers[license_copier.COPIES_INFORMER]
         self.sources: Informer = self.manager.informers[license_copier.SOURCES_INFORMER]
@@ -564,6 +562,4 @@ def test_the_license_namespace_may_not_be_the_operators_own() -> None:
     world = OfflineCluster()
     settings = Settings.model_validate({"licenseNamespace": OPERATOR_NS})
     with pytest.raises(ValueError, match="licenseNamespace='gpu-operator' is the operator's own"):
-        license_copier.register(
-            world.manager.as_manager(), world.caches, world.recorder.recorder, settings, OPERATOR_NS
-        )
+        license_copier.register(world.manager, world.caches, world.recorder, settings, OPERATOR_NS)

@@ -40,7 +40,7 @@ def world(configmap: Obj | None, exempt: str = "") -> tuple[controller.PolicyPar
         params.store.put(configmap)
     writer = Writer()
     loaded = settings.load({"operatorServiceAccount": OPERATOR, "exemptNamespaces": exempt}, {}, {})
-    return controller.PolicyParams(caches, params, writer, loaded), writer  # type: ignore[arg-type]
+    return controller.PolicyParams(caches, params, writer, loaded), writer
 
 
 def configmap(data: dict[str, str]) -> Obj:

@@ -26,7 +26,7 @@ RECORD = "gpuclaim-hold"
 class World(OfflineCluster):
     def __init__(self) -> None:
         super().__init__()
-        usage_records.register(self.manager.as_manager(), self.caches)
+        usage_records.register(self.manager, self.caches)
         self.reconciler = self.manager.reconcilers[usage_records.NAME]
 
     def reconcile(self, name: str = "hold") -> Result | None:
