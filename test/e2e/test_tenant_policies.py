@@ -335,14 +335,22 @@ def test_without_any_operator_the_policies_alone_refuse_every_attack(
 
     # The claims label and annotation added after create (finding: a template claim ordered
     # without the webhook's checks).
+    # A merge patch, as `kubectl label` and `annotate` send it: KubeVirt writes the VMI's
+    # status meanwhile, so an update would only meet a conflict, never the policy.
     plain = VirtualMachineInstance(alice.client, vmi_doc(namespace, "plain"))
     plain.create()
-    plain.obj["metadata"]["labels"] = {names.CLAIMS_LABEL: names.TRUE}
-    plain.obj["metadata"]["annotations"] = {
-        names.CLAIMS_ANNOTATION: json.dumps([{"claimTemplate": {"className": "x", "count": 64}}])
+    late = {
+        "metadata": {
+            "labels": {names.CLAIMS_LABEL: names.TRUE},
+            "annotations": {
+                names.CLAIMS_ANNOTATION: json.dumps(
+                    [{"claimTemplate": {"className": "x", "count": 64}}]
+                )
+            },
+        }
     }
     with refused(403) as r:
-        replace(plain)
+        plain.patch(late)
     says(
         r,
         f"VirtualMachineInstance {namespace}/plain: the label and annotation "
