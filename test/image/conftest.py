@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from image.podman import PODMAN, image_name
+from harness.containers import PODMAN, image_name
 from localcluster import deployment
 from localcluster.cluster import (
     KUBEVIRT_CRDS,
