@@ -22,6 +22,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import urllib.parse
 import urllib.request
@@ -52,6 +53,27 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
     return proc.stdout
+
+
+def require_image(name: str) -> str:
+    """``name`` if podman is installed and holds that image; otherwise an error naming the
+    command to run (a missing prerequisite fails, never skips)."""
+    if shutil.which("podman") is None:
+        raise MissingPrerequisiteError(
+            "podman is not installed: apt-get install podman buildah runc mmdebstrap, "
+            "then make image"
+        )
+    proc = subprocess.run(
+        [str(PODMAN), "image", "exists", name], capture_output=True, timeout=60, check=False
+    )
+    if proc.returncode != 0:
+        tag = name.removeprefix("localhost/")
+        raise MissingPrerequisiteError(f"the image {name} is not built: run make image IMAGE={tag}")
+    return name
+
+
+class MissingPrerequisiteError(Exception):
+    """What must be installed or built first, with the command."""
 
 
 def image_name() -> str:

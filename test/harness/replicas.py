@@ -1,0 +1,199 @@
+"""Replicas of the image as podman containers, the Deployment's pods without a kubelet.
+
+Each replica is the image run by ``harness.containers.Launcher``: the rendered Deployment's
+securityContext, volumes, memory limit, command, args and env mapped to podman's flags, a
+TokenRequest token of its ServiceAccount mounted where the kubelet mounts it, the host's
+network with every server on a port the kernel picks (so replicas run side by side).
+
+What a Service and the endpoints controller do for the pods is played here by one thread:
+it probes every replica's ``/readyz`` (the Deployment's readinessProbe) and keeps the
+webhook configurations pointed at a ready replica, the way ``harness.webhooks`` points them
+at a process replica: only the port of their loopback ``clientConfig.url`` changes, so the
+API server calls the container over TLS with the certificate the operator issued itself. A
+replica that stops being ready, or is being replaced, is taken out first; a configuration's
+single URL stands for the Service's one virtual IP, so one ready replica at a time serves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pykube
+
+from gpuoperator import names
+from gpuoperator.runtime.kinds import Lease
+from harness.containers import Launcher, Replica
+from harness.waiting import wait_for
+from localcluster import deployment
+from localcluster.cluster import register_webhooks, unregister_webhooks
+
+#: How often the readiness of each replica is probed (the Deployment probes every 10 s; the
+#: endpoints follow faster here so a test's kill shows in seconds, not a probe period).
+PROBE_SECONDS = 0.5
+
+
+@dataclass
+class Endpoint:
+    """A change of the replica the webhook configurations point at."""
+
+    at: float  # time.monotonic()
+    replica: str  # "" when no replica is ready
+
+
+@dataclass
+class Replicas:
+    """``count`` replicas of the image, and the endpoints thread (see the module docstring)."""
+
+    launcher: Launcher
+    admin_kubeconfig: Path
+    rendered: deployment.Rendered
+    count: int = 2
+    replicas: list[Replica] = field(default_factory=list)
+    #: Replicas taken out of the endpoints (being replaced or deleted).
+    terminating: set[str] = field(default_factory=set)
+    target: Replica | None = None
+    history: list[Endpoint] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _error: BaseException | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        for _ in range(self.count):
+            self.replicas.append(self.launcher())
+        for replica in self.replicas:
+            replica.wait_ready()
+        self._point()
+        self._thread = threading.Thread(target=self._follow, name="endpoints", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        unregister_webhooks(self.admin_kubeconfig, self.rendered)
+        for replica in self.replicas:
+            if replica.running():
+                replica.stop()
+        self.launcher.remove_all()
+
+    # ---- the endpoints --------------------------------------------------------------------
+    def ready(self) -> list[Replica]:
+        """The replicas whose /readyz answers 200, not being taken out, oldest first."""
+        with self._lock:
+            candidates = [r for r in self.replicas if r.name not in self.terminating]
+        return [r for r in candidates if r.probe()]
+
+    def _point(self) -> None:
+        ready = self.ready()
+        with self._lock:
+            current = self.target
+            if current is not None and current in ready:
+                return
+            chosen = ready[0] if ready else None
+            if chosen is None and current is None:
+                return
+            if chosen is not None:
+                register_webhooks(self.admin_kubeconfig, self.rendered, chosen.ports()["webhooks"])
+            self.target = chosen
+            self.history.append(Endpoint(time.monotonic(), chosen.name if chosen else ""))
+
+    def _follow(self) -> None:
+        while not self._stop.wait(PROBE_SECONDS):
+            try:
+                self._point()
+            except Exception as exc:  # reported by check(), never swallowed
+                self._error = exc
+                return
+
+    def check(self) -> None:
+        """Fail if the endpoints thread died."""
+        if self._error is not None:
+            raise AssertionError(f"the endpoints thread failed: {self._error!r}")
+
+    def serving(self) -> str:
+        with self._lock:
+            return self.target.name if self.target else ""
+
+    # ---- what a test does to the pods ---------------------------------------------------
+    def take_out(self, replica: Replica) -> None:
+        """Remove ``replica`` from the endpoints (the pod is being deleted) and wait until the
+        webhook configurations point elsewhere."""
+        with self._lock:
+            self.terminating.add(replica.name)
+        wait_for(
+            f"the webhooks to point away from {replica.name}",
+            lambda: self._repointed(replica),
+            timeout=30,
+        )
+
+    def _repointed(self, replica: Replica) -> bool:
+        self.check()
+        return self.serving() not in ("", replica.name)
+
+    def replace(self, old: Replica, image: str | None = None) -> Replica:
+        """One step of a rolling update (maxSurge 1, maxUnavailable 0): a new replica, ready;
+        then the old one out of the endpoints and stopped within its grace period."""
+        new = self.launcher(image=image)
+        with self._lock:
+            self.replicas.append(new)
+        new.wait_ready()
+        self.take_out(old)
+        code = old.stop()
+        assert code == 0, f"{old.name} exited {code} on SIGTERM:\n{old.log_text()[-3000:]}"
+        with self._lock:
+            self.replicas.remove(old)
+            self.terminating.discard(old.name)
+        return new
+
+    def kill(self, replica: Replica) -> None:
+        """SIGKILL the container (no Lease released); the endpoints notice by its probe."""
+        replica.kill()
+        with self._lock:
+            self.replicas.remove(replica)
+
+    def leader(self, api: pykube.HTTPClient) -> Replica | None:
+        lease = Lease.objects(api, namespace=self.rendered.namespace).get_or_none(
+            name=names.LEADER_LEASE
+        )
+        holder = str(((lease.obj.get("spec") or {}) if lease else {}).get("holderIdentity", ""))
+        with self._lock:
+            return next((r for r in self.replicas if holder.startswith(f"{r.name}_")), None)
+
+    def log_tails(self, lines: int = 40) -> list[tuple[str, str]]:
+        with self._lock:
+            running = [r for r in self.replicas if r.running()]
+        return [
+            (f"container {r.name}: last log lines", "\n".join(r.log_text().splitlines()[-lines:]))
+            for r in running
+        ]
+
+
+#: The replica sets running now (for the report of a failed test).
+RUNNING: list[Replicas] = []
+
+
+def log_tails(lines: int = 40) -> list[tuple[str, str]]:
+    """``(title, text)``: the last log lines of every container of every running set."""
+    return [tail for replicas in RUNNING for tail in replicas.log_tails(lines)]
+
+
+@contextmanager
+def podman_replicas(
+    launcher: Launcher, admin_kubeconfig: Path, rendered: deployment.Rendered, count: int = 2
+) -> Iterator[Replicas]:
+    """``count`` replicas of the image serving, with the endpoints thread; all removed after."""
+    replicas = Replicas(launcher, admin_kubeconfig, rendered, count)
+    RUNNING.append(replicas)
+    try:
+        replicas.start()
+        yield replicas
+    finally:
+        RUNNING.remove(replicas)
+        replicas.stop()
