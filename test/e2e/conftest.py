@@ -19,10 +19,11 @@ server's audit log must show no request of that account answered 403.
 ``E2E_OPERATOR`` says which operator the suite tests: ``process`` (default) starts replicas
 of this checkout as processes, per module or test; ``deployed`` uses the operator deployed in
 an ``E2E_KUBECONFIG`` cluster (kind); ``podman`` runs ``E2E_REPLICAS`` (default 2) replicas
-of the built image (``IMAGE``, as for ``make image``) for the session as podman containers
-with the Deployment's settings, against the local control plane, the webhooks pointed at a
-ready one (``harness.replicas``). In the last two, tests marked ``operator_process`` are
-left out (``-m "not operator_process"``).
+of the built image (``IMAGE``, as for ``make image``) as podman containers with the
+Deployment's settings against the local control plane, the webhooks pointed at a ready one
+(``harness.replicas``), wherever process mode would start the module's webhook-serving
+operator (``hooks``, ``harness.webhooks.webhook_operator``). In the last two, tests marked
+``operator_process`` are left out (``-m "not operator_process"``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from harness import kube
 from harness.containers import Launcher, MissingPrerequisiteError, image_name, require_image
 from harness.fleet import Fleet
 from harness.operator import Deployed, ForbiddenRequests, OperatorProcess, Start
-from harness.replicas import Replicas, podman_replicas
+from harness.replicas import RUNNING, Replicas
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
@@ -106,7 +107,8 @@ def deployed(
     local_cluster: LocalCluster | None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployed]:
     """``config/overlays/dev`` rendered and applied; a token of its ServiceAccount. With
-    ``E2E_OPERATOR=podman``, the image's replicas serving for the session."""
+    ``E2E_OPERATOR=podman``, the replicas of the image (started where a module asks for
+    the operator)."""
     if local_cluster is not None:
         admin = local_cluster.kubeconfig
     else:
@@ -152,10 +154,12 @@ def _image_replicas(
     launcher = Launcher(
         image, cluster, found.rendered, tmp_path_factory.mktemp("image"), prefix="gpu-operator"
     )
-    start = time.monotonic()
-    with podman_replicas(launcher, found.admin_kubeconfig, found.rendered, count) as replicas:
-        _timings[f"{count} replicas of {image} ready"] = time.monotonic() - start
+    replicas = Replicas(launcher, found.admin_kubeconfig, found.rendered, count)
+    RUNNING.append(replicas)
+    try:
         yield replicas
+    finally:
+        RUNNING.remove(replicas)
 
 
 @pytest.fixture(scope="session")

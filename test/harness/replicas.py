@@ -57,6 +57,8 @@ class Replicas:
     #: Replicas taken out of the endpoints (being replaced or deleted).
     terminating: set[str] = field(default_factory=set)
     target: Replica | None = None
+    #: How many users asked for the webhooks (``webhooks()``); registered while above 0.
+    users: int = 0
     history: list[Endpoint] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -65,23 +67,58 @@ class Replicas:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        self._stop.clear()
+        self._error = None
         for _ in range(self.count):
             self.replicas.append(self.launcher())
         for replica in self.replicas:
             replica.wait_ready()
-        self._point()
         self._thread = threading.Thread(target=self._follow, name="endpoints", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Every replica stopped as a pod is deleted (each must exit 0 within its grace
+        period), the webhooks unregistered first; the containers removed."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
-        unregister_webhooks(self.admin_kubeconfig, self.rendered)
-        for replica in self.replicas:
-            if replica.running():
-                replica.stop()
+            self._thread = None
+        if self.users:
+            unregister_webhooks(self.admin_kubeconfig, self.rendered)
+        codes = {r.name: r.stop() for r in self.replicas if r.running()}
+        logs = {r.name: r.log_text()[-3000:] for r in self.replicas}
+        self.replicas.clear()
+        self.terminating.clear()
         self.launcher.remove_all()
+        failed = {name: code for name, code in codes.items() if code != 0}
+        assert not failed, f"replicas exited non-zero on SIGTERM {failed}: " + "\n".join(
+            logs[name] for name in failed
+        )
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """The replicas running and the webhooks registered for the block, started for the
+        first block and stopped after the last: the e2e suite's ``E2E_OPERATOR=podman``
+        mode, where a module that asks for the operator gets it and the others (the CRDs'
+        own rules, policies that must hold with no operator) run without one, as with
+        process replicas."""
+        with self._lock:
+            self.users += 1
+            first = self.users == 1
+        try:
+            if first:
+                self.start()
+                self._point()
+                wait_for("the webhooks to be registered", lambda: self._error or self.target)
+                self.check()
+            yield
+        finally:
+            with self._lock:
+                self.users -= 1
+                last = self.users == 0
+            if last:
+                self.stop()
+                self.target = None
 
     # ---- the endpoints --------------------------------------------------------------------
     def ready(self) -> list[Replica]:
@@ -90,9 +127,35 @@ class Replicas:
             candidates = [r for r in self.replicas if r.name not in self.terminating]
         return [r for r in candidates if r.probe()]
 
+    @contextmanager
+    def webhooks(self) -> Iterator[None]:
+        """The webhook configurations registered, pointed at a ready replica, for the block
+        (as ``harness.webhooks`` registers them while a process replica serves: tests that
+        ask for no webhooks run without them). Nested blocks share the registration."""
+        with self._lock:
+            self.users += 1
+            first = self.users == 1
+        try:
+            if first:
+                self._point()
+                wait_for("the webhooks to be registered", lambda: self._error or self.target)
+                self.check()
+            yield
+        finally:
+            with self._lock:
+                self.users -= 1
+                last = self.users == 0
+                if last:
+                    self.target = None
+                    self.history.append(Endpoint(time.monotonic(), ""))
+            if last:
+                unregister_webhooks(self.admin_kubeconfig, self.rendered)
+
     def _point(self) -> None:
         ready = self.ready()
         with self._lock:
+            if not self.users:
+                return
             current = self.target
             if current is not None and current in ready:
                 return
@@ -117,7 +180,7 @@ class Replicas:
         if self._error is not None:
             raise AssertionError(f"the endpoints thread failed: {self._error!r}")
 
-    def serving(self) -> str:
+    def endpoint(self) -> str:
         with self._lock:
             return self.target.name if self.target else ""
 
@@ -135,21 +198,31 @@ class Replicas:
 
     def _repointed(self, replica: Replica) -> bool:
         self.check()
-        return self.serving() not in ("", replica.name)
+        return self.endpoint() not in ("", replica.name)
 
-    def replace(self, old: Replica, image: str | None = None) -> Replica:
-        """One step of a rolling update (maxSurge 1, maxUnavailable 0): a new replica, ready;
-        then the old one out of the endpoints and stopped within its grace period."""
+    def add(self, image: str | None = None) -> Replica:
+        """A new replica (the ReplicaSet's new pod), once ready; the endpoints may use it."""
         new = self.launcher(image=image)
         with self._lock:
             self.replicas.append(new)
         new.wait_ready()
+        return new
+
+    def retire(self, old: Replica) -> None:
+        """Delete a pod: out of the endpoints first, then stopped within its grace period;
+        it must exit 0."""
         self.take_out(old)
         code = old.stop()
         assert code == 0, f"{old.name} exited {code} on SIGTERM:\n{old.log_text()[-3000:]}"
         with self._lock:
             self.replicas.remove(old)
             self.terminating.discard(old.name)
+
+    def replace(self, old: Replica, image: str | None = None) -> Replica:
+        """One step of a rolling update (maxSurge 1, maxUnavailable 0): a new replica, ready;
+        then the old one retired."""
+        new = self.add(image)
+        self.retire(old)
         return new
 
     def kill(self, replica: Replica) -> None:
