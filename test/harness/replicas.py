@@ -83,8 +83,9 @@ class Replicas:
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
-        if self.users:
-            unregister_webhooks(self.admin_kubeconfig, self.rendered)
+        # Unregistered before the replicas go, as their Service would lose its endpoints.
+        unregister_webhooks(self.admin_kubeconfig, self.rendered)
+        self.target = None
         codes = {r.name: r.stop() for r in self.replicas if r.running()}
         logs = {r.name: r.log_text()[-3000:] for r in self.replicas}
         self.replicas.clear()
@@ -118,7 +119,6 @@ class Replicas:
                 last = self.users == 0
             if last:
                 self.stop()
-                self.target = None
 
     # ---- the endpoints --------------------------------------------------------------------
     def ready(self) -> list[Replica]:
