@@ -102,7 +102,8 @@ chaos: venv binaries ## the full chaos suite: 2,000 orders, 50 VMs, leader kills
 image: ## build the operator's image (Docker, else podman with a base from Debian packages)
 	@hack/image/build.sh $(IMAGE)
 
-# The built image run as the Deployment runs it (test/image): its securityContext, /tmp,
+# The built image run as the Deployment runs it (test/image), one replica and then two under a
+# stream of orders (a kill, a rolling update): its securityContext, /tmp,
 # in-cluster configuration from a mounted ServiceAccount token, readiness, webhooks, against
 # a local control plane of its own (E2E_CLUSTER_NAME, default image). Needs podman.
 image-test: venv binaries image ## run the built image as config/manager deploys it (podman)
