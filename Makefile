@@ -22,7 +22,7 @@ KIND         ?= kind
 KIND_CLUSTER ?= gpuoperator-e2e
 KIND_KUBECONFIG ?= $(GPUOP_CACHE)/kind/$(KIND_CLUSTER).kubeconfig
 
-.PHONY: help venv binaries tools up down status lint test unit e2e chaos fuzz bench image image-test e2e-kind clean
+.PHONY: help venv binaries tools up down status lint test unit e2e chaos fuzz bench image image-test e2e-image e2e-kind clean
 
 # `make help` prints every target that has a `## text` on its rule line, grouped under the
 # `##@ Section` lines above them (kubebuilder's convention). A new target gets its line there.
@@ -102,11 +102,19 @@ chaos: venv binaries ## the full chaos suite: 2,000 orders, 50 VMs, leader kills
 image: ## build the operator's image (Docker, else podman with a base from Debian packages)
 	@hack/image/build.sh $(IMAGE)
 
-# The built image run as the Deployment runs it (test/image): its securityContext, /tmp,
+# The built image run as the Deployment runs it (test/image), one replica and then two under a
+# stream of orders (a kill, a rolling update): its securityContext, /tmp,
 # in-cluster configuration from a mounted ServiceAccount token, readiness, webhooks, against
 # a local control plane of its own (E2E_CLUSTER_NAME, default image). Needs podman.
 image-test: venv binaries image ## run the built image as config/manager deploys it (podman)
 	IMAGE=$(IMAGE) $(BIN)/pytest test/image -p no:cacheprovider $(PYTEST_ARGS)
+
+# The e2e suite against E2E_REPLICAS (default 2) replicas of the built image under podman,
+# each run with the Deployment's settings (harness.containers) on the local control plane,
+# the webhooks pointed at a ready one (harness.replicas): every test but those that control
+# the operator's process (E2E_OPERATOR=podman; E2E_CLUSTER_NAME names the cluster).
+e2e-image: venv binaries image ## the e2e suite against two replicas of the image (podman)
+	IMAGE=$(IMAGE) E2E_OPERATOR=podman $(BIN)/pytest test/e2e -m "not operator_process" $(PYTEST_ARGS)
 
 # Users' CI on kind (.github/workflows/e2e-kind.yaml runs exactly this): build the image,
 # create the kind cluster (kept for the next run; KIND_CLUSTER names it), load the image,

@@ -46,13 +46,15 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A failed e2e or chaos test's report carries the last lines of every operator replica
-    still running (their logs stay in the test's temporary directory, which a CI run does not
-    keep)."""
+    (process or container) still running (their logs stay in the test's temporary
+    directory, which a CI run does not keep)."""
     outcome = yield
     report = outcome.get_result()
-    operator = sys.modules.get("harness.operator")
-    if operator is not None and report.when == "call" and report.failed:
-        report.sections.extend(operator.log_tails())
+    if report.when == "call" and report.failed:
+        for module in ("harness.operator", "harness.replicas"):
+            found = sys.modules.get(module)
+            if found is not None:
+                report.sections.extend(found.log_tails())
 
 
 def _stop_leftovers() -> list[str]:

@@ -15,14 +15,25 @@ Services, settings, the certificate Secret, the tamper policy and its binding; t
 configurations are applied while a replica serves them (``harness.webhooks``). Replicas
 authenticate with a token of the rendered ServiceAccount, and after every test the API
 server's audit log must show no request of that account answered 403.
+
+``E2E_OPERATOR`` says which operator the suite tests: ``process`` (default) starts replicas
+of this checkout as processes, per module or test; ``deployed`` uses the operator deployed in
+an ``E2E_KUBECONFIG`` cluster (kind); ``podman`` runs ``E2E_REPLICAS`` (default 2) replicas
+of the built image (``IMAGE``, as for ``make image``) as podman containers with the
+Deployment's settings against the local control plane, the webhooks pointed at a ready one
+(``harness.replicas``), wherever process mode would start the module's webhook-serving
+operator (``hooks``, ``harness.webhooks.webhook_operator``). In the last two, tests marked
+``operator_process`` are left out (``-m "not operator_process"``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -31,8 +42,10 @@ import pykube
 import pytest
 
 from harness import kube
+from harness.containers import Launcher, MissingPrerequisiteError, image_name, require_image
 from harness.fleet import Fleet
 from harness.operator import Deployed, ForbiddenRequests, OperatorProcess, Start
+from harness.replicas import RUNNING, Replicas
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
@@ -48,9 +61,15 @@ from localcluster.cluster import (
 
 TEST_CRDS = KUBEVIRT_CRDS
 KIND_OVERLAY = REPO / "config" / "overlays" / "kind"
+OPERATOR = os.environ.get("E2E_OPERATOR", "process")
+if OPERATOR not in ("process", "deployed", "podman"):
+    raise pytest.UsageError(f"E2E_OPERATOR={OPERATOR}: one of process, deployed, podman")
 #: ``E2E_OPERATOR=deployed`` (with ``E2E_KUBECONFIG``): use the operator deployed in the
 #: cluster instead of starting replicas (tests marked ``operator_process`` are skipped).
-IN_CLUSTER = os.environ.get("E2E_OPERATOR", "process") == "deployed"
+#: ``E2E_OPERATOR=podman``: the session's replicas of the image serve (the same for the
+#: tests: an operator the suite does not control process by process).
+IN_CLUSTER = OPERATOR != "process"
+PODMAN = OPERATOR == "podman"
 PROFILE = REPO / "hack" / "profiles" / "default.yaml"
 
 _timings: dict[str, float] = {}
@@ -58,8 +77,8 @@ _timings: dict[str, float] = {}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(
-        reason="E2E_OPERATOR=deployed: the test starts or controls the operator's own "
-        "processes, and the suite uses the operator deployed in the cluster"
+        reason=f"E2E_OPERATOR={OPERATOR}: the test starts or controls the operator's own "
+        "processes, and the suite uses replicas it does not control"
     )
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
@@ -86,15 +105,17 @@ def local_cluster() -> Iterator[LocalCluster | None]:
 @pytest.fixture(scope="session")
 def deployed(
     local_cluster: LocalCluster | None, tmp_path_factory: pytest.TempPathFactory
-) -> Deployed:
-    """``config/overlays/dev`` rendered and applied; a token of its ServiceAccount."""
+) -> Iterator[Deployed]:
+    """``config/overlays/dev`` rendered and applied; a token of its ServiceAccount. With
+    ``E2E_OPERATOR=podman``, the replicas of the image (started where a module asks for
+    the operator)."""
     if local_cluster is not None:
         admin = local_cluster.kubeconfig
     else:
         admin = Path(os.environ["E2E_KUBECONFIG"])
         kubectl(admin, "apply", "--server-side", "--force-conflicts", "-k", str(TEST_CRDS))
         kubectl(admin, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    if IN_CLUSTER:
+    if IN_CLUSTER and not PODMAN:
         # The operator runs in the cluster, deployed from the kind overlay by whoever made
         # the cluster (make e2e-kind): read its names, deploy nothing.
         rendered = deployment.render(kubectl_binary(), KIND_OVERLAY)
@@ -107,7 +128,38 @@ def deployed(
     token = deployment.token_kubeconfig(
         kubectl_binary(), admin, rendered, tmp_path_factory.mktemp("operator") / "kubeconfig"
     )
-    return Deployed(rendered, admin, token, local_cluster, in_cluster=IN_CLUSTER)
+    found = Deployed(rendered, admin, token, local_cluster, in_cluster=IN_CLUSTER)
+    if not PODMAN:
+        yield found
+        return
+    if local_cluster is None:
+        pytest.fail(
+            "E2E_OPERATOR=podman runs the image against the local control plane: unset "
+            "E2E_KUBECONFIG (make e2e-image)",
+            pytrace=False,
+        )
+    with _image_replicas(found, local_cluster, tmp_path_factory) as replicas:
+        yield dataclasses.replace(found, replicas=replicas)
+
+
+@contextmanager
+def _image_replicas(
+    found: Deployed, cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replicas]:
+    try:
+        image = require_image(image_name())
+    except MissingPrerequisiteError as exc:
+        pytest.fail(f"E2E_OPERATOR=podman: {exc}", pytrace=False)
+    count = int(os.environ.get("E2E_REPLICAS", "2"))
+    launcher = Launcher(
+        image, cluster, found.rendered, tmp_path_factory.mktemp("image"), prefix="gpu-operator"
+    )
+    replicas = Replicas(launcher, found.admin_kubeconfig, found.rendered, count)
+    RUNNING.append(replicas)
+    try:
+        yield replicas
+    finally:
+        RUNNING.remove(replicas)
 
 
 @pytest.fixture(scope="session")

@@ -517,12 +517,18 @@ def test_a_vmi_names_a_classs_gpus_only_through_claim_references(
     # Labelled after create, with a template the webhook would refuse (count > maxCount).
     plain = VirtualMachineInstance(alice.client, vmi_doc(ns, "plain"))
     plain.create()
-    plain.obj["metadata"]["labels"] = {names.CLAIMS_LABEL: names.TRUE}
-    plain.obj["metadata"]["annotations"] = {
-        names.CLAIMS_ANNOTATION: json.dumps([{"claimTemplate": {"className": cls, "count": 64}}])
+    # A merge patch without a resourceVersion: the KubeVirt stand-in, when an earlier test
+    # of the session started it, writes the VMI's status meanwhile, and a stale version
+    # would be refused with 409 before the policy is asked.
+    template = [{"claimTemplate": {"className": cls, "count": 64}}]
+    patch = {
+        "metadata": {
+            "labels": {names.CLAIMS_LABEL: names.TRUE},
+            "annotations": {names.CLAIMS_ANNOTATION: json.dumps(template)},
+        }
     }
     with refused(403) as r:
-        plain.update()  # merge patch
+        plain.patch(patch)
     says(r, "the label and annotation gpu.cozystack.io/claims", f"{alice.username} may not")
     assert list(GPUClaim.objects(api, namespace=ns)) == []
 

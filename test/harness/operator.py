@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pykube
 
@@ -26,6 +27,9 @@ from gpuoperator.runtime.kinds import Lease
 from harness.waiting import HopelessWaitError, wait_for
 from localcluster import deployment
 from localcluster.cluster import LocalCluster
+
+if TYPE_CHECKING:
+    from harness.replicas import Replicas
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class Deployed:
     #: ``E2E_OPERATOR=deployed``: the operator runs in the cluster (users' CI on kind); the
     #: suite starts no replica of its own and uses that one's webhooks.
     in_cluster: bool = False
+    #: ``E2E_OPERATOR=podman``: the session's replicas of the image (in_cluster is set too:
+    #: the suite starts no process replica).
+    replicas: Replicas | None = None
 
     @property
     def namespace(self) -> str:

@@ -87,9 +87,18 @@ def secret_name(deployed: Deployed) -> str:
 def webhook_operator(
     api: pykube.HTTPClient, deployed: Deployed, workdir: Path, *extra: str
 ) -> Iterator[WebhookOperator]:
-    """A replica serving the webhooks, registered; or, with ``E2E_OPERATOR=deployed``, the
-    deployed operator's webhooks once their caBundle is injected (``extra`` must be empty:
-    that operator runs with its Deployment's args)."""
+    """A replica serving the webhooks, registered; with ``E2E_OPERATOR=podman``, replicas
+    of the image serving for the block (``Replicas.serving``); with
+    ``E2E_OPERATOR=deployed``, the deployed operator's webhooks once their caBundle is
+    injected (``extra`` must be empty: those run with their Deployment's args)."""
+    if deployed.replicas is not None:
+        # E2E_OPERATOR=podman: replicas of the image serve for the block, the
+        # configurations pointed at a ready one.
+        assert not extra, f"E2E_OPERATOR=podman runs the Deployment's args, not {extra}"
+        with deployed.replicas.serving():
+            wait_injected(api, deployed, deployed.rendered.webhook_configurations)
+            yield WebhookOperator(None, deployed.namespace)
+        return
     if deployed.in_cluster:
         assert not extra, f"E2E_OPERATOR=deployed runs the Deployment's args, not {extra}"
         wait_injected(api, deployed, deployed.rendered.webhook_configurations)

@@ -9,14 +9,12 @@ test fails, naming the command to run.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from image.podman import PODMAN, image_name
+from harness.containers import MissingPrerequisiteError, image_name, require_image
 from localcluster import deployment
 from localcluster.cluster import (
     KUBEVIRT_CRDS,
@@ -38,19 +36,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def image() -> str:
-    if shutil.which("podman") is None:
-        pytest.fail(
-            "podman is not installed: apt-get install podman buildah runc mmdebstrap, "
-            "then make image",
-            pytrace=False,
-        )
-    name = image_name()
-    proc = subprocess.run(
-        [str(PODMAN), "image", "exists", name], capture_output=True, timeout=60, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"the image {name} is not built: run make image", pytrace=False)
-    return name
+    try:
+        return require_image(image_name())
+    except MissingPrerequisiteError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
