@@ -8,6 +8,9 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
 * :func:`bound` (a waiting claim gets a node): phase ``Bound``, ``nodeName`` the node,
   ``boundTime`` now, ``Bound`` True with reason ``Bound``, ``observedGeneration`` the
   claim's generation, ``usage`` the interval the hold opens; ``lostNode`` removed.
+* :func:`dra_bound` (a waiting claim of a DRA class gets a node and devices there): what
+  :func:`bound` sets, plus ``resourceClaimName`` the ResourceClaim that holds the devices
+  and ``devices`` those devices (``{driver, pool, device}``).
 * :func:`moved` (a Bound claim changes node): phase ``Bound``, ``nodeName`` the target,
   ``boundTime`` now, ``Bound`` True with reason ``Moved``; ``lostNode`` removed, and the
   conditions the caller names cleared.
@@ -45,7 +48,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuoperator.model import attachments, binding, conditions, gpu_hours
+from gpuoperator.model import attachments, binding, conditions, dra_devices, dra_holds, gpu_hours
 from gpuoperator.model import claims as gpuclaims
 
 Obj = dict[str, Any]
@@ -113,6 +116,24 @@ def bound(
     change = gpu_hours.transition({**claim, "status": status}, vmi, now)
     if change is not None:
         status["usage"] = gpu_hours.to_status(change[1])
+    return status
+
+
+def dra_bound(
+    claim: Mapping[str, Any],
+    node: str,
+    resource_claim_name: str,
+    devices: Iterable[dra_devices.DeviceRef],
+    now: datetime.datetime,
+    vmi: Mapping[str, Any] | None = None,
+) -> Obj:
+    """``claim`` (of a DRA class) bound to ``node`` at ``now`` (:func:`bound`), holding
+    ``devices`` through the ResourceClaim ``resource_claim_name`` (in its namespace)."""
+    held = dra_holds.device_status(devices)
+    if not 1 <= len(held) <= dra_holds.MAX_DEVICES:
+        raise ValueError(f"a DRA claim holds 1 to {dra_holds.MAX_DEVICES} devices")
+    status = bound(claim, node, now, vmi)
+    status.update(resourceClaimName=resource_claim_name, devices=held)
     return status
 
 
