@@ -20,6 +20,14 @@ and until the watch delivers a newer version: the assume cache, :mod:`gpuoperato
 the stored hold an unconfirmed assumption releases is kept as the ledger's *released* hold.
 A claim from the watch never goes back to an older resourceVersion than the one counted,
 with or without an assumption.
+
+**DRA classes** (docs/design.md §5 "DRA classes"). Their units are devices, not units of a
+resource: the ledger also keeps the ResourceSlices, DeviceClasses and ResourceClaims, and
+:meth:`Ledger.dra_inventory` counts a DRA class's devices from them
+(``model.dra_devices``), with the devices that counted claims of DRA classes name held too
+(``model.dra_holds.counted_inventory``): an assumed bind holds its devices before its
+ResourceClaim's allocation is watched. A change of any of them tells listeners of every DRA
+class (and of the slice's node).
 """
 
 from __future__ import annotations
@@ -32,7 +40,15 @@ from typing import Any
 
 from gpuoperator import assumptions
 from gpuoperator.caches import Caches
-from gpuoperator.model import binding, capacity, catalog, eligibility, hostdevices
+from gpuoperator.model import (
+    binding,
+    capacity,
+    catalog,
+    dra_devices,
+    dra_holds,
+    eligibility,
+    hostdevices,
+)
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -80,6 +96,10 @@ class Ledger:
         #: the claim states counted ahead of the watch (see the module docstring)
         self._assumed = assumptions.Assumptions()
         self._permitted: frozenset[str] | None = None
+        #: DRA objects as the caches hold them (see the module docstring)
+        self._slices: dict[Key, Obj] = {}
+        self._device_classes: dict[str, Obj] = {}
+        self._resource_claims: dict[Key, Obj] = {}
         #: After each change, outside the lock: ``{"nodes": [...], "classes": [...]}``, the
         #: nodes and classes whose figures (or claims) changed. Controllers declare it in
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
@@ -99,6 +119,15 @@ class Ledger:
         caches.pods.add_handlers(self._handlers(self.apply_pod, self.delete_pod))
         caches.claims.add_handlers(self._handlers(self.apply_claim, self.delete_claim))
         caches.kubevirts.add_handlers(self._handlers(self.apply_kubevirt, self.delete_kubevirt))
+        caches.resource_slices.add_handlers(
+            self._handlers(self.apply_resource_slice, self.delete_resource_slice)
+        )
+        caches.device_classes.add_handlers(
+            self._handlers(self.apply_device_class, self.delete_device_class)
+        )
+        caches.resource_claims.add_handlers(
+            self._handlers(self.apply_resource_claim, self.delete_resource_claim)
+        )
 
     @staticmethod
     def _handlers(apply: Callable[[Obj], None], delete: Callable[[Obj], None]) -> Handlers:
@@ -368,6 +397,84 @@ class Ledger:
             self._permitted = None
             everything = set(self._nodes)
         self._notify(everything, set())
+
+    # ---- DRA ----------------------------------------------------------------------------
+    def _dra_classes(self) -> set[str]:
+        return {n for n, c in self._classes.items() if gpuclasses.is_dra(c)}
+
+    def _dra_changed(self, nodes: set[str]) -> None:
+        with self._lock:
+            classes = self._dra_classes()
+        self._notify(nodes, classes)
+
+    @staticmethod
+    def _slice_node(obj: Obj | None) -> set[str]:
+        node = ((obj or {}).get("spec") or {}).get("nodeName")
+        return {node} if isinstance(node, str) and node else set()
+
+    def apply_resource_slice(self, obj: Obj) -> None:
+        with self._lock:
+            old = self._slices.get(key_of(obj))
+            self._slices[key_of(obj)] = obj
+        self._dra_changed(self._slice_node(old) | self._slice_node(obj))
+
+    def delete_resource_slice(self, obj: Obj) -> None:
+        with self._lock:
+            old = self._slices.pop(key_of(obj), None)
+        self._dra_changed(self._slice_node(old) | self._slice_node(obj))
+
+    def apply_device_class(self, obj: Obj) -> None:
+        with self._lock:
+            self._device_classes[key_of(obj)[1]] = obj
+        self._dra_changed(set())
+
+    def delete_device_class(self, obj: Obj) -> None:
+        with self._lock:
+            self._device_classes.pop(key_of(obj)[1], None)
+        self._dra_changed(set())
+
+    def apply_resource_claim(self, obj: Obj) -> None:
+        with self._lock:
+            self._resource_claims[key_of(obj)] = obj
+        self._dra_changed(set())
+
+    def delete_resource_claim(self, obj: Obj) -> None:
+        with self._lock:
+            self._resource_claims.pop(key_of(obj), None)
+        self._dra_changed(set())
+
+    def resource_claim(self, key: Key) -> Obj | None:
+        """The ResourceClaim as the cache last delivered it."""
+        with self._lock:
+            return self._resource_claims.get(key)
+
+    def dra_inventory(self, class_name: str) -> dra_devices.Inventory | None:
+        """The devices of the DRA class ``class_name`` per node, with what the counted claims
+        of DRA classes hold (see the module docstring); ``None`` for a class that is unknown
+        or not a DRA class. A DeviceClass that is not there serves no device, and the
+        inventory says so."""
+        self.expire()
+        with self._lock:
+            cls = self._classes.get(class_name)
+            source = gpuclasses.dra(cls) if cls is not None else None
+            if source is None:
+                return None
+            device_class = self._device_classes.get(source.device_class_name)
+            if device_class is None:
+                missing = f"DeviceClass {source.device_class_name} not found"
+                return dra_devices.Inventory(nodes={}, reasons=(missing,))
+            counted = [
+                self._assumed.counted(k, claim)
+                for name in self._dra_classes()
+                for k, claim in self._claims_by_class.get(name, {}).items()
+            ]
+            found = dra_devices.inventory(
+                self._slices.values(),
+                device_class,
+                self._resource_claims.values(),
+                topology_attribute=source.topology_attribute,
+            )
+            return dra_holds.counted_inventory(found, dra_holds.claimed(counted))
 
     # ---- queries ----------------------------------------------------------------------
     def gpu_resources(self) -> set[str]:

@@ -25,16 +25,25 @@ selector on the node's ``metadata.name`` and ``allocationTimestamp`` (without it
 kube-scheduler's own write of the timestamp is refused as a change of an immutable
 allocation and the pod that uses the claim stays Pending).
 
+**Counted before the watch shows it.** A binding is written as the ResourceClaim and its
+allocation, then the claim's status; until the allocation reaches the cache, the devices
+a claim's counted state names (``status.devices`` of a Bound claim, assumed or from the
+watch) are what holds them. :func:`counted_inventory` marks those as held too, so the
+binder never hands the same device out twice between the write and the watch; a device
+both name is held once.
+
 Pure and idempotent: plain values in, new dicts out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpuoperator import names
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import conditions, dra_devices, objects
 
 Obj = dict[str, Any]
@@ -191,3 +200,43 @@ def allocated(resource_claim: Mapping[str, Any]) -> tuple[dra_devices.DeviceRef,
 def device_status(devices: Iterable[dra_devices.DeviceRef]) -> list[Obj]:
     """``GPUClaim.status.devices`` for ``devices``."""
     return [{"driver": d.driver, "pool": d.pool, "device": d.device} for d in devices]
+
+
+def claimed(claims: Iterable[Mapping[str, Any]]) -> set[dra_devices.DeviceRef]:
+    """The devices Bound claims name in ``status.devices`` (as counted: an assumed bind
+    names its devices before its allocation is watched)."""
+    found: set[dra_devices.DeviceRef] = set()
+    for claim in claims:
+        if not gpuclaims.is_bound(claim):
+            continue
+        status = claim.get("status")
+        entries = status.get("devices") if isinstance(status, Mapping) else None
+        for e in entries if isinstance(entries, list) else []:
+            if isinstance(e, Mapping):
+                found.add(
+                    dra_devices.DeviceRef(
+                        str(e.get("driver")), str(e.get("pool")), str(e.get("device"))
+                    )
+                )
+    return found
+
+
+def counted_inventory(
+    inventory: dra_devices.Inventory, claimed_devices: set[dra_devices.DeviceRef]
+) -> dra_devices.Inventory:
+    """``inventory`` with the ``claimed_devices`` (:func:`claimed`) held as well."""
+    return dra_devices.Inventory(
+        nodes={
+            name: dra_devices.NodeDevices(
+                name,
+                tuple(
+                    dataclasses.replace(d, held=True)
+                    if d.ref in claimed_devices and not d.held
+                    else d
+                    for d in view.devices
+                ),
+            )
+            for name, view in inventory.nodes.items()
+        },
+        reasons=inventory.reasons,
+    )

@@ -247,3 +247,34 @@ def test_an_allocated_hold_counts_as_used_and_is_never_chosen_again() -> None:
     assert sorted(r.device for r in taken) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     inv = dra_devices.inventory(slices, device_class, holds, topology_attribute="pcieRoot")
     assert inv.free == 0 and dra_holds.choose(inv.nodes["n1"], 1) is None
+
+
+def test_only_bound_claims_hold_the_devices_their_status_names() -> None:
+    bound = {
+        "status": {
+            "phase": "Bound",
+            "nodeName": "n1",
+            "devices": [{"driver": DRIVER, "pool": "n1", "device": "gpu-1"}],
+        }
+    }
+    waiting = {
+        "status": {
+            "phase": "Pending",
+            "devices": [{"driver": DRIVER, "pool": "n1", "device": "gpu-2"}],
+        }
+    }
+    assert dra_holds.claimed([bound, waiting, {}]) == {Ref(DRIVER, "n1", "gpu-1")}
+
+
+def test_the_counted_inventory_holds_claimed_devices_and_keeps_everything_else() -> None:
+    view = node(dev("gpu-0"), dev("gpu-1", held=True), dev("gpu-2", tainted=True), dev("gpu-3"))
+    inv = dra_devices.Inventory(nodes={"n1": view}, reasons=("r",))
+    claimed = {Ref(DRIVER, "n1", "gpu-1"), Ref(DRIVER, "n1", "gpu-3"), Ref(DRIVER, "n9", "x")}
+    counted = dra_holds.counted_inventory(inv, claimed)
+    assert [(d.ref.device, d.held, d.tainted) for d in counted.nodes["n1"].devices] == [
+        ("gpu-0", False, False),
+        ("gpu-1", True, False),
+        ("gpu-2", False, True),
+        ("gpu-3", True, False),
+    ]
+    assert counted.free == 1 and counted.reasons == ("r",)
