@@ -550,10 +550,15 @@ class Ledger:
         cls: Obj,
         policy: binding.Policy,
         now: datetime.datetime,
+        *,
+        devices: dra_devices.Inventory | None = None,
     ) -> binding.Plan:
-        """A binding plan for ``cls`` on the current figures (see ``model.binding.plan``)."""
+        """A binding plan for ``cls`` on the current figures (see ``model.binding.plan``;
+        ``devices``: a DRA class's inventory, :meth:`dra_inventory`)."""
         with self._lock:
-            return binding.plan(claims, cls, self._nodes.values(), self._ledger, policy, now)
+            return binding.plan(
+                claims, cls, self._nodes.values(), self._ledger, policy, now, devices=devices
+            )
 
     def candidates(self, claim: Obj, cls: Obj, now: datetime.datetime) -> list[tuple[str, int]]:
         """The nodes ``claim`` could be bound to now (``model.binding.candidates``: eligible,

@@ -240,3 +240,27 @@ def counted_inventory(
         },
         reasons=inventory.reasons,
     )
+
+
+def assign(
+    bindings: Iterable[tuple[objects.Key, str, int]], inventory: dra_devices.Inventory
+) -> dict[objects.Key, tuple[dra_devices.DeviceRef, ...]]:
+    """The devices each of a plan's bindings ``(claim key, node, count)`` takes, in plan
+    order: :func:`choose` on the node's devices less those the earlier bindings took. A
+    binding whose node has fewer free devices left than its count (which a plan on the same
+    inventory never makes) gets none and is left out."""
+    taken: set[dra_devices.DeviceRef] = set()
+    out: dict[objects.Key, tuple[dra_devices.DeviceRef, ...]] = {}
+    for key, node, count in bindings:
+        view = inventory.nodes.get(node)
+        if view is None:
+            continue
+        left = dra_devices.NodeDevices(
+            node,
+            tuple(dataclasses.replace(d, held=True) if d.ref in taken else d for d in view.devices),
+        )
+        chosen = choose(left, count)
+        if chosen is not None:
+            taken.update(chosen)
+            out[key] = chosen
+    return out
