@@ -519,16 +519,41 @@ class Ledger:
                 overcommitted=over,
             )
 
+    def _dra_figures(self, name: str) -> tuple[dict[str, int], dict[str, int]] | None:
+        """A DRA class's free and allocatable devices per eligible node
+        (``binding.dra_figures``), ``None`` for any other class."""
+        inventory = self.dra_inventory(name)
+        if inventory is None:
+            return None
+        with self._lock:
+            return binding.dra_figures(self._classes[name], self._nodes.values(), inventory)
+
     def class_figures(self, name: str) -> capacity.ClassFigures:
+        """The class's status figures: the catalog's, or a DRA class's from its devices."""
+        dra = self._dra_figures(name)
+        if dra is not None:
+            frees = dra[0]
+            return capacity.ClassFigures(
+                free=sum(frees.values()),
+                max_free_per_node=max(frees.values(), default=0),
+                nodes=len(frees),
+            )
         with self._lock:
             return self._catalog.figures(name)
 
     def class_allocatable(self, name: str) -> int:
+        dra = self._dra_figures(name)
+        if dra is not None:
+            return sum(dra[1].values())
         with self._lock:
             return self._catalog.allocatable(name)
 
     def largest_allocatable(self, class_name: str) -> int:
-        """The most units of the class's resource one node serving it has allocatable."""
+        """The most units of the class's resource one node serving it has allocatable (of
+        a DRA class: the most devices one eligible node has that no blocking taint keeps)."""
+        dra = self._dra_figures(class_name)
+        if dra is not None:
+            return max(dra[1].values(), default=0)
         with self._lock:
             return self._catalog.largest_allocatable(class_name)
 

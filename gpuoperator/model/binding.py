@@ -197,7 +197,7 @@ def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[st
     }
 
 
-def _dra_figures(
+def dra_figures(
     cls: Obj, nodes: Iterable[Obj], devices: dra_devices.Inventory
 ) -> tuple[dict[str, int], dict[str, int]]:
     """A DRA class's free and allocatable devices per eligible node that has any device of
@@ -414,7 +414,7 @@ def plan(
     resource = gpuclasses.resource_name(cls)
     dra_counted = devices is not None and gpuclasses.is_dra(cls)
     if devices is not None and dra_counted:
-        frees, allocatables = _dra_figures(cls, nodes, devices)
+        frees, allocatables = dra_figures(cls, nodes, devices)
     else:
         serving = _serving(cls, nodes, ledger)
         frees = {n: ledger.free(n, resource) for n in serving}

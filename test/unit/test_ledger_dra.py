@@ -8,7 +8,7 @@ import datetime
 from typing import Any
 
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import claim_states, dra_devices, dra_holds
+from gpuoperator.model import capacity, claim_states, dra_devices, dra_holds
 from gpuoperator.runtime.informing import Handlers
 from harness import objects
 
@@ -126,3 +126,24 @@ def test_a_dra_change_names_the_slices_node_and_every_dra_class() -> None:
     notices.clear()
     ledger.apply_resource_claim({"metadata": {"namespace": "t", "name": "own"}})
     assert notices == [{"nodes": [], "classes": ["dra-a10"]}]
+
+
+def test_a_dra_class_publishes_its_free_devices_on_eligible_nodes_as_its_figures() -> None:
+    ledger, _ = world()
+    ledger.apply_node(objects.node("n1"))
+    ledger.apply_node(objects.node("n2"))
+    assert ledger.class_figures("dra-a10") == capacity.ClassFigures(4, 3, 2)
+    assert ledger.class_allocatable("dra-a10") == 4
+    # An assumed bind takes two of n1's; a tainted device is neither free nor allocatable.
+    ledger.apply_claim(dra_claim(10))
+    ledger.assume(dra_claim(10, "gpu-0", "gpu-1"))
+    tainted = slice_of("n1", "gpu-0", "gpu-1", "gpu-2")
+    tainted["spec"]["devices"][2]["taints"] = [{"key": "bad", "effect": "NoSchedule"}]
+    ledger.apply_resource_slice(tainted)
+    assert ledger.class_figures("dra-a10") == capacity.ClassFigures(1, 1, 2)
+    assert ledger.largest_allocatable("dra-a10") == 2
+    # A cordoned node serves nothing.
+    ledger.apply_node(objects.node("n2", cordoned=True))
+    assert ledger.class_figures("dra-a10") == capacity.ClassFigures(0, 0, 1)
+    # A device-plugin class keeps the catalog's figures (4 A10 units on n1; n2 is cordoned).
+    assert ledger.class_figures("a10") == capacity.ClassFigures(4, 4, 1)  # n1 only
