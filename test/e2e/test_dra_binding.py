@@ -2,15 +2,18 @@
 "Binding"): an order binds to named devices through a ResourceClaim the claim controls,
 allocated as an outside allocator allocates; kube-scheduler places a pod that uses that
 ResourceClaim on the claim's node; deleting the claim frees its devices; a two-device claim
-takes devices of one PCIe root.
+takes devices of one PCIe root; the tenant can neither delete the hold nor edit it
+(``config/policy/dra-holds.yaml``).
 
 The oracle is the driver's published devices and the ResourceClaims the API server holds,
 never the operator's ledger."""
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pykube
 import pytest
@@ -20,8 +23,9 @@ from gpuoperator.model import dra_holds
 from harness import dra_driver, objects
 from harness.claims import create_claim
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
-from harness.kube import Obj
+from harness.kube import Obj, refused
 from harness.operator import Start
+from harness.tenancy import as_tenant
 from harness.waiting import wait_for
 from localcluster import profile
 
@@ -215,3 +219,56 @@ def test_a_two_device_claim_takes_one_pcie_root_and_a_second_the_other(
         ]
     delete_claim(world, "pair")
     delete_claim(world, "pair-2")
+
+
+def test_the_tenant_can_neither_delete_nor_edit_the_hold_but_her_own_claims_are_hers(
+    world: World, start_operator: Start, kubeconfig: Path
+) -> None:
+    start_operator()
+    create_claim(world.api, world.namespace, "guarded", CLASS, 1)
+    claim = world.bound("guarded")
+    tenant = as_tenant(kubeconfig, world.api, world.namespace)
+    hold = ResourceClaim.objects(tenant, namespace=world.namespace).get(name="guarded")
+
+    with refused(403) as deleted:
+        hold.delete()
+    assert f"holds the devices of GPUClaim {world.namespace}/guarded" in deleted[0].message
+    assert "may not" in deleted[0].message and "delete" in deleted[0].message
+    unowned = copy.deepcopy(hold.obj)
+    unowned["metadata"]["ownerReferences"] = []
+    unowned["metadata"]["labels"] = {}
+    with refused(403) as edited:
+        ResourceClaim(tenant, unowned).update()
+    assert "change" in edited[0].message
+
+    kept = world.hold("guarded")
+    assert kept is not None and dra_holds.is_hold_of(kept, claim)
+    assert [r.device for r in dra_holds.allocated(kept)] == [
+        d["device"] for d in claim["status"]["devices"]
+    ]
+
+    # The edit role may delete ResourceClaims: a claim of her own that holds nothing for a
+    # GPUClaim (even one that carries the hold label) is hers to delete.
+    own = ResourceClaim(
+        tenant,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": "her-own",
+                "namespace": world.namespace,
+                "labels": {"gpu.cozystack.io/hold": "true"},
+            },
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]
+                }
+            },
+        },
+    )
+    own.create()
+    own.delete()
+
+    # Garbage collection is the control plane: the hold still goes with its GPUClaim.
+    delete_claim(world, "guarded")
+    assert world.allocations() == []
