@@ -30,8 +30,10 @@ subresource with the reply's resourceVersion as precondition, then the claim's s
 conflict or a ResourceClaim that is not the claim's forgets the assumption (the next pass
 decides on the watched state); an unknown outcome keeps it for ``ASSUME_TTL``. A waiting
 claim whose own ResourceClaim is already allocated (a pass that stopped between the
-allocation and the claim's status) is bound to what that allocation holds, on a node that
-still exists; on a node that is gone the hold is deleted first (uid precondition). A
+allocation and the claim's status, or a claim that went back to waiting) is bound to what
+that allocation holds, on a node that still exists and has not refused the claim; otherwise
+the hold is deleted first (uid precondition) and the claim is bound anew once the watch
+shows it gone. A
 tenant's ResourceClaim of the claim's name is never adopted: the claim waits, saying so.
 Deleting the GPUClaim frees its devices through garbage collection of the ResourceClaim it
 controls.
@@ -295,7 +297,11 @@ class Binder:
         allocation = (hold.get("status") or {}).get("allocation") or {}
         terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
         node = next((str(v) for t in terms for f in t["matchFields"] for v in f["values"]), "")
-        if node and self.ledger.has_node(node):
+        if (
+            node
+            and self.ledger.has_node(node)
+            and node not in binding.unexpired_refusals(claim, now)
+        ):
             chosen = dra_holds.allocated(hold)
             state = claim_states.dra_bound(
                 claim,
@@ -308,7 +314,12 @@ class Binder:
             self._bind(self.statuses.assume(claim, state), node)
             return
         meta = hold.get("metadata") or {}
-        log.info("deleting a hold on a node that is gone", reason="NodeLost", node=node)
+        log.info(
+            "deleting a hold on a node that is gone or refused the claim",
+            reason="HoldReleased",
+            claim=f"{gpuclaims.key(claim)[0]}/{gpuclaims.key(claim)[1]}",
+            node=node,
+        )
         writer = self.holds_writer()
         with contextlib.suppress(errors.NotFoundError):
             writer.delete(

@@ -15,15 +15,16 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
   ``boundTime`` now, ``Bound`` True with reason ``Moved``; ``lostNode`` removed, and the
   conditions the caller names cleared.
 * :func:`refused` (a node refused the claim's set): the node joins ``refusedNodes``; a claim
-  bound to that very node is also unbound: phase ``Pending``, no ``nodeName`` nor
-  ``boundTime``, ``Bound`` False with the caller's reason.
+  bound to that very node is also unbound: phase ``Pending``, no ``nodeName``,
+  ``boundTime``, ``devices`` nor ``resourceClaimName``, ``Bound`` False with the caller's
+  reason.
 * :func:`lost` (a Bound claim's node is gone): phase ``Lost``, ``lostNode`` the node,
   ``Bound`` False with reason ``NodeLost``; ``nodeName`` and ``boundTime`` kept until it
   waits.
 * :func:`waiting` (the claim waits for a node, with a reason): ``Bound`` False with that
   reason, ``observedGeneration`` the claim's generation; phase ``Pending`` (a claim already
-  ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName`` and ``boundTime`` and
-  keeps the node it lost in ``lostNode``.
+  ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName``, ``boundTime``,
+  ``devices`` and ``resourceClaimName`` and keeps the node it lost in ``lostNode``.
 * :func:`counted` (GPU-hours): ``usage`` the figures given; nothing else changes (the
   phase and node stay, so it is written without an assumption, ``ClaimStatus.record``).
 * :func:`attached` (the attachments controller): ``attachment`` the VMI that uses the claim
@@ -178,8 +179,16 @@ def refused(
         status["phase"] = gpuclaims.Phase.PENDING
         status.pop("nodeName", None)
         status.pop("boundTime", None)
+        _drop_devices(status)
         status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
     return status
+
+
+def _drop_devices(status: Obj) -> None:
+    """An unbound claim names no devices (a DRA claim's hold, if still there, is deleted or
+    bound again by the binder; its allocation keeps the devices counted meanwhile)."""
+    status.pop("devices", None)
+    status.pop("resourceClaimName", None)
 
 
 def lost_message(node: str) -> str:
@@ -245,6 +254,7 @@ def waiting(
         status[LOST_NODE_FIELD] = lost_node(claim)
         status.pop("nodeName", None)
         status.pop("boundTime", None)
+        _drop_devices(status)
     if is_lost or not status.get("phase"):
         status["phase"] = gpuclaims.Phase.PENDING
     status["observedGeneration"] = _generation(claim)

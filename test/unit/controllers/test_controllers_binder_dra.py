@@ -6,6 +6,7 @@ subresource, before its own status says so. The oracle is what the API server do
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 from typing import Any
 
@@ -17,7 +18,7 @@ from gpuoperator import names
 from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.kinds import GPUClaim, ResourceClaim
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import dra_holds
+from gpuoperator.model import claim_states, dra_holds
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import FakeClock
@@ -258,3 +259,30 @@ def test_a_hold_on_a_node_that_is_gone_is_deleted_and_the_claim_bound_again(worl
     status = world.status("one")
     assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
     assert world.allocations() == {"one": [("n1", "gpu-0")]}
+
+
+def test_a_hold_on_a_node_that_refused_the_claim_is_not_adopted_but_deleted(world: World) -> None:
+    """A waiting claim whose allocated hold sits on a node it must skip (its unexpired
+    refusedNodes) is not bound there again: the hold goes, and the claim is bound anew."""
+    world.put_claim(claim("one"))
+    world.reconcile()
+    world.watch_holds()
+    bound = world.api.stored(GPUClaim, "one", NS)
+    assert bound is not None and bound["status"]["nodeName"] == "n2"
+    until = world.clock.now() + datetime.timedelta(minutes=10)
+    refused = {
+        **bound,
+        "status": claim_states.refused(
+            bound, "n2", until, "RefusedByNode", "no", world.clock.now()
+        ),
+    }
+    stored = world.api.add(GPUClaim, refused)
+    world.caches.claims.store.put(stored)
+    world.ledger.apply_claim(stored)
+
+    world.reconcile()
+    assert world.allocations() == {}
+    world.ledger.delete_resource_claim({"metadata": {"namespace": NS, "name": "one"}})
+    world.reconcile()
+    status = world.status("one")
+    assert (status["phase"], status["nodeName"]) == ("Bound", "n1")

@@ -338,3 +338,18 @@ def test_a_dra_bind_is_a_bind_that_also_names_the_resource_claim_and_its_devices
 def test_a_dra_bind_without_devices_is_refused() -> None:
     with pytest.raises(ValueError, match="1 to 64 devices"):
         claim_states.dra_bound(claim({"phase": "Pending"}), "n1", "hold", [], NOW)
+
+
+def test_a_dra_claim_that_waits_again_or_is_refused_by_its_node_names_no_devices() -> None:
+    held = [dra_devices.DeviceRef("gpu.example.com", "n1", "gpu-0")]
+    bound = claim({"phase": "Pending"})
+    bound["status"] = claim_states.dra_bound(bound, "n1", "hold", held, NOW)
+    lost = {**bound, "status": claim_states.lost(bound, NOW)}
+    assert lost["status"]["devices"]  # Lost is transient: the binder decides next
+    waits = claim_states.waiting(lost, "NoCapacity", "no room", NOW)
+    assert waits is not None
+    assert "devices" not in waits and "resourceClaimName" not in waits
+    refused = claim_states.refused(bound, "n1", UNTIL, "RefusedByNode", "refused", NOW)
+    assert "devices" not in refused and "resourceClaimName" not in refused
+    elsewhere = claim_states.refused(bound, "n2", UNTIL, "RefusedByNode", "refused", NOW)
+    assert elsewhere["devices"] == bound["status"]["devices"]
