@@ -67,20 +67,19 @@ import datetime
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
-import requests
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
-from gpuoperator.claim_status import ASSUME_TTL, Announcement, ClaimStatus
+from gpuoperator.claim_status import ASSUME_TTL, Announcement, ClaimStatus, unknown_outcome
 from gpuoperator.kinds import GPUClaim, ResourceClaim
 from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import binding, claim_states, conditions, dra_devices, dra_holds, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors, protocols
-from gpuoperator.runtime.client import Kind, Obj
+from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
 from gpuoperator.runtime.indexing import Key, key_of
@@ -96,28 +95,11 @@ NAME = "binder"
 UNCONFIRMED_RECHECK = 1.0
 
 
-class HoldsAccess(protocols.Creates, protocols.Gets, protocols.ReplacesStatus, Protocol):
+class HoldsAccess(
+    protocols.Creates, protocols.Gets, protocols.ReplacesStatus, protocols.Deletes, Protocol
+):
     """Writes DRA holds: creates a ResourceClaim, reads it after AlreadyExists, writes its
-    allocation; deletes a hold left on a node that is gone."""
-
-    def delete(
-        self,
-        kind: Kind,
-        name: str,
-        namespace: str | None = None,
-        *,
-        uid: str | None = None,
-        resource_version: str | None = None,
-    ) -> None: ...
-
-
-def _unknown_outcome(exc: BaseException) -> bool:
-    """Whether a failed write may still have landed (as ``claim_status`` judges it)."""
-    if isinstance(exc, errors.NotLeaderError):
-        return exc.sent
-    if isinstance(exc, errors.ApiError):
-        return exc.code >= 500
-    return isinstance(exc, requests.RequestException | OSError)
+    allocation; deletes a hold it may not adopt."""
 
 
 class _Metrics:
@@ -400,7 +382,7 @@ class Binder:
             self.ledger.forget(key_)  # changed or gone meanwhile: decide again
             return
         except BaseException as exc:
-            if _unknown_outcome(exc):
+            if unknown_outcome(exc):
                 self.ledger.expire_after(key_, ASSUME_TTL)
             else:
                 self.ledger.forget(key_)
