@@ -18,7 +18,7 @@ from pathlib import Path
 import pykube
 import pytest
 
-from gpuoperator.kinds import DeviceClass, GPUClaim, GPUClass, ResourceClaim
+from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim
 from gpuoperator.model import dra_holds
 from harness import dra_driver, objects
 from harness.claims import create_claim
@@ -27,7 +27,6 @@ from harness.kube import Obj, refused
 from harness.operator import Start
 from harness.tenancy import as_tenant
 from harness.waiting import wait_for
-from localcluster import profile
 
 pytestmark = pytest.mark.operator_process  # it starts its own replicas
 
@@ -91,42 +90,16 @@ def published_roots(node: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def world(api: pykube.HTTPClient) -> Iterator[World]:
     ns = f"drabind-{TAG}"
-    pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-    dra_driver.install_account(api, ns)
-    made: list[pykube.objects.APIObject] = []
-    driver = dra_driver.DraDriver(dra_driver.driver_client(api, ns))
-    try:
-        for group in PROFILE:
-            node = pykube.Node(
-                api, profile.node_manifest(group.name, profile.NodeGroup(name=group.name))
-            )
-            node.create()
-            made.append(node)
-        dc = DeviceClass(
-            api,
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DEVICE_CLASS},
-                "spec": {"selectors": [{"cel": {"expression": SELECTOR}}]},
-            },
-        )
-        dc.create()
-        made.append(dc)
+    with dra_driver.installed(api, ns, PROFILE, [dra_driver.device_class(DEVICE_CLASS, SELECTOR)]):
         source = {"dra": {"deviceClassName": DEVICE_CLASS, "topologyAttribute": "pcieRoot"}}
         cls = GPUClass(api, objects.gpuclass(CLASS, source=source, vendor="nvidia", model="A10"))
         cls.create()
-        made.append(cls)
-        driver.publish_all(dra_driver.expand(PROFILE))
-        yield World(api, ns)
-    finally:
-        for claim in GPUClaim.objects(api, namespace=ns):
-            claim.delete()
-        driver.withdraw()
-        for obj in reversed(made):
-            obj.delete()
-        dra_driver.uninstall_account(api, ns)
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
+        try:
+            yield World(api, ns)
+        finally:
+            for claim in GPUClaim.objects(api, namespace=ns):
+                claim.delete()
+            cls.delete()
 
 
 def delete_claim(world: World, name: str) -> None:
