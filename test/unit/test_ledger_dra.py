@@ -13,20 +13,12 @@ from gpuoperator.runtime.informing import Handlers
 from harness import objects
 
 Obj = dict[str, Any]
-DRIVER = "gpu.example.com"
+DRIVER = objects.DRA_DRIVER
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
 def slice_of(node: str, *devices: str) -> Obj:
-    return {
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": d, "attributes": {"model": {"string": "A10"}}} for d in devices],
-        },
-    }
+    return objects.resource_slice(node, {d: {"model": {"string": "A10"}} for d in devices})
 
 
 def ref(device: str, node: str = "n1") -> dra_devices.DeviceRef:

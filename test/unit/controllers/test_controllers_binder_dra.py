@@ -28,7 +28,7 @@ from harness.offline import FakeApi, FakeRecorder, offline_caches
 
 Obj = dict[str, Any]
 NS = "tenant-a"
-DRIVER = "gpu.example.com"
+DRIVER = objects.DRA_DRIVER
 DEVICE_CLASS = "a10.example.com"
 CLASS = objects.gpuclass(
     "dra-a10", source={"dra": {"deviceClassName": DEVICE_CLASS, "topologyAttribute": "pcieRoot"}}
@@ -55,18 +55,9 @@ class DraApi(FakeApi):
 
 
 def slice_of(node: str, roots: list[str]) -> Obj:
-    return {
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": f"gpu-{i}", "attributes": {"pcieRoot": {"string": root}}}
-                for i, root in enumerate(roots)
-            ],
-        },
-    }
+    return objects.resource_slice(
+        node, {f"gpu-{i}": {"pcieRoot": {"string": root}} for i, root in enumerate(roots)}
+    )
 
 
 class World:

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from gpuoperator import names
 from gpuoperator.model import dra_devices, dra_holds
+from harness import objects
 
 Obj = dict[str, Any]
-DRIVER = "gpu.example.com"
+DRIVER = objects.DRA_DRIVER
 NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
 Ref = dra_devices.DeviceRef
 
@@ -215,24 +216,13 @@ def test_a_hold_is_recognised_by_its_controller_uid_never_by_its_name() -> None:
     assert not dra_holds.is_hold_of(owned, gpuclaim())
 
 
-def slice_of(node_name: str, *devices: tuple[str, str]) -> Obj:
-    return {
-        "metadata": {"name": f"{node_name}-slice"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": n, "attributes": {"pcieRoot": {"string": root}}} for n, root in devices
-            ],
-        },
-    }
-
-
 def test_an_allocated_hold_counts_as_used_and_is_never_chosen_again() -> None:
     """One allocator per device: what a hold's allocation names, the inventory marks held,
     whoever else then asks for devices on the node."""
-    slices = [slice_of("n1", ("gpu-0", "r0"), ("gpu-1", "r0"), ("gpu-2", "r1"), ("gpu-3", "r1"))]
+    roots = {"gpu-0": "r0", "gpu-1": "r0", "gpu-2": "r1", "gpu-3": "r1"}
+    slices = [
+        objects.resource_slice("n1", {d: {"pcieRoot": {"string": r}} for d, r in roots.items()})
+    ]
     device_class = {"metadata": {"name": "a10"}, "spec": {}}
     holds: list[Obj] = []
     taken: list[Ref] = []
