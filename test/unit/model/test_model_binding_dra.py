@@ -144,3 +144,11 @@ def test_a_plans_bindings_never_take_a_device_twice_nor_more_than_is_free(
     assert {tuple(r) for r in refs} <= free
     for key, node in result.bindings:
         assert len(taken[key]) == count[key] and {r.pool for r in taken[key]} == {node}
+
+
+def test_no_node_is_a_candidate_for_moving_a_dra_claim() -> None:
+    """Moves (draining, placement's gathering) are not built for DRA claims: they find no
+    candidate node, so a DRA claim stays where its devices are (docs/design.md §5)."""
+    bound = claim("a", 1, 1, phase="Bound", node="n1")
+    nodes = [objects.node("n1"), objects.node("n2")]
+    assert binding.candidates(bound, CLASS, nodes, capacity.Ledger(), NOW) == []
