@@ -252,10 +252,9 @@ class Binder:
 
     # ---- DRA holds ----------------------------------------------------------------------
     def _dra_candidates(self, candidates: list[Obj], now: datetime.datetime) -> list[Obj]:
-        """The DRA claims to plan: a claim whose own hold is already allocated is bound to
-        it instead (or, on a node that is gone, the hold is deleted and the claim waits for
-        the watch to show it gone); a claim whose name a tenant's ResourceClaim has taken
-        waits, saying so."""
+        """The DRA claims to plan: a claim whose own hold is already allocated is not
+        planned but bound to it (:meth:`_adopt`); a claim whose name a tenant's
+        ResourceClaim has taken waits, saying so."""
         planned: list[Obj] = []
         for claim in candidates:
             hold = self.ledger.resource_claim(gpuclaims.key(claim))
@@ -276,9 +275,21 @@ class Binder:
         return planned
 
     def _adopt(self, claim: Obj, hold: Obj, now: datetime.datetime) -> None:
+        """Bind ``claim`` to what its allocated ``hold`` holds, on the node the allocation
+        names; on a node that is gone or among the claim's unexpired refusals, delete the
+        hold instead (uid precondition): the claim is planned anew once the watch shows it
+        gone, and its devices stay counted by the allocation until then."""
         allocation = (hold.get("status") or {}).get("allocation") or {}
         terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
-        node = next((str(v) for t in terms for f in t["matchFields"] for v in f["values"]), "")
+        node = next(
+            (
+                str(v)
+                for t in terms
+                for f in t.get("matchFields") or []
+                for v in f.get("values") or []
+            ),
+            "",
+        )
         if (
             node
             and self.ledger.has_node(node)
