@@ -20,6 +20,24 @@ A claim is bound only once it carries the claim-protection finalizer. It is norm
 admission (``config/policy``), so the binding is the claim's first write; where it is not,
 the protection controller's write comes first, and binding after it spares a conflict.
 
+**DRA classes** (docs/design.md §5 "DRA classes"). The plan runs on the class's free
+devices (``Ledger.dra_inventory``), and each binding takes the devices
+``model.dra_holds.assign`` gives it. A binding is written in three steps, each settling the
+claim's assumption as its status write does: the claim's ``dra_bound`` state is assumed
+(its devices count as held from then on), the ResourceClaim (``dra_holds.resource_claim``,
+controlled by the GPUClaim) is created and its allocation written through the status
+subresource with the reply's resourceVersion as precondition, then the claim's status. A
+conflict or a ResourceClaim that is not the claim's forgets the assumption (the next pass
+decides on the watched state); an unknown outcome keeps it for ``ASSUME_TTL``. A waiting
+claim whose own ResourceClaim is already allocated (a pass that stopped between the
+allocation and the claim's status, or a claim that went back to waiting) is bound to what
+that allocation holds, on a node that still exists and has not refused the claim; otherwise
+the hold is deleted first (uid precondition) and the claim is bound anew once the watch
+shows it gone. A
+tenant's ResourceClaim of the claim's name is never adopted: the claim waits, saying so.
+Deleting the GPUClaim frees its devices through garbage collection of the ResourceClaim it
+controls.
+
 Never over-allocating rests on four things:
 
 * one decision at a time: a pass holds ``Ledger.allocation_lock`` (placement's and
@@ -43,6 +61,7 @@ Never over-allocating rests on four things:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 from collections.abc import Callable
@@ -54,12 +73,13 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from gpuoperator import names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
-from gpuoperator.claim_status import Announcement, ClaimStatus
-from gpuoperator.kinds import GPUClaim
+from gpuoperator.claim_status import ASSUME_TTL, Announcement, ClaimStatus, unknown_outcome
+from gpuoperator.kinds import GPUClaim, ResourceClaim
 from gpuoperator.ledger import Ledger, changed_classes
-from gpuoperator.model import binding, claim_states, conditions, orders
+from gpuoperator.model import binding, claim_states, conditions, dra_devices, dra_holds, orders
 from gpuoperator.model import claims as gpuclaims
-from gpuoperator.runtime import managing, protocols
+from gpuoperator.model import classes as gpuclasses
+from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -73,6 +93,13 @@ NAME = "binder"
 #: Seconds before a pass that left out a claim with a write in flight looks again (a safety
 #: net: the write's outcome or the watch's next version wakes the class too).
 UNCONFIRMED_RECHECK = 1.0
+
+
+class HoldsAccess(
+    protocols.Creates, protocols.Gets, protocols.ReplacesStatus, protocols.Deletes, Protocol
+):
+    """Writes DRA holds: creates a ResourceClaim, reads it after AlreadyExists, writes its
+    allocation; deletes a hold it may not adopt."""
 
 
 class _Metrics:
@@ -98,7 +125,10 @@ class Binder:
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry | None = None,
+        holds: HoldsAccess | None = None,
     ) -> None:
+        #: The fenced writer of DRA holds; without it DRA claims wait (DRA binding off).
+        self.holds = holds
         self.caches = caches
         self.ledger = ledger
         self.statuses = statuses
@@ -151,10 +181,19 @@ class Binder:
             else:
                 candidates.append(claim)
         now = self.clock.now()
-        plan = self.ledger.plan(candidates, cls, self.settings.placement_policy, now)
+        devices = None
+        if gpuclasses.is_dra(cls) and self.holds is not None:
+            candidates = self._dra_candidates(candidates, now)
+            devices = self.ledger.dra_inventory(class_name)
+        plan = self.ledger.plan(
+            candidates, cls, self.settings.placement_policy, now, devices=devices
+        )
         self._log_nomination(class_name, plan.nomination)
         by_key = {gpuclaims.key(c): c for c in candidates}
-        self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
+        if devices is not None:
+            self._bind_dra(cls, by_key, plan.bindings, devices, now)
+        else:
+            self._bind_all([(by_key[key_], node) for key_, node in plan.bindings], now)
         for claim_key, waiting in plan.waiting.items():
             self._write_waiting(by_key[claim_key], waiting.reason.value, waiting.message)
         looks: list[float] = []
@@ -211,6 +250,156 @@ class Binder:
         for future in futures:
             future.result()  # raises the first failure, now that none is in flight
 
+    # ---- DRA holds ----------------------------------------------------------------------
+    def _dra_candidates(self, candidates: list[Obj], now: datetime.datetime) -> list[Obj]:
+        """The DRA claims to plan: a claim whose own hold is already allocated is not
+        planned but bound to it (:meth:`_adopt`); a claim whose name a tenant's
+        ResourceClaim has taken waits, saying so."""
+        planned: list[Obj] = []
+        for claim in candidates:
+            hold = self.ledger.resource_claim(gpuclaims.key(claim))
+            if hold is None:
+                planned.append(claim)
+            elif not dra_holds.is_hold_of(hold, claim):
+                self._write_waiting(
+                    claim,
+                    binding.WaitReason.NO_CAPACITY.value,
+                    f"a ResourceClaim named {dra_holds.resource_claim_name(claim)} exists in "
+                    "the namespace and is not this claim's; it holds its devices only through "
+                    "a ResourceClaim of its own name (delete or rename that ResourceClaim)",
+                )
+            elif not dra_holds.allocated(hold):
+                planned.append(claim)
+            else:
+                self._adopt(claim, hold, now)
+        return planned
+
+    def _adopt(self, claim: Obj, hold: Obj, now: datetime.datetime) -> None:
+        """Bind ``claim`` to what its allocated ``hold`` holds, on the node the allocation
+        names; on a node that is gone or among the claim's unexpired refusals, delete the
+        hold instead (uid precondition): the claim is planned anew once the watch shows it
+        gone, and its devices stay counted by the allocation until then."""
+        allocation = (hold.get("status") or {}).get("allocation") or {}
+        terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+        node = next(
+            (
+                str(v)
+                for t in terms
+                for f in t.get("matchFields") or []
+                for v in f.get("values") or []
+            ),
+            "",
+        )
+        if (
+            node
+            and self.ledger.has_node(node)
+            and node not in binding.unexpired_refusals(claim, now)
+        ):
+            chosen = dra_holds.allocated(hold)
+            state = claim_states.dra_bound(
+                claim,
+                node,
+                dra_holds.resource_claim_name(claim),
+                chosen,
+                now,
+                self.caches.served_vmi(claim),
+            )
+            self._bind(self.statuses.assume(claim, state), node)
+            return
+        meta = hold.get("metadata") or {}
+        log.info(
+            "deleting a hold on a node that is gone or refused the claim",
+            reason="HoldReleased",
+            claim=f"{gpuclaims.key(claim)[0]}/{gpuclaims.key(claim)[1]}",
+            node=node,
+        )
+        writer = self.holds_writer()
+        with contextlib.suppress(errors.NotFoundError):
+            writer.delete(
+                ResourceClaim,
+                str(meta.get("name")),
+                str(meta.get("namespace")),
+                uid=str(meta.get("uid") or ""),
+            )
+
+    def holds_writer(self) -> HoldsAccess:
+        if self.holds is None:
+            raise RuntimeError("DRA binding needs the holds writer")
+        return self.holds
+
+    def _bind_dra(
+        self,
+        cls: Obj,
+        by_key: dict[Key, Obj],
+        bindings: list[tuple[Key, str]],
+        devices: dra_devices.Inventory,
+        now: datetime.datetime,
+    ) -> None:
+        """The plan's DRA bindings, one after the other, each assumed before its first
+        write (module docstring); the first failure is raised after the last ended."""
+        source = gpuclasses.dra(cls)
+        assert source is not None
+        chosen = dra_holds.assign(
+            [(k, n, orders.ordered_count(by_key[k])) for k, n in bindings], devices
+        )
+        intended = []
+        for key_, node in bindings:
+            if key_ not in chosen:
+                continue
+            claim = by_key[key_]
+            state = claim_states.dra_bound(
+                claim,
+                node,
+                dra_holds.resource_claim_name(claim),
+                chosen[key_],
+                now,
+                self.caches.served_vmi(claim),
+            )
+            intended.append((claim, self.statuses.assume(claim, state), node))
+        failure: BaseException | None = None
+        for claim, obj, node in intended:
+            try:
+                self._hold_and_bind(claim, obj, node, source.device_class_name, now)
+            except Exception as exc:  # raised once every write has ended
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def _hold_and_bind(
+        self, claim: Obj, intended: Obj, node: str, device_class: str, now: datetime.datetime
+    ) -> None:
+        key_ = gpuclaims.key(claim)
+        held = [
+            dra_devices.DeviceRef(str(d["driver"]), str(d["pool"]), str(d["device"]))
+            for d in intended["status"]["devices"]
+        ]
+        writer = self.holds_writer()
+        try:
+            try:
+                hold = writer.create(
+                    ResourceClaim, dra_holds.resource_claim(claim, device_class, len(held))
+                )
+            except errors.AlreadyExistsError:
+                hold = writer.get(ResourceClaim, key_[1], key_[0])
+                if not dra_holds.is_hold_of(hold, claim) or dra_holds.allocated(hold):
+                    self.ledger.forget(key_)  # the next pass decides on the watched hold
+                    return
+            hold = {
+                **hold,
+                "status": {**(hold.get("status") or {}), **dra_holds.allocation(held, node, now)},
+            }
+            writer.replace_status(ResourceClaim, hold)
+        except (errors.ConflictError, errors.NotFoundError):
+            self.ledger.forget(key_)  # changed or gone meanwhile: decide again
+            return
+        except BaseException as exc:
+            if unknown_outcome(exc):
+                self.ledger.expire_after(key_, ASSUME_TTL)
+            else:
+                self.ledger.forget(key_)
+            raise
+        self._bind(intended, node)
+
     # ---- decisions --------------------------------------------------------------------
     def _refusal(
         self, claim: Obj, cls: Obj, tenants: dict[str, list[Obj]]
@@ -234,12 +423,20 @@ class Binder:
 
     def _bind(self, intended: Obj, node: str) -> None:
         count = intended["spec"]["count"]
+        message = f"bound to node {node} ({count} unit(s))"
+        held = intended["status"].get("devices")
+        if held:
+            names_ = ", ".join(f"{d['driver']}/{d['pool']}/{d['device']}" for d in held)
+            message = (
+                f"bound to node {node}, devices {names_} held by ResourceClaim "
+                f"{intended['status'].get('resourceClaimName')}"
+            )
         written = self.statuses.send(
             intended,
             Announcement(
                 "claim bound",
                 claim_states.BOUND,
-                f"bound to node {node} ({count} unit(s))",
+                message,
                 fields={"node": node, "count": count},
             ),
         )
@@ -292,11 +489,13 @@ def _refusals(claim: Obj) -> bool:
 
 
 class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):
-    """What ``register`` uses of the manager: a hook run on becoming leader, and its
-    (unfenced) client to read every claim afresh then."""
+    """What ``register`` uses of the manager: a hook run on becoming leader, its (unfenced)
+    client to read every claim afresh then, and the fenced writer of DRA holds."""
 
     @property
     def client(self) -> protocols.Lists: ...
+
+    def writer_for(self, component: str) -> HoldsAccess: ...
 
     def on_leading(self, hook: Callable[[], None]) -> None: ...
 
@@ -309,7 +508,13 @@ def register(
     settings: Settings,
 ) -> Controller[Key]:
     binder = Binder(
-        caches, ledger, statuses, settings, clock=manager.clock, registry=manager.registry
+        caches,
+        ledger,
+        statuses,
+        settings,
+        clock=manager.clock,
+        registry=manager.registry,
+        holds=manager.writer_for(NAME),
     )
     controller = manager.controller(NAME, binder, workers=1, seed=caches.class_keys)
     # A new leader first reads every claim afresh: the previous leader's last bindings may

@@ -27,6 +27,7 @@ from gpuoperator import names
 from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.kinds import GPUClass
 from gpuoperator.ledger import Ledger, changed_classes
+from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import conditions
 from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
@@ -207,11 +208,8 @@ class ClassStatus:
 
 
 def _resource(cls: Obj) -> str:
-    return str(
-        ((cls.get("spec") or {}).get("source") or {})
-        .get("devicePlugin", {})
-        .get("resourceName", "?")
-    )
+    """What serves the class: its resource name, or ``dra:<DeviceClass>``."""
+    return gpuclasses.backend(cls) or "?"
 
 
 def register(

@@ -11,10 +11,13 @@ from typing import Any
 import pykube
 
 from gpuoperator.kinds import (
+    DeviceClass,
     GPUClaim,
     GPUClass,
     GPUNode,
     KubeVirt,
+    ResourceClaim,
+    ResourceSlice,
     VirtualMachineInstance,
     Workload,
 )
@@ -56,6 +59,14 @@ class Caches:
     #: VMIs (claim protection, placement) as ``model.slimming.slim_vmi`` keeps them; optional
     #: like the KubeVirt CR.
     vmis: Informer
+    #: DRA (``resource.k8s.io/v1``, docs/design.md §5 "DRA classes"), optional: a cluster
+    #: may not serve it. The drivers' ResourceSlices and the DeviceClasses, whole (without
+    #: managedFields; drivers and admins write them), and every ResourceClaim as
+    #: ``model.slimming.slim_resource_claim`` keeps it (tenants write them): what
+    #: ``model.dra_devices`` reads to count a DRA class's devices.
+    resource_slices: Informer
+    device_classes: Informer
+    resource_claims: Informer
 
     def class_keys(self) -> list[indexing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
@@ -117,6 +128,25 @@ def register(manager: Informs) -> Caches:
             InformerOptions(
                 optional=True,
                 transform=slimming.slim_vmi,
+                indexers={BY_NAMESPACE: indexing.by_namespace},
+            ),
+        ),
+        resource_slices=manager.informer(
+            ResourceSlice,
+            InformerOptions(
+                optional=True,
+                transform=lean,
+                indexers={BY_NODE: indexing.by_field("spec", "nodeName")},
+            ),
+        ),
+        device_classes=manager.informer(
+            DeviceClass, InformerOptions(optional=True, transform=lean)
+        ),
+        resource_claims=manager.informer(
+            ResourceClaim,
+            InformerOptions(
+                optional=True,
+                transform=slimming.slim_resource_claim,
                 indexers={BY_NAMESPACE: indexing.by_namespace},
             ),
         ),

@@ -127,8 +127,9 @@ def signature(status: Mapping[str, Any] | None) -> tuple[Any, ...]:
     )
 
 
-def _unknown_outcome(exc: BaseException) -> bool:
-    """Whether a failed write may still have landed."""
+def unknown_outcome(exc: BaseException) -> bool:
+    """Whether a failed write may still have landed (5xx, a cut connection or timeout, a
+    fence between retries)."""
     if isinstance(exc, errors.NotLeaderError):
         return exc.sent
     if isinstance(exc, errors.ApiError):
@@ -190,7 +191,7 @@ class ClaimStatus:
             self._metrics.writes.labels(Outcome.GONE.value).inc()
             return Written(Outcome.GONE)
         except BaseException as exc:
-            if _unknown_outcome(exc):
+            if unknown_outcome(exc):
                 self.ledger.expire_after(key, ASSUME_TTL)
                 self._metrics.writes.labels("Unknown").inc()
             else:
@@ -224,7 +225,7 @@ class ClaimStatus:
             self._metrics.writes.labels(Outcome.GONE.value).inc()
             return Written(Outcome.GONE)
         except BaseException as exc:
-            self._metrics.writes.labels("Unknown" if _unknown_outcome(exc) else "Refused").inc()
+            self._metrics.writes.labels("Unknown" if unknown_outcome(exc) else "Refused").inc()
             raise
         self._metrics.writes.labels(Outcome.WRITTEN.value).inc()
         self._announce(stored, announce)

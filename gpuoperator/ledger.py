@@ -20,6 +20,14 @@ and until the watch delivers a newer version: the assume cache, :mod:`gpuoperato
 the stored hold an unconfirmed assumption releases is kept as the ledger's *released* hold.
 A claim from the watch never goes back to an older resourceVersion than the one counted,
 with or without an assumption.
+
+**DRA classes** (docs/design.md §5 "DRA classes"). Their units are devices, not units of a
+resource: the ledger also keeps the ResourceSlices, DeviceClasses and ResourceClaims, and
+:meth:`Ledger.dra_inventory` counts a DRA class's devices from them
+(``model.dra_devices``), with the devices that counted claims of DRA classes name held too
+(``model.dra_holds.counted_inventory``): an assumed bind holds its devices before its
+ResourceClaim's allocation is watched. A change of any of them tells listeners of every DRA
+class (and of the slice's node).
 """
 
 from __future__ import annotations
@@ -32,7 +40,15 @@ from typing import Any
 
 from gpuoperator import assumptions
 from gpuoperator.caches import Caches
-from gpuoperator.model import binding, capacity, catalog, eligibility, hostdevices
+from gpuoperator.model import (
+    binding,
+    capacity,
+    catalog,
+    dra_devices,
+    dra_holds,
+    eligibility,
+    hostdevices,
+)
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -80,6 +96,10 @@ class Ledger:
         #: the claim states counted ahead of the watch (see the module docstring)
         self._assumed = assumptions.Assumptions()
         self._permitted: frozenset[str] | None = None
+        #: DRA objects as the caches hold them (see the module docstring)
+        self._slices: dict[Key, Obj] = {}
+        self._device_classes: dict[str, Obj] = {}
+        self._resource_claims: dict[Key, Obj] = {}
         #: After each change, outside the lock: ``{"nodes": [...], "classes": [...]}``, the
         #: nodes and classes whose figures (or claims) changed. Controllers declare it in
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
@@ -99,6 +119,15 @@ class Ledger:
         caches.pods.add_handlers(self._handlers(self.apply_pod, self.delete_pod))
         caches.claims.add_handlers(self._handlers(self.apply_claim, self.delete_claim))
         caches.kubevirts.add_handlers(self._handlers(self.apply_kubevirt, self.delete_kubevirt))
+        caches.resource_slices.add_handlers(
+            self._handlers(self.apply_resource_slice, self.delete_resource_slice)
+        )
+        caches.device_classes.add_handlers(
+            self._handlers(self.apply_device_class, self.delete_device_class)
+        )
+        caches.resource_claims.add_handlers(
+            self._handlers(self.apply_resource_claim, self.delete_resource_claim)
+        )
 
     @staticmethod
     def _handlers(apply: Callable[[Obj], None], delete: Callable[[Obj], None]) -> Handlers:
@@ -369,6 +398,84 @@ class Ledger:
             everything = set(self._nodes)
         self._notify(everything, set())
 
+    # ---- DRA ----------------------------------------------------------------------------
+    def _dra_classes(self) -> set[str]:
+        return {n for n, c in self._classes.items() if gpuclasses.is_dra(c)}
+
+    def _dra_changed(self, nodes: set[str]) -> None:
+        with self._lock:
+            classes = self._dra_classes()
+        self._notify(nodes, classes)
+
+    @staticmethod
+    def _slice_node(obj: Obj | None) -> set[str]:
+        node = ((obj or {}).get("spec") or {}).get("nodeName")
+        return {node} if isinstance(node, str) and node else set()
+
+    def apply_resource_slice(self, obj: Obj) -> None:
+        with self._lock:
+            old = self._slices.get(key_of(obj))
+            self._slices[key_of(obj)] = obj
+        self._dra_changed(self._slice_node(old) | self._slice_node(obj))
+
+    def delete_resource_slice(self, obj: Obj) -> None:
+        with self._lock:
+            old = self._slices.pop(key_of(obj), None)
+        self._dra_changed(self._slice_node(old) | self._slice_node(obj))
+
+    def apply_device_class(self, obj: Obj) -> None:
+        with self._lock:
+            self._device_classes[key_of(obj)[1]] = obj
+        self._dra_changed(set())
+
+    def delete_device_class(self, obj: Obj) -> None:
+        with self._lock:
+            self._device_classes.pop(key_of(obj)[1], None)
+        self._dra_changed(set())
+
+    def apply_resource_claim(self, obj: Obj) -> None:
+        with self._lock:
+            self._resource_claims[key_of(obj)] = obj
+        self._dra_changed(set())
+
+    def delete_resource_claim(self, obj: Obj) -> None:
+        with self._lock:
+            self._resource_claims.pop(key_of(obj), None)
+        self._dra_changed(set())
+
+    def resource_claim(self, key: Key) -> Obj | None:
+        """The ResourceClaim as the cache last delivered it."""
+        with self._lock:
+            return self._resource_claims.get(key)
+
+    def dra_inventory(self, class_name: str) -> dra_devices.Inventory | None:
+        """The devices of the DRA class ``class_name`` per node, with what the counted claims
+        of DRA classes hold (see the module docstring); ``None`` for a class that is unknown
+        or not a DRA class. A DeviceClass that is not there serves no device, and the
+        inventory says so."""
+        self.expire()
+        with self._lock:
+            cls = self._classes.get(class_name)
+            source = gpuclasses.dra(cls) if cls is not None else None
+            if source is None:
+                return None
+            device_class = self._device_classes.get(source.device_class_name)
+            if device_class is None:
+                missing = f"DeviceClass {source.device_class_name} not found"
+                return dra_devices.Inventory(nodes={}, reasons=(missing,))
+            counted = [
+                self._assumed.counted(k, claim)
+                for name in self._dra_classes()
+                for k, claim in self._claims_by_class.get(name, {}).items()
+            ]
+            found = dra_devices.inventory(
+                self._slices.values(),
+                device_class,
+                self._resource_claims.values(),
+                topology_attribute=source.topology_attribute,
+            )
+            return dra_holds.counted_inventory(found, dra_holds.claimed(counted))
+
     # ---- queries ----------------------------------------------------------------------
     def gpu_resources(self) -> set[str]:
         """Resources the operator counts as GPUs: those named by a class or permitted as
@@ -412,16 +519,41 @@ class Ledger:
                 overcommitted=over,
             )
 
+    def _dra_figures(self, name: str) -> tuple[dict[str, int], dict[str, int]] | None:
+        """A DRA class's free and allocatable devices per eligible node
+        (``binding.dra_figures``), ``None`` for any other class."""
+        inventory = self.dra_inventory(name)
+        if inventory is None:
+            return None
+        with self._lock:
+            return binding.dra_figures(self._classes[name], self._nodes.values(), inventory)
+
     def class_figures(self, name: str) -> capacity.ClassFigures:
+        """The class's status figures: the catalog's, or a DRA class's from its devices."""
+        dra = self._dra_figures(name)
+        if dra is not None:
+            frees = dra[0]
+            return capacity.ClassFigures(
+                free=sum(frees.values()),
+                max_free_per_node=max(frees.values(), default=0),
+                nodes=len(frees),
+            )
         with self._lock:
             return self._catalog.figures(name)
 
     def class_allocatable(self, name: str) -> int:
+        dra = self._dra_figures(name)
+        if dra is not None:
+            return sum(dra[1].values())
         with self._lock:
             return self._catalog.allocatable(name)
 
     def largest_allocatable(self, class_name: str) -> int:
-        """The most units of the class's resource one node serving it has allocatable."""
+        """The most units of the class's resource one node serving it has allocatable (of
+        a DRA class: the most devices one eligible node has that no blocking taint keeps)."""
+        dra = self._dra_figures(class_name)
+        if dra is not None:
+            return max(dra[1].values(), default=0)
         with self._lock:
             return self._catalog.largest_allocatable(class_name)
 
@@ -443,10 +575,15 @@ class Ledger:
         cls: Obj,
         policy: binding.Policy,
         now: datetime.datetime,
+        *,
+        devices: dra_devices.Inventory | None = None,
     ) -> binding.Plan:
-        """A binding plan for ``cls`` on the current figures (see ``model.binding.plan``)."""
+        """A binding plan for ``cls`` on the current figures (see ``model.binding.plan``;
+        ``devices``: a DRA class's inventory, :meth:`dra_inventory`)."""
         with self._lock:
-            return binding.plan(claims, cls, self._nodes.values(), self._ledger, policy, now)
+            return binding.plan(
+                claims, cls, self._nodes.values(), self._ledger, policy, now, devices=devices
+            )
 
     def candidates(self, claim: Obj, cls: Obj, now: datetime.datetime) -> list[tuple[str, int]]:
         """The nodes ``claim`` could be bound to now (``model.binding.candidates``: eligible,

@@ -125,3 +125,6 @@ DEVICE_CLASS_KIND: Final = "DeviceClass"
 DEVICE_CLASSES: Final = "deviceclasses"
 RESOURCE_CLAIM_KIND: Final = "ResourceClaim"
 RESOURCE_CLAIMS: Final = "resourceclaims"
+#: Label (``"true"``) on the ResourceClaims the binder creates to hold a DRA claim's devices
+#: (each is also controlled by its GPUClaim; the label alone proves nothing).
+DRA_HOLD_LABEL: Final = f"{DOMAIN}/hold"

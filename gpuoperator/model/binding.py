@@ -65,7 +65,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
-from gpuoperator.model import capacity, claims, conditions, eligibility, orders
+from gpuoperator.model import capacity, claims, conditions, dra_devices, eligibility, orders
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -197,6 +197,32 @@ def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[st
     }
 
 
+def dra_figures(
+    cls: Obj, nodes: Iterable[Obj], devices: dra_devices.Inventory
+) -> tuple[dict[str, int], dict[str, int]]:
+    """A DRA class's free and allocatable devices per eligible node that has any device of
+    it that no blocking taint keeps (docs/design.md §5 "DRA classes"): the plan's figures."""
+    frees: dict[str, int] = {}
+    allocatables: dict[str, int] = {}
+    for node in nodes:
+        name = eligibility.node_name(node)
+        view = devices.nodes.get(name)
+        if view is None or not eligibility.is_eligible(node, cls):
+            continue
+        usable = sum(1 for d in view.devices if not d.tainted)
+        if usable:
+            frees[name], allocatables[name] = view.free, usable
+    return frees, allocatables
+
+
+def _what(cls: Obj) -> str:
+    """What serves a class's units, in messages: its resource, or its DeviceClass."""
+    source = gpuclasses.dra(cls)
+    if source is not None:
+        return f"DeviceClass {source.device_class_name}"
+    return gpuclasses.resource_name(cls)
+
+
 class _FreeIndex:
     """The free units of a plan's nodes, kept by amount so each choice costs a walk over the
     few distinct amounts instead of a sort of every node: ``choose`` answers exactly what
@@ -290,10 +316,12 @@ def _no_capacity(
     frees: Mapping[str, int],
     refused: set[str],
     largest: int,
+    *,
+    dra_counted: bool = False,
 ) -> Waiting:
-    resource = gpuclasses.resource_name(cls)
+    resource = _what(cls)
     dra = gpuclasses.dra(cls)
-    if dra is not None:
+    if dra is not None and not dra_counted:
         message = (
             f"class {gpuclasses.name(cls)} is a DRA class (spec.source.dra, DeviceClass "
             f"{dra.device_class_name}): binding claims to DRA devices is not built yet; "
@@ -353,7 +381,7 @@ def _nominated(base: Waiting, nomination: Nomination) -> Waiting:
 def _kept(cls: Obj, need: int, nomination: Nomination) -> Waiting:
     return Waiting(
         WaitReason.QUEUED,
-        f"{_units(need, 'free')} of {gpuclasses.resource_name(cls)} "
+        f"{_units(need, 'free')} of {_what(cls)} "
         f"{'is' if need == 1 else 'are'} left only on node "
         f"{nomination.node}, kept for an older claim of class {gpuclasses.name(cls)} that "
         "waits for room there (claims of a class are served in order of creation)",
@@ -367,6 +395,8 @@ def plan(
     ledger: capacity.Ledger,
     policy: Policy,
     now: datetime.datetime,
+    *,
+    devices: dra_devices.Inventory | None = None,
 ) -> Plan:
     """Plan one pass of the binder for class ``cls``: the bindings to write, in order, why
     each other waiting claim waits, and the class's nomination (module docstring).
@@ -374,12 +404,21 @@ def plan(
     ``claims_of_class`` may include bound claims and claims of other classes: only waiting
     claims (:func:`is_waiting`) of ``cls`` are planned. Each binding is simulated on a local
     copy of the free units, so the plan never places more on a node than its free units.
+
+    For a DRA class the units are the free devices of ``devices`` (the class's inventory,
+    with what counted claims hold) on its eligible nodes, and allocatable those no blocking
+    taint keeps; which devices each binding takes is ``dra_holds.assign``'s. Without
+    ``devices`` a DRA class's claims wait, saying DRA binding is not built.
     """
     name = gpuclasses.name(cls)
     resource = gpuclasses.resource_name(cls)
-    serving = _serving(cls, nodes, ledger)
-    frees = {n: ledger.free(n, resource) for n in serving}
-    allocatables = {n: ledger.allocatable(n, resource) for n in serving}
+    dra_counted = devices is not None and gpuclasses.is_dra(cls)
+    if devices is not None and dra_counted:
+        frees, allocatables = dra_figures(cls, nodes, devices)
+    else:
+        serving = _serving(cls, nodes, ledger)
+        frees = {n: ledger.free(n, resource) for n in serving}
+        allocatables = {n: ledger.allocatable(n, resource) for n in serving}
     by_free = _FreeIndex(frees)
     largest = max(allocatables.values(), default=0)
     queue = [c for c in pending_in_order(claims_of_class) if orders.ordered_class(c) == name]
@@ -404,7 +443,7 @@ def plan(
             continue
         if nomination is None:
             nearest = nominate(need, frees, allocatables, refused)
-            base = _no_capacity(cls, need, frees, refused, largest)
+            base = _no_capacity(cls, need, frees, refused, largest, dra_counted=dra_counted)
             if nearest is None:
                 waiting[key] = base  # cannot fit even when empty: keeps nothing
             else:
@@ -414,5 +453,5 @@ def plan(
         if nomination.node not in refused and frees[nomination.node] >= need:
             waiting[key] = _kept(cls, need, nomination)
         else:
-            waiting[key] = _no_capacity(cls, need, frees, refused, largest)
+            waiting[key] = _no_capacity(cls, need, frees, refused, largest, dra_counted=dra_counted)
     return Plan(bindings, waiting, nomination)

@@ -8,19 +8,23 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
 * :func:`bound` (a waiting claim gets a node): phase ``Bound``, ``nodeName`` the node,
   ``boundTime`` now, ``Bound`` True with reason ``Bound``, ``observedGeneration`` the
   claim's generation, ``usage`` the interval the hold opens; ``lostNode`` removed.
+* :func:`dra_bound` (a waiting claim of a DRA class gets a node and devices there): what
+  :func:`bound` sets, plus ``resourceClaimName`` the ResourceClaim that holds the devices
+  and ``devices`` those devices (``{driver, pool, device}``).
 * :func:`moved` (a Bound claim changes node): phase ``Bound``, ``nodeName`` the target,
   ``boundTime`` now, ``Bound`` True with reason ``Moved``; ``lostNode`` removed, and the
   conditions the caller names cleared.
 * :func:`refused` (a node refused the claim's set): the node joins ``refusedNodes``; a claim
-  bound to that very node is also unbound: phase ``Pending``, no ``nodeName`` nor
-  ``boundTime``, ``Bound`` False with the caller's reason.
+  bound to that very node is also unbound: phase ``Pending``, no ``nodeName``,
+  ``boundTime``, ``devices`` nor ``resourceClaimName``, ``Bound`` False with the caller's
+  reason.
 * :func:`lost` (a Bound claim's node is gone): phase ``Lost``, ``lostNode`` the node,
   ``Bound`` False with reason ``NodeLost``; ``nodeName`` and ``boundTime`` kept until it
   waits.
 * :func:`waiting` (the claim waits for a node, with a reason): ``Bound`` False with that
   reason, ``observedGeneration`` the claim's generation; phase ``Pending`` (a claim already
-  ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName`` and ``boundTime`` and
-  keeps the node it lost in ``lostNode``.
+  ``Pending`` keeps it); a ``Lost`` claim also drops ``nodeName``, ``boundTime``,
+  ``devices`` and ``resourceClaimName`` and keeps the node it lost in ``lostNode``.
 * :func:`counted` (GPU-hours): ``usage`` the figures given; nothing else changes (the
   phase and node stay, so it is written without an assumption, ``ClaimStatus.record``).
 * :func:`attached` (the attachments controller): ``attachment`` the VMI that uses the claim
@@ -45,7 +49,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuoperator.model import attachments, binding, conditions, gpu_hours
+from gpuoperator.model import attachments, binding, conditions, dra_devices, dra_holds, gpu_hours
 from gpuoperator.model import claims as gpuclaims
 
 Obj = dict[str, Any]
@@ -116,6 +120,24 @@ def bound(
     return status
 
 
+def dra_bound(
+    claim: Mapping[str, Any],
+    node: str,
+    resource_claim_name: str,
+    devices: Iterable[dra_devices.DeviceRef],
+    now: datetime.datetime,
+    vmi: Mapping[str, Any] | None = None,
+) -> Obj:
+    """``claim`` (of a DRA class) bound to ``node`` at ``now`` (:func:`bound`), holding
+    ``devices`` through the ResourceClaim ``resource_claim_name`` (in its namespace)."""
+    held = dra_holds.device_status(devices)
+    if not 1 <= len(held) <= dra_holds.MAX_DEVICES:
+        raise ValueError(f"a DRA claim holds 1 to {dra_holds.MAX_DEVICES} devices")
+    status = bound(claim, node, now, vmi)
+    status.update(resourceClaimName=resource_claim_name, devices=held)
+    return status
+
+
 def moved(
     claim: Mapping[str, Any],
     target: str,
@@ -157,8 +179,16 @@ def refused(
         status["phase"] = gpuclaims.Phase.PENDING
         status.pop("nodeName", None)
         status.pop("boundTime", None)
+        _drop_devices(status)
         status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
     return status
+
+
+def _drop_devices(status: Obj) -> None:
+    """An unbound claim names no devices (a DRA claim's hold, if still there, is deleted or
+    bound again by the binder; its allocation keeps the devices counted meanwhile)."""
+    status.pop("devices", None)
+    status.pop("resourceClaimName", None)
 
 
 def lost_message(node: str) -> str:
@@ -224,6 +254,7 @@ def waiting(
         status[LOST_NODE_FIELD] = lost_node(claim)
         status.pop("nodeName", None)
         status.pop("boundTime", None)
+        _drop_devices(status)
     if is_lost or not status.get("phase"):
         status["phase"] = gpuclaims.Phase.PENDING
     status["observedGeneration"] = _generation(claim)

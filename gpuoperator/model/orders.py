@@ -302,12 +302,6 @@ def order_refusals(
             f"spec.className: class {wanted} does not exist{_known_text(known_classes)}; "
             "the classes are listed by kubectl get gpuclasses"
         )
-    elif (dra := gpuclasses.dra(cls)) is not None:
-        refusals.append(
-            f"spec.className: class {wanted} is a DRA class (spec.source.dra, DeviceClass "
-            f"{echo.clip(dra.device_class_name)}): ordering claims of DRA classes is not built "
-            "yet; allowed: a class with spec.source.devicePlugin"
-        )
     elif bad_count is None:
         too_many = max_count_refusal(cls, ordered)
         if too_many is not None:

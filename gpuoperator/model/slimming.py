@@ -341,3 +341,76 @@ def slim_claim(claim: Obj) -> Obj:
     if "status" in claim:
         out["status"] = claim["status"]
     return out
+
+
+#: The most allocation results a ResourceClaim carries (Kubernetes'
+#: ``AllocationResultsMaxSize``); more are never kept.
+MAX_ALLOCATION_RESULTS: Final = 32
+_RESULT_FIELDS = (
+    ("request", MAX_QUALIFIED),
+    ("driver", MAX_SUBDOMAIN),
+    ("pool", MAX_QUALIFIED),
+    ("device", MAX_LABEL),
+)
+
+
+def _node_names(selector: Any) -> list[str]:
+    """The node names an allocation's node selector names by ``metadata.name`` (the one
+    shape an outside allocator writes), at most one per term."""
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, dict) else None
+    found: list[str] = []
+    for term in (terms if isinstance(terms, list) else [])[:MAX_ALLOCATION_RESULTS]:
+        fields = term.get("matchFields") if isinstance(term, dict) else None
+        for field in (fields if isinstance(fields, list) else [])[:1]:
+            values = field.get("values") if isinstance(field, dict) else None
+            if (
+                isinstance(field, dict)
+                and field.get("key") == "metadata.name"
+                and field.get("operator") == "In"
+                and isinstance(values, list)
+            ):
+                found.extend(clip(str(v), MAX_SUBDOMAIN) for v in values[:1])
+    return found
+
+
+def slim_resource_claim(claim: Obj) -> Obj:
+    """What the operator reads of a ResourceClaim (``resource.k8s.io/v1``; tenants make
+    them, so bounded as :func:`slim_claim` is).
+
+    Metadata: names, uid, resourceVersion, generation, timestamps, the hold label
+    (:data:`names.DRA_HOLD_LABEL`), the controller ownerReference. Status: the allocation's
+    results (``request``, ``driver``, ``pool``, ``device``; at most
+    :data:`MAX_ALLOCATION_RESULTS`), its ``allocationTimestamp`` and the nodes its node
+    selector names by ``metadata.name`` (kept in that shape). The spec is not read: what a
+    claim holds is its allocation, whoever wrote it."""
+    meta = _tenant_meta(
+        claim.get("metadata"), labels=(names.DRA_HOLD_LABEL,), annotations=(), finalizers=()
+    )
+    out: Obj = {**_type(claim), "metadata": meta}
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    if not isinstance(allocation, dict):
+        return out
+    devices = allocation.get("devices")
+    results = devices.get("results") if isinstance(devices, dict) else None
+    kept: Obj = {
+        "devices": {
+            "results": [
+                {k: clip(r[k], limit) for k, limit in _RESULT_FIELDS if k in r}
+                for r in (results if isinstance(results, list) else [])[:MAX_ALLOCATION_RESULTS]
+                if isinstance(r, dict)
+            ]
+        }
+    }
+    if isinstance(allocation.get("allocationTimestamp"), str):
+        kept["allocationTimestamp"] = clip(allocation["allocationTimestamp"], MAX_LABEL)
+    nodes = _node_names(allocation.get("nodeSelector"))
+    if nodes:
+        kept["nodeSelector"] = {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                for n in nodes
+            ]
+        }
+    out["status"] = {"allocation": kept}
+    return out

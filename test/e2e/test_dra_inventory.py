@@ -27,7 +27,6 @@ from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
 from harness.kube import Obj, refused, replace
 from harness.tenancy import as_tenant
 from harness.waiting import HopelessWaitError, wait_for
-from localcluster import profile
 from localcluster.cluster import kubectl
 
 pytestmark = pytest.mark.e2e
@@ -73,40 +72,14 @@ class World:
         return {node: view.free for node, view in self.inventory().nodes.items()}
 
 
-def device_class(name: str, *expressions: str) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
-    }
+device_class = dra_driver.device_class
 
 
 @pytest.fixture(scope="module")
 def world(api: pykube.HTTPClient) -> Iterator[World]:
     ns = f"dra-{TAG}"
-    pykube.Namespace(api, {"metadata": {"name": ns}}).create()
-    dra_driver.install_account(api, ns)
-    made: list[pykube.objects.APIObject] = []
-    driver = dra_driver.DraDriver(dra_driver.driver_client(api, ns))
-    try:
-        for group in PROFILE:
-            node = pykube.Node(
-                api, profile.node_manifest(group.name, profile.NodeGroup(name=group.name))
-            )
-            node.create()
-            made.append(node)
-        dc = DeviceClass(api, device_class(A10_CLASS, A10_SELECTOR))
-        dc.create()
-        made.append(dc)
-        driver.publish_all(dra_driver.expand(PROFILE))
+    with dra_driver.installed(api, ns, PROFILE, [device_class(A10_CLASS, A10_SELECTOR)]) as driver:
         yield World(api, ns, driver)
-    finally:
-        driver.withdraw()
-        for obj in made:
-            obj.delete()
-        dra_driver.uninstall_account(api, ns)
-        pykube.Namespace(api, {"metadata": {"name": ns}}).delete()
 
 
 def allocate(world: World, name: str, node: str, device: str, request: str = "gpu") -> Obj:

@@ -14,16 +14,19 @@ ResourceSlices and nothing else, as a driver's DaemonSet is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import pykube
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuoperator import names
-from gpuoperator.kinds import ResourceSlice
+from gpuoperator.kinds import DeviceClass, ResourceSlice
 from harness import accounts, kube
 from harness.waiting import wait_for
+from localcluster import profile
 
 Obj = dict[str, Any]
 
@@ -227,3 +230,48 @@ class DraDriver:
             if obj is not None:
                 obj.delete()
             del self.gpus[node]
+
+
+def device_class(name: str, *expressions: str) -> Obj:
+    """A DeviceClass selecting the devices every CEL expression accepts."""
+    return {
+        "apiVersion": names.DRA_API_VERSION,
+        "kind": names.DEVICE_CLASS_KIND,
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
+    }
+
+
+@contextlib.contextmanager
+def installed(
+    admin: pykube.HTTPClient,
+    namespace: str,
+    groups: list[DraNodeGroup],
+    device_classes: list[Obj],
+) -> Iterator[DraDriver]:
+    """A DRA world for a test module: ``namespace`` with the driver's account, a simulated
+    node per group entry, the DeviceClasses, and the driver publishing the groups' devices;
+    all of it removed afterwards (the driver's slices first)."""
+    pykube.Namespace(admin, {"metadata": {"name": namespace}}).create()
+    install_account(admin, namespace)
+    made: list[pykube.objects.APIObject] = []
+    driver = DraDriver(driver_client(admin, namespace))
+    try:
+        for node_name in expand(groups):
+            node = pykube.Node(
+                admin, profile.node_manifest(node_name, profile.NodeGroup(name=node_name))
+            )
+            node.create()
+            made.append(node)
+        for obj in device_classes:
+            dc = DeviceClass(admin, obj)
+            dc.create()
+            made.append(dc)
+        driver.publish_all(expand(groups))
+        yield driver
+    finally:
+        driver.withdraw()
+        for obj in made:
+            obj.delete()
+        uninstall_account(admin, namespace)
+        pykube.Namespace(admin, {"metadata": {"name": namespace}}).delete()

@@ -426,3 +426,22 @@ def admission_request(
     }
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
     return admitting.parse(json.dumps(review).encode())
+
+
+#: The DRA driver of the unit tests' ResourceSlices (the e2e driver stand-in's domain).
+DRA_DRIVER = "gpu.example.com"
+
+
+def resource_slice(node: str, devices: dict[str, Obj]) -> Obj:
+    """A node-local ResourceSlice of :data:`DRA_DRIVER`, pool named after the node at
+    generation 1, complete in one slice; ``devices`` maps a device name to its attributes
+    (as DRA writes them: ``{"pcieRoot": {"string": "r0"}}``)."""
+    return {
+        "metadata": {"name": f"{node}-{DRA_DRIVER}"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": name, "attributes": attrs} for name, attrs in devices.items()],
+        },
+    }

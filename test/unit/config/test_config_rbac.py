@@ -63,6 +63,9 @@ BY_HAND: dict[Permission, str] = {
     ("cluster", "kubevirt.io", "virtualmachineinstances/finalizers", "update", ""): (
         "blockOwnerDeletion"
     ),
+    # The API server lets a writer of a ResourceClaim's status.allocation through only with
+    # update on the virtual resourceclaims/binding subresource (the binder allocates holds).
+    ("cluster", "resource.k8s.io", "resourceclaims/binding", "update", ""): "DRA allocation",
 }
 
 #: --certificates=self-managed (config/default; controllers/webhook_certificates.py): the

@@ -47,6 +47,7 @@ HOLD_POLICIES = (
     "gpu-operator-launcher-pods",
     "gpu-operator-vmi-gpus",
     "gpu-operator-claim-finalizer",
+    "gpu-operator-dra-holds",
 )
 
 #: What `kubectl apply -k config/default` installs: (kind, namespace, name).

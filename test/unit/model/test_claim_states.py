@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuoperator.model import claim_states, claims, gpu_hours
+from gpuoperator.model import claim_states, claims, dra_devices, gpu_hours
 
 Obj = dict[str, Any]
 
@@ -314,3 +314,42 @@ def test_no_attachment_says_no_vm_uses_the_claim() -> None:
         "False",
         "NotAttached",
     )
+
+
+def test_a_dra_bind_is_a_bind_that_also_names_the_resource_claim_and_its_devices() -> None:
+    waiting = claim({"phase": "Pending", "lostNode": "n0"})
+    held = [
+        dra_devices.DeviceRef("gpu.example.com", "n1", "gpu-2"),
+        dra_devices.DeviceRef("gpu.example.com", "n1", "gpu-0"),
+    ]
+
+    status = claim_states.dra_bound(waiting, "n1", "hold", held, NOW)
+
+    plain = claim_states.bound(waiting, "n1", NOW)
+    assert {k: v for k, v in status.items() if k not in ("resourceClaimName", "devices")} == plain
+    assert status["resourceClaimName"] == "hold"
+    # In the order given (the allocation's result order), as DRA names them.
+    assert status["devices"] == [
+        {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-2"},
+        {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"},
+    ]
+
+
+def test_a_dra_bind_without_devices_is_refused() -> None:
+    with pytest.raises(ValueError, match="1 to 64 devices"):
+        claim_states.dra_bound(claim({"phase": "Pending"}), "n1", "hold", [], NOW)
+
+
+def test_a_dra_claim_that_waits_again_or_is_refused_by_its_node_names_no_devices() -> None:
+    held = [dra_devices.DeviceRef("gpu.example.com", "n1", "gpu-0")]
+    bound = claim({"phase": "Pending"})
+    bound["status"] = claim_states.dra_bound(bound, "n1", "hold", held, NOW)
+    lost = {**bound, "status": claim_states.lost(bound, NOW)}
+    assert lost["status"]["devices"]  # Lost is transient: the binder decides next
+    waits = claim_states.waiting(lost, "NoCapacity", "no room", NOW)
+    assert waits is not None
+    assert "devices" not in waits and "resourceClaimName" not in waits
+    refused = claim_states.refused(bound, "n1", UNTIL, "RefusedByNode", "refused", NOW)
+    assert "devices" not in refused and "resourceClaimName" not in refused
+    elsewhere = claim_states.refused(bound, "n2", UNTIL, "RefusedByNode", "refused", NOW)
+    assert elsewhere["devices"] == bound["status"]["devices"]

@@ -1,7 +1,8 @@
 """A DRA class (``spec.source.dra``, docs/design.md §2) is read as one, and every reader that
 expects a device-plugin resource passes it over with a reason instead of failing: it serves
-no extended resource, the binder says binding to DRA devices is not built, and the VMI
-webhook refuses it by name (docs/design.md §5 "DRA classes")."""
+no extended resource, the binder without the class's devices says DRA binding is not built,
+the VMI webhook refuses it by name, and an order of it is judged on the class's published
+figures like any other (docs/design.md §5 "DRA classes")."""
 
 from __future__ import annotations
 
@@ -94,11 +95,9 @@ def test_the_vmi_webhook_refuses_a_dra_class_naming_it() -> None:
     ), found
 
 
-def test_an_order_of_a_dra_class_is_refused_naming_it_and_what_is_allowed() -> None:
-    claim = objects.claim("c", namespace="t", class_name="a10-dra", count=1)
-    found = orders.order_refusals(
-        claim, DRA, {"metadata": {"name": "t"}}, [], [], capacity.ClassFigures(0, 0, 0)
-    )
-    assert len(found) == 1, found
-    for fragment in ("spec.className", "a10-dra", "gpu.example.com", "spec.source.devicePlugin"):
-        assert fragment in found[0], found[0]
+def test_an_order_of_a_dra_class_is_judged_on_its_published_figures_like_any_class() -> None:
+    namespace = {"metadata": {"name": "t"}}
+    two = objects.claim("c", namespace="t", class_name="a10-dra", count=2)
+    assert orders.order_refusals(two, DRA, namespace, [], [], capacity.ClassFigures(3, 2, 2)) == []
+    [refused] = orders.order_refusals(two, DRA, namespace, [], [], capacity.ClassFigures(2, 1, 2))
+    assert refused.startswith("spec.count: class a10-dra has at most 1 free GPU on one node")
