@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,22 +103,41 @@ class Replicas:
         mode, where a module that asks for the operator gets it and the others (the CRDs'
         own rules, policies that must hold with no operator) run without one, as with
         process replicas."""
+        with self._shared(self._serve_first, self.stop):
+            yield
+
+    def _serve_first(self) -> None:
+        self.start()
+        self._register()
+
+    def _register(self) -> None:
+        self._point()
+        wait_for("the webhooks to be registered", lambda: self._error or self.target)
+        self.check()
+
+    def _unregister(self) -> None:
+        with self._lock:
+            self.target = None
+            self.history.append(Endpoint(time.monotonic(), ""))
+        unregister_webhooks(self.admin_kubeconfig, self.rendered)
+
+    @contextmanager
+    def _shared(self, first: Callable[[], None], last: Callable[[], None]) -> Iterator[None]:
+        """A block nested blocks share: ``first`` as the first one starts, ``last`` as the
+        last one ends (``users`` counts them)."""
         with self._lock:
             self.users += 1
-            first = self.users == 1
+            starting = self.users == 1
         try:
-            if first:
-                self.start()
-                self._point()
-                wait_for("the webhooks to be registered", lambda: self._error or self.target)
-                self.check()
+            if starting:
+                first()
             yield
         finally:
             with self._lock:
                 self.users -= 1
-                last = self.users == 0
-            if last:
-                self.stop()
+                ending = self.users == 0
+            if ending:
+                last()
 
     # ---- the endpoints --------------------------------------------------------------------
     def ready(self) -> list[Replica]:
@@ -132,24 +151,8 @@ class Replicas:
         """The webhook configurations registered, pointed at a ready replica, for the block
         (as ``harness.webhooks`` registers them while a process replica serves: tests that
         ask for no webhooks run without them). Nested blocks share the registration."""
-        with self._lock:
-            self.users += 1
-            first = self.users == 1
-        try:
-            if first:
-                self._point()
-                wait_for("the webhooks to be registered", lambda: self._error or self.target)
-                self.check()
+        with self._shared(self._register, self._unregister):
             yield
-        finally:
-            with self._lock:
-                self.users -= 1
-                last = self.users == 0
-                if last:
-                    self.target = None
-                    self.history.append(Endpoint(time.monotonic(), ""))
-            if last:
-                unregister_webhooks(self.admin_kubeconfig, self.rendered)
 
     def _point(self) -> None:
         ready = self.ready()
