@@ -7,6 +7,10 @@ without placement, and what it writes for an admitted VMI with references.
 * :func:`gpu_entries` / :func:`gpus_patch` — the ``spec.domain.devices.gpus`` entries the
   VMI webhook writes, one per unit; :func:`unadmitted_entries` says when a VMI's entries are
   not exactly those (its references were not judged by the webhook as they stand).
+* :func:`dra_shape` / :func:`resource_claims_patch` — KubeVirt's DRA shape for references to
+  claims of DRA classes (``spec.resourceClaims`` naming each claim's hold, ``gpus`` entries
+  with ``claimName``/``requestName``), which the VMI webhook does not write yet
+  (docs/design.md §5 "DRA classes": VMs on DRA claims are not built).
 
 The webhook writes nothing but its answer: the attachment of a held claim is recorded by the
 attachments controller once the VMI exists.
@@ -46,7 +50,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuoperator import names
-from gpuoperator.model import claims, hostdevices, objects, orders, patches, references
+from gpuoperator.model import (
+    claims,
+    dra_holds,
+    hostdevices,
+    objects,
+    orders,
+    patches,
+    references,
+)
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -348,11 +360,7 @@ def gpu_entries(
     return entries
 
 
-def gpus_patch(vmi: Mapping[str, Any], entries: list[Obj]) -> list[Obj]:
-    """JSON patch ops that make ``spec.domain.devices.gpus`` exactly ``entries`` (creating
-    missing parents); ``[]`` when it already is. The whole list is written, so operator
-    entries of an earlier pass are replaced, never doubled."""
-    path = ("spec", "domain", "devices", "gpus")
+def _list_patch(vmi: Mapping[str, Any], path: tuple[str, ...], entries: list[Obj]) -> list[Obj]:
     node: Mapping[str, Any] = vmi
     for depth, part in enumerate(path[:-1]):
         child = node.get(part)
@@ -366,6 +374,70 @@ def gpus_patch(vmi: Mapping[str, Any], entries: list[Obj]) -> list[Obj]:
         return []
     # "add" on an existing member replaces it (RFC 6902), so one op serves both cases.
     return [{"op": "add", "path": patches.json_pointer(*path), "value": copy.deepcopy(entries)}]
+
+
+def gpus_patch(vmi: Mapping[str, Any], entries: list[Obj]) -> list[Obj]:
+    """JSON patch ops that make ``spec.domain.devices.gpus`` exactly ``entries`` (creating
+    missing parents); ``[]`` when it already is. The whole list is written, so operator
+    entries of an earlier pass are replaced, never doubled."""
+    return _list_patch(vmi, ("spec", "domain", "devices", "gpus"), entries)
+
+
+def resource_claims_patch(vmi: Mapping[str, Any], entries: list[Obj]) -> list[Obj]:
+    """JSON patch ops that make ``spec.resourceClaims`` exactly ``entries`` (from
+    :func:`dra_shape`); ``[]`` when it already is. As :func:`gpus_patch`, the whole list is
+    written."""
+    return _list_patch(vmi, ("spec", "resourceClaims"), entries)
+
+
+def dra_shape(
+    refs: Sequence[references.Reference],
+    claim_names: Sequence[str],
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+) -> tuple[list[Obj], list[Obj]]:
+    """KubeVirt's DRA shape (``GPUsWithDRA``) for ``refs``, all of claims of DRA classes:
+    ``(resource_claims, gpus)``, the ``spec.resourceClaims`` and ``spec.domain.devices.gpus``
+    lists, one entry of each per reference, in reference order.
+
+    ``claim_names`` are the GPUClaims the references use, in the same order
+    (:func:`gpuoperator.model.templates.claim_names`: a template's claim is named from the
+    VMI before it exists). The reference at position ``n`` gives
+    ``{"name": "gpuop-<n>", "resourceClaimName": <the claim's hold>}`` — the hold's name is
+    deterministic from the claim's (:func:`dra_holds.resource_claim_name`), so a template
+    claim's hold is named before the binder creates it — and
+    ``{"name": "gpuop-<n>", "claimName": "gpuop-<n>", "requestName": dra_holds.REQUEST}``:
+    one ``gpus`` entry per claim, since the hold's one request holds all its devices. Never a
+    ``deviceName``: a DRA class serves no extended resource.
+
+    The local names are DNS labels (a pod's resource claim names must be) whatever the
+    claims' names. An unknown claim or class, a class that is not a DRA class, or
+    ``claim_names`` not matching ``refs`` raise ``ValueError``.
+    """
+    if len(claim_names) != len(refs):
+        raise ValueError(f"{len(refs)} references but {len(claim_names)} claim names")
+    resource_claims: list[Obj] = []
+    gpus: list[Obj] = []
+    for index, (ref, claim_name) in enumerate(zip(refs, claim_names, strict=True)):
+        if isinstance(ref, references.TemplateRef):
+            class_name = ref.class_name
+        else:
+            claim = claims.get(ref.claim)
+            if claim is None:
+                raise ValueError(f"claim {ref.claim} is unknown")
+            if claim_name != ref.claim:
+                raise ValueError(f"claim name {claim_name} is not the reference's {ref.claim}")
+            class_name = orders.ordered_class(claim)
+        cls = classes.get(class_name)
+        if cls is None:
+            raise ValueError(f"class {class_name} is unknown")
+        if gpuclasses.dra(cls) is None:
+            raise ValueError(f"class {class_name} is not a DRA class")
+        local = f"{GPU_ENTRY_PREFIX}{index}"
+        hold = dra_holds.resource_claim_name({"metadata": {"name": claim_name}})
+        resource_claims.append({"name": local, "resourceClaimName": hold})
+        gpus.append({"name": local, "claimName": local, "requestName": dra_holds.REQUEST})
+    return resource_claims, gpus
 
 
 def unadmitted_entries(
