@@ -7,7 +7,9 @@ gpuoperator depends on, and nothing more:
 * it renders the VMI's launcher pod the way KubeVirt v1.7 does in the respects the operator
   reads (name prefix, labels, annotations, controller ownerReference, the ``compute``
   container first with one unit of each ``gpus[].deviceName``, tolerations, affinity,
-  node selector) and creates it once;
+  node selector) and creates it once; a VMI's ``spec.resourceClaims`` (KubeVirt's
+  ``GPUsWithDRA``) become the pod's, and the compute container's ``resources.claims`` name
+  each one a ``gpus[].claimName`` uses, as virt-controller renders them;
 * it refuses, as virt-controller does while rendering, a GPU that the ``KubeVirt`` CR's
   ``permittedHostDevices`` does not list when that table is set, and records the refusal on
   the VMI instead of creating a pod;
@@ -172,9 +174,22 @@ def _gpu_units(vmi: Mapping[str, Any]) -> dict[str, int]:
     units: dict[str, int] = {}
     gpus = (((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}).get("gpus")
     for gpu in gpus or []:
+        if "deviceName" not in gpu:
+            continue  # a DRA entry (claimName/requestName): no extended resource
         name = str(gpu["deviceName"])
         units[name] = units.get(name, 0) + 1
     return units
+
+
+def _gpu_claims(vmi: Mapping[str, Any]) -> list[str]:
+    """The ``spec.resourceClaims`` names the ``gpus`` entries use, in first-use order."""
+    used: list[str] = []
+    gpus = (((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}).get("gpus")
+    for gpu in gpus or []:
+        claim = gpu.get("claimName")
+        if claim and claim not in used:
+            used.append(str(claim))
+    return used
 
 
 def render_launcher_pod(
@@ -231,13 +246,16 @@ def render_launcher_pod(
         "command": ["/usr/bin/virt-launcher-monitor"],
         "resources": {"requests": requests, "limits": limits},
     }
+    claims = _gpu_claims(vmi)
+    if claims:
+        compute["resources"]["claims"] = [{"name": claim} for claim in claims]
     pod_spec: Obj = {
         "containers": [compute],
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 30,
     }
-    for field in ("tolerations", "affinity", "nodeSelector", "schedulerName"):
+    for field in ("tolerations", "affinity", "nodeSelector", "schedulerName", "resourceClaims"):
         if spec.get(field):
             pod_spec[field] = copy.deepcopy(spec[field])
     return {

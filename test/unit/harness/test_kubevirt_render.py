@@ -136,6 +136,40 @@ def test_a_vmi_without_gpus_gets_a_pod_without_device_units() -> None:
     assert compute["resources"] == {"requests": {}, "limits": {}}
 
 
+def test_dra_gpus_render_the_vmis_resource_claims_on_the_pod_and_compute() -> None:
+    obj = vmi(
+        resourceClaims=[
+            {"name": "gpuop-0", "resourceClaimName": "hold-a"},
+            {"name": "gpuop-1", "resourceClaimName": "hold-b"},
+        ]
+    )
+    obj["spec"]["domain"]["devices"]["gpus"] = [
+        {"name": "gpuop-0", "claimName": "gpuop-0", "requestName": "gpu"},
+        {"name": "gpuop-1", "claimName": "gpuop-1", "requestName": "gpu"},
+        {"name": "gpuop-2", "claimName": "gpuop-1", "requestName": "gpu"},
+    ]
+    pod = render(obj)
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": "gpuop-0", "resourceClaimName": "hold-a"},
+        {"name": "gpuop-1", "resourceClaimName": "hold-b"},
+    ]
+    compute = pod["spec"]["containers"][0]
+    # No extended resource for a DRA entry: the device comes through the claim.
+    assert compute["resources"] == {
+        "requests": {},
+        "limits": {},
+        "claims": [{"name": "gpuop-0"}, {"name": "gpuop-1"}],
+    }
+
+
+def test_a_dra_gpu_is_not_judged_against_the_permitted_devices() -> None:
+    obj = vmi(resourceClaims=[{"name": "gpuop-0", "resourceClaimName": "hold-a"}])
+    obj["spec"]["domain"]["devices"]["gpus"] = [
+        {"name": "gpuop-0", "claimName": "gpuop-0", "requestName": "gpu"}
+    ]
+    assert render(obj, frozenset())["spec"]["resourceClaims"]
+
+
 def test_scheduling_constraints_are_copied_from_the_vmi() -> None:
     tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     affinity = {
@@ -158,7 +192,10 @@ def test_scheduling_constraints_are_copied_from_the_vmi() -> None:
 
 def test_no_scheduling_constraints_means_none_on_the_pod() -> None:
     spec = render(vmi())["spec"]
-    assert not {"tolerations", "affinity", "nodeSelector", "schedulingGates"} & spec.keys()
+    assert (
+        not {"tolerations", "affinity", "nodeSelector", "schedulingGates", "resourceClaims"}
+        & spec.keys()
+    )
 
 
 def test_rendering_does_not_change_the_vmi() -> None:
