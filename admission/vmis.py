@@ -11,7 +11,9 @@ only VMIs that name their GPUs by reference. For such a VMI it:
    count exceeds every node's allocatable of the class, raw ``gpus`` entries or
    ``hostDevices`` naming any class's resource next to references, a resource the KubeVirt
    CR's ``permittedHostDevices`` does not permit, the feature switched off);
-3. admits the VMI with a JSON patch writing one ``spec.domain.devices.gpus`` entry per unit.
+3. admits the VMI with a JSON patch writing one ``spec.domain.devices.gpus`` entry per unit,
+   or, for a claim of a DRA class, KubeVirt's DRA shape: ``spec.resourceClaims`` naming the
+   claim's hold and one ``gpus`` entry naming it (``vmi_admission.admission_patch``).
 
 It writes nothing but its answer (registered with ``sideEffects: None``): it decides on the
 shared caches and the inventory alone, holds no client, and is answered on the server's event
@@ -37,7 +39,7 @@ from typing import Any, Protocol
 import structlog
 
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, references, vmi_admission
+from gpuoperator.model import echo, references, templates, vmi_admission
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 from gpuoperator.settings import Settings
 
@@ -105,5 +107,13 @@ class VmiWebhook:
         )
         if refusals:
             return Admission.refuse(who + "; ".join(refusals))
-        entries = vmi_admission.gpu_entries(refs, classes, claims)
-        return Admission.allow(patch=vmi_admission.gpus_patch(vmi, entries))
+        # The DRA shape names a template's claim after the VMI; a VMI without a name yet was
+        # refused such a template, so its names are only held claims' (unused otherwise).
+        claim_names = (
+            templates.claim_names(vmi_name, refs)
+            if vmi_name
+            else [r.claim if isinstance(r, references.HeldRef) else "" for r in refs]
+        )
+        return Admission.allow(
+            patch=vmi_admission.admission_patch(vmi, refs, claim_names, classes, claims)
+        )

@@ -154,7 +154,11 @@ def creation_refusals(
     references (see the module docstring); ``[]`` when it may. ``claims`` are the
     namespace's GPUClaims by name (a held reference's count sizes the webhook's entries),
     the rest as :func:`vmi_admission.template_refusals` takes them."""
-    unadmitted = vmi_admission.unadmitted_entries(vmi, refs, classes, claims)
+    try:
+        names_used = claim_names(str(objects.meta(vmi).get("name") or ""), refs)
+    except ValueError as exc:
+        return [f"{references.field()}: {exc}"]
+    unadmitted = vmi_admission.unadmitted_entries(vmi, refs, classes, claims, names_used)
     if unadmitted is not None:
         return [unadmitted]
     namespace_name = str(

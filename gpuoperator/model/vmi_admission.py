@@ -9,8 +9,8 @@ without placement, and what it writes for an admitted VMI with references.
   not exactly those (its references were not judged by the webhook as they stand).
 * :func:`dra_shape` / :func:`resource_claims_patch` — KubeVirt's DRA shape for references to
   claims of DRA classes (``spec.resourceClaims`` naming each claim's hold, ``gpus`` entries
-  with ``claimName``/``requestName``), which the VMI webhook does not write yet
-  (docs/design.md §5 "DRA classes": VMs on DRA claims are not built).
+  with ``claimName``/``requestName``, docs/design.md §5 "DRA classes"), written by
+  :func:`admission_patch` (:func:`admitted_devices` says which shape a VMI gets).
 
 The webhook writes nothing but its answer: the attachment of a held claim is recorded by the
 attachments controller once the VMI exists.
@@ -33,6 +33,12 @@ Choices where docs/design.md is silent:
   (its userInfo is the review's own word), so a message must be one any caller who can reach
   the webhook may read: what it learns is whether a claim it names exists in the namespace
   it names and whether that claim is in use, nothing it did not guess.
+* **Claims of DRA classes**: a VM with one is refused references to device-plugin classes
+  beside it (a mixed VM would need a pin and a claim kube-scheduler places), and more than one
+  (the binder binds each on its own and DRA claims are never moved together, so two could
+  never meet on one node); one claim may hold several devices. A DRA claimTemplate needs the
+  VMI's name (its hold is named after the claim, which is named after the VMI). KubeVirt's
+  ``permittedHostDevices`` do not apply to a DRA class.
 * With ``gpuForVMs`` off only that refusal is returned: nothing else matters until it is on.
 * The operator's ``gpus`` entries are named ``gpuop-<n>`` (units counted from 0 across the
   VMI); entries with that prefix are not counted as the tenant's raw entries, because
@@ -146,15 +152,9 @@ def _class_refusals(
     not_entitled = orders.entitlement_refusal(cls, namespace, namespace_name)
     if not_entitled is not None:
         refusals.append(f"{at}: {not_entitled}")
-    dra = gpuclasses.dra(cls)
     resource = gpuclasses.resource_name(cls)
-    if dra is not None:
-        refusals.append(
-            f"{at}: class {class_name} is a DRA class (spec.source.dra, DeviceClass "
-            f"{dra.device_class_name}), which VMs cannot use yet; allowed: a class with "
-            "spec.source.devicePlugin"
-        )
-    elif not hostdevices.is_permitted(resource, permitted):
+    # A DRA class serves no extended resource: KubeVirt's permittedHostDevices do not apply.
+    if gpuclasses.dra(cls) is None and not hostdevices.is_permitted(resource, permitted):
         refusals.append(
             f"{at}: class {class_name} uses {resource or 'no resource'}, which the KubeVirt "
             "CR's spec.configuration.permittedHostDevices does not permit; allowed: a class "
@@ -206,6 +206,61 @@ def template_refusals(
                 f"at most {largest}"
             )
     refusals.extend(_class_refusals(field, cls, namespace, namespace_name, permitted))
+    return refusals
+
+
+def _class_of(
+    ref: references.Reference, classes: Mapping[str, Obj], claims: Mapping[str, Obj]
+) -> Obj | None:
+    if isinstance(ref, references.TemplateRef):
+        return classes.get(ref.class_name)
+    claim = claims.get(ref.claim)
+    return None if claim is None else classes.get(orders.ordered_class(claim))
+
+
+def is_dra_reference(
+    ref: references.Reference, classes: Mapping[str, Obj], claims: Mapping[str, Obj]
+) -> bool:
+    """Whether ``ref`` is to a claim of a DRA class (``False`` when its claim or class is
+    unknown)."""
+    cls = _class_of(ref, classes, claims)
+    return cls is not None and gpuclasses.dra(cls) is not None
+
+
+def _dra_mix_refusals(
+    refs: Sequence[references.Reference],
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+    vmi_name: str,
+) -> list[str]:
+    dra = [i for i, ref in enumerate(refs) if is_dra_reference(ref, classes, claims)]
+    if not dra:
+        return []
+    where = references.field()
+    plugin = [
+        i
+        for i, ref in enumerate(refs)
+        if i not in dra and _class_of(ref, classes, claims) is not None
+    ]
+    refusals: list[str] = []
+    shown = ", ".join(str(i) for i in dra)
+    if plugin:
+        refusals.append(
+            f"{where}: items {shown} are claims of DRA classes and items "
+            f"{', '.join(str(i) for i in plugin)} of device-plugin classes; allowed: claims "
+            "of DRA classes only or of device-plugin classes only in one VM"
+        )
+    if len(dra) > 1:
+        refusals.append(
+            f"{where}: items {shown} are {len(dra)} claims of DRA classes, which could be "
+            "bound to different nodes and are never moved together; allowed: one claim of a "
+            "DRA class per VM (its count may be above 1)"
+        )
+    if not vmi_name and any(isinstance(refs[i], references.TemplateRef) for i in dra):
+        refusals.append(
+            f"{where}: a claimTemplate of a DRA class names its claim after the VM instance, "
+            "and this one has no metadata.name yet; allowed: a VM instance with a name"
+        )
     return refusals
 
 
@@ -267,6 +322,7 @@ def vmi_refusals(
             "GPUs through claim references only (hostDevices that name no GPU class's resource "
             "stay allowed)"
         )
+    refusals.extend(_dra_mix_refusals(refs, classes, claims, vmi_name))
     for index, ref in enumerate(refs):
         if isinstance(ref, references.TemplateRef):
             refusals.extend(
@@ -440,19 +496,57 @@ def dra_shape(
     return resource_claims, gpus
 
 
+def admitted_devices(
+    refs: Sequence[references.Reference],
+    claim_names: Sequence[str],
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+) -> tuple[list[Obj] | None, list[Obj]]:
+    """What the VMI webhook writes for ``refs`` (admitted by :func:`vmi_refusals`):
+    ``(spec.resourceClaims, spec.domain.devices.gpus)``. References to claims of DRA classes
+    get KubeVirt's DRA shape (:func:`dra_shape`); others the ``deviceName`` entries
+    (:func:`gpu_entries`) and ``None``: the VMI's own ``spec.resourceClaims`` are left as
+    they are. ``claim_names`` as :func:`dra_shape` takes them."""
+    if any(is_dra_reference(ref, classes, claims) for ref in refs):
+        return dra_shape(refs, claim_names, classes, claims)
+    return None, gpu_entries(refs, classes, claims)
+
+
+def admission_patch(
+    vmi: Mapping[str, Any],
+    refs: Sequence[references.Reference],
+    claim_names: Sequence[str],
+    classes: Mapping[str, Obj],
+    claims: Mapping[str, Obj],
+) -> list[Obj]:
+    """The VMI webhook's JSON patch for an admitted ``vmi`` (:func:`admitted_devices`)."""
+    resource_claims, gpus = admitted_devices(refs, claim_names, classes, claims)
+    ops = gpus_patch(vmi, gpus)
+    if resource_claims is not None:
+        ops += resource_claims_patch(vmi, resource_claims)
+    return ops
+
+
+def _resource_claims(vmi: Mapping[str, Any]) -> Any:
+    spec = vmi.get("spec")
+    return spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+
+
 def unadmitted_entries(
     vmi: Mapping[str, Any],
     refs: Sequence[references.Reference],
     classes: Mapping[str, Obj],
     claims: Mapping[str, Obj],
+    claim_names: Sequence[str],
 ) -> str | None:
-    """Why the VMI's ``spec.domain.devices.gpus`` are not exactly the entries the VMI webhook
-    writes for ``refs`` (:func:`gpu_entries`); ``None`` when they are. Entries that differ
-    show that the references were not judged by the webhook as they stand (the VMI was
-    created without the claims label, which the webhook's objectSelector skips, and labelled
-    or annotated afterwards), so nothing may be ordered from them."""
+    """Why the VMI's ``spec.domain.devices.gpus`` (and, for claims of DRA classes, its
+    ``spec.resourceClaims``) are not exactly what the VMI webhook writes for ``refs``
+    (:func:`admitted_devices`); ``None`` when they are. Entries that differ show that the
+    references were not judged by the webhook as they stand (the VMI was created without the
+    claims label, which the webhook's objectSelector skips, and labelled or annotated
+    afterwards), so nothing may be ordered from them."""
     try:
-        wanted = gpu_entries(refs, classes, claims)
+        resource_claims, wanted = admitted_devices(refs, claim_names, classes, claims)
     except ValueError as exc:
         return (
             f"{references.field()}: the gpus entries of these references cannot be derived "
@@ -463,5 +557,10 @@ def unadmitted_entries(
             f"spec.domain.devices.gpus: {_plural(len(_gpus(vmi)), 'entry', 'entries')}, not "
             f"the {_plural(len(wanted), 'entry', 'entries')} the VMI webhook writes for the "
             f"references in {references.field()} (the references were not judged at admission)"
+        )
+    if resource_claims is not None and _resource_claims(vmi) != resource_claims:
+        return (
+            "spec.resourceClaims: not the entries the VMI webhook writes for the references "
+            f"in {references.field()} (the references were not judged at admission)"
         )
     return None

@@ -1,7 +1,7 @@
 """A DRA class (``spec.source.dra``, docs/design.md §2) is read as one, and every reader that
 expects a device-plugin resource passes it over with a reason instead of failing: it serves
 no extended resource, the binder without the class's devices says DRA binding is not built,
-the VMI webhook refuses it by name, and an order of it is judged on the class's published
+and an order of it is judged on the class's published
 figures like any other (docs/design.md §5 "DRA classes")."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuoperator.model import binding, capacity, orders, references, vmi_admission
+from gpuoperator.model import binding, capacity, orders
 from gpuoperator.model import classes as gpuclasses
 from harness import objects
 
@@ -74,25 +74,6 @@ def test_the_binder_says_a_dra_class_is_not_bound_yet() -> None:
     message = str(result.waiting[("t", "c")])
     for fragment in ("a10-dra", "spec.source.dra", "gpu.example.com", "not built yet"):
         assert fragment in message, message
-
-
-def test_the_vmi_webhook_refuses_a_dra_class_naming_it() -> None:
-    vmi = {"metadata": {"name": "vm1", "namespace": "t", "uid": "u1"}, "spec": {}}
-    found = vmi_admission.vmi_refusals(
-        vmi,
-        [references.TemplateRef("a10-dra", 1)],
-        classes={"a10-dra": DRA},
-        claims={},
-        live_vmis={},
-        namespace={"metadata": {"name": "t"}},
-        permitted=None,
-        gpu_for_vms=True,
-        largest_allocatable={"a10-dra": 1},
-    )
-    assert any(
-        "a10-dra" in r and "spec.source.dra" in r and "allowed: a class with spec.source." in r
-        for r in found
-    ), found
 
 
 def test_an_order_of_a_dra_class_is_judged_on_its_published_figures_like_any_class() -> None:

@@ -871,15 +871,23 @@ def test_unadmitted_entries_are_any_but_exactly_what_the_webhook_writes() -> Non
     refs: list[references.Reference] = [HeldRef("hold-a"), TemplateRef("a10", 2)]
     claims = {"hold-a": HOLD}
     entries = vmi_admission.gpu_entries(refs, CLASSES, claims)
-    assert vmi_admission.unadmitted_entries(vmi(gpus=entries), refs, CLASSES, claims) is None
+    names = templates.claim_names("vm1", refs)
+    assert vmi_admission.unadmitted_entries(vmi(gpus=entries), refs, CLASSES, claims, names) is None
     for gpus in (None, [], entries[:2], [*entries, {"name": "mine", "deviceName": A10_RES}]):
-        why = vmi_admission.unadmitted_entries(vmi(gpus=gpus), refs, CLASSES, claims)
+        why = vmi_admission.unadmitted_entries(vmi(gpus=gpus), refs, CLASSES, claims, names)
         assert why is not None and why.startswith("spec.domain.devices.gpus: "), why
         assert "not the 3 entries the VMI webhook writes" in why
     # A template of 64 units judged for 2: the entries give it away.
     big: list[references.Reference] = [HeldRef("hold-a"), TemplateRef("a10", 64)]
-    assert vmi_admission.unadmitted_entries(vmi(gpus=entries), big, CLASSES, claims) is not None
-    unknown = vmi_admission.unadmitted_entries(vmi(gpus=entries), [HeldRef("ghost")], CLASSES, {})
+    assert (
+        vmi_admission.unadmitted_entries(
+            vmi(gpus=entries), big, CLASSES, claims, templates.claim_names("vm1", big)
+        )
+        is not None
+    )
+    unknown = vmi_admission.unadmitted_entries(
+        vmi(gpus=entries), [HeldRef("ghost")], CLASSES, {}, ["ghost"]
+    )
     assert unknown is not None and "cannot be derived" in unknown
 
 

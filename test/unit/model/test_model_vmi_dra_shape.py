@@ -84,3 +84,76 @@ def test_resource_claims_patch_makes_the_list_exactly_the_entries_once(obj: Obj)
     patched = apply_json_patch(obj, ops)
     assert patched["spec"]["resourceClaims"] == entries
     assert vmi_admission.resource_claims_patch(patched, entries) == []
+
+
+# -- the webhook's decision -----------------------------------------------------------------
+
+
+def refusals(refs: list[Reference], claims: dict[str, Obj], name: str = "vm1") -> list[str]:
+    return vmi_admission.vmi_refusals(
+        {"metadata": {"name": name, "namespace": "t"}, "spec": {}},
+        refs,
+        classes=CLASSES,
+        claims=claims,
+        live_vmis={},
+        namespace={"metadata": {"name": "t"}},
+        permitted=frozenset(),  # permits no device-plugin resource; DRA classes need none
+        gpu_for_vms=True,
+        largest_allocatable={"a10-dra": 2},
+    )
+
+
+def test_a_dra_template_or_held_claim_is_admitted_and_gets_the_dra_shape() -> None:
+    held = {"hold": objects.claim("hold", namespace="t", class_name="a10-dra", count=2)}
+    admitted: list[list[Reference]] = [[TemplateRef("a10-dra", 2)], [HeldRef("hold")]]
+    for refs in admitted:
+        assert refusals(refs, held) == []
+    obj: Obj = {"metadata": {"name": "vm1"}, "spec": {"domain": {"devices": {}}}}
+    refs2: list[Reference] = [HeldRef("hold")]
+    ops = vmi_admission.admission_patch(obj, refs2, ["hold"], CLASSES, held)
+    patched = apply_json_patch(obj, ops)
+    assert patched["spec"]["resourceClaims"] == [{"name": "gpuop-0", "resourceClaimName": "hold"}]
+    assert patched["spec"]["domain"]["devices"]["gpus"] == [
+        {"name": "gpuop-0", "claimName": "gpuop-0", "requestName": "gpu"}
+    ]
+    assert vmi_admission.admission_patch(patched, refs2, ["hold"], CLASSES, held) == []
+    assert vmi_admission.unadmitted_entries(patched, refs2, CLASSES, held, ["hold"]) is None
+    # The same gpus without the webhook's resourceClaims were not judged at admission.
+    del patched["spec"]["resourceClaims"]
+    why = vmi_admission.unadmitted_entries(patched, refs2, CLASSES, held, ["hold"])
+    assert why is not None and why.startswith("spec.resourceClaims: "), why
+
+
+def test_a_device_plugin_vmi_keeps_its_own_resource_claims() -> None:
+    obj: Obj = {"metadata": {"name": "vm1"}, "spec": {"resourceClaims": [{"name": "nic"}]}}
+    refs: list[Reference] = [TemplateRef("a10", 1)]
+    patched = apply_json_patch(
+        obj, vmi_admission.admission_patch(obj, refs, ["vm1-gpu-0"], CLASSES, {})
+    )
+    assert patched["spec"]["resourceClaims"] == [{"name": "nic"}]
+    assert patched["spec"]["domain"]["devices"]["gpus"][0]["deviceName"] == objects.A10
+
+
+@pytest.mark.parametrize(
+    ("refs", "name", "fragment"),
+    [
+        pytest.param(
+            [TemplateRef("a10-dra", 1), TemplateRef("a10", 1)],
+            "vm1",
+            "items 0 are claims of DRA classes and items 1 of device-plugin classes",
+            id="mixed",
+        ),
+        pytest.param(
+            [TemplateRef("a10-dra", 1), TemplateRef("a10-dra", 1)],
+            "vm1",
+            "items 0, 1 are 2 claims of DRA classes",
+            id="two-dra",
+        ),
+        pytest.param([TemplateRef("a10-dra", 1)], "", "no metadata.name", id="unnamed"),
+    ],
+)
+def test_what_the_dra_shape_cannot_serve_is_refused(
+    refs: list[Reference], name: str, fragment: str
+) -> None:
+    found = refusals(refs, {}, name)
+    assert any(fragment in r and "allowed: " in r for r in found), found
