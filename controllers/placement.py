@@ -22,6 +22,10 @@ pinned for this one), and is Bound. Then:
   The patch is built from the cached pod (a gated pod is cached with its affinity,
   ``slimming.slim_pod``), so the pod is pinned without reading it first; only when that
   version is stale (409) is the pod read and the patch sent once more on what was read.
+* all of DRA classes (the VMI webhook admits at most one such claim, and none beside
+  it): ONE merge patch (``launcher_pods.ungate``) removes the gate and pins nothing:
+  kube-scheduler places the pod on the node of the claims' allocated ResourceClaims, which
+  the pod names. Event ``Ungated`` on the pod.
 * Bound to several nodes: the set is gathered on one of them, as ``model.gathering``
   decides on the ledger's figures. Candidate targets are the set's nodes, the one holding
   most of its units first; the claims on other nodes are moved there when the target is
@@ -100,6 +104,8 @@ RETRY: Final = 1.0
 
 
 PINNED = "Pinned"
+#: The gate removed without a pin (a VM on claims of DRA classes).
+UNGATED = "Ungated"
 WAITING = "WaitingForPlacement"
 PIN_FAILED = "PinFailed"
 
@@ -265,6 +271,9 @@ class Placement:
                     pod, "Normal", f"claim {name} is {gpuclaims.phase(claim) or 'new'}: {why}"
                 )
             claims.append(claim)
+        if all(self._is_dra(c) for c in claims):
+            # kube-scheduler places the pod on the node of its allocated holds: no pin.
+            return self._pin(pod, None, claim_names)
         nodes = sorted({gpuclaims.node_name(c) for c in claims})
         if len(nodes) == 1:
             node = nodes[0]
@@ -275,14 +284,24 @@ class Placement:
             return self._pin(pod, node, claim_names)
         return self._gather(pod, vmi_name, claims)
 
-    def _pin(self, pod: Obj, node: str, claim_names: list[str]) -> Result | None:
+    def _is_dra(self, claim: Obj) -> bool:
+        cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
+        return cls is not None and gpuclasses.dra(cls) is not None
+
+    @staticmethod
+    def _update(pod: Obj, node: str | None) -> Obj:
+        return (
+            launcher_pods.ungate(pod) if node is None else launcher_pods.pin_and_ungate(pod, node)
+        )
+
+    def _pin(self, pod: Obj, node: str | None, claim_names: list[str]) -> Result | None:
+        """Pin the pod to ``node`` and remove the gate; ``None``: only remove the gate (its
+        claims are of DRA classes)."""
         key = key_of(pod)
         full = pod  # the cached gated pod carries everything the patch is built from
         try:
             try:
-                pinned = self.writer.patch(
-                    pykube.Pod, key[1], launcher_pods.pin_and_ungate(pod, node), key[0]
-                )
+                pinned = self.writer.patch(pykube.Pod, key[1], self._update(pod, node), key[0])
             except errors.ConflictError:
                 # The cache is behind the pod: judge the version the API server has.
                 full = self.writer.get(pykube.Pod, key[1], key[0])
@@ -291,9 +310,7 @@ class Placement:
                 ):
                     log.info("pod changed meanwhile; judging again", reason="Stale")
                     return Result(requeue_after=RETRY)
-                pinned = self.writer.patch(
-                    pykube.Pod, key[1], launcher_pods.pin_and_ungate(full, node), key[0]
-                )
+                pinned = self.writer.patch(pykube.Pod, key[1], self._update(full, node), key[0])
         except errors.ConflictError:
             log.info("pod changed meanwhile; judging again", reason="Conflict")
             return Result(requeue_after=RETRY)
@@ -305,6 +322,17 @@ class Placement:
             return None
         self._forget(key)
         self._pinned.wrote(key, pinned)
+        if node is None:
+            log.info("pod ungated", reason=UNGATED, claims=claim_names)
+            self._event_pod(
+                full,
+                "Normal",
+                UNGATED,
+                f"its claims {', '.join(claim_names)} are bound (DRA classes: kube-scheduler "
+                f"places the pod on the node of their devices); scheduling gate "
+                f"{names.PLACEMENT_GATE} removed",
+            )
+            return None
         log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
         self._event_pod(
             full,

@@ -3,7 +3,8 @@ patches the pod webhook and the placement controller make to it.
 
 * :func:`launcher_pod_kind`, :func:`gate_patch`, :func:`tolerations_patch` — the pod webhook.
 * :func:`pin_and_ungate`, :func:`pinned_node` — the placement controller's single pod update,
-  and how it reads the pin back.
+  and how it reads the pin back; :func:`ungate` — its update for a VM on claims of DRA
+  classes, which kube-scheduler places without a pin.
 * :func:`needs_pin`, :func:`maybe_rejected`, :func:`watched`, :func:`vmi_name_of` — which pods
   the placement controller acts on, and for which VMI.
 
@@ -216,6 +217,23 @@ def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
         if not (isinstance(g, Mapping) and g.get("name") == names.PLACEMENT_GATE)
     ]
     patch: Obj = {"spec": {"affinity": affinity, "schedulingGates": gates}}
+    resource_version = objects.meta(pod).get("resourceVersion")
+    if resource_version:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    return patch
+
+
+def ungate(pod: Mapping[str, Any]) -> Obj:
+    """The placement controller's pod update for a VM whose claims are all of DRA classes,
+    as a JSON merge patch body: the placement gate removed (every other gate kept), no pin —
+    kube-scheduler places the pod on the node of its allocated ResourceClaims. Sent as
+    :func:`pin_and_ungate` is, with the pod's ``resourceVersion``."""
+    gates = [
+        copy.deepcopy(g)
+        for g in _gates(pod) or []
+        if not (isinstance(g, Mapping) and g.get("name") == names.PLACEMENT_GATE)
+    ]
+    patch: Obj = {"spec": {"schedulingGates": gates}}
     resource_version = objects.meta(pod).get("resourceVersion")
     if resource_version:
         patch["metadata"] = {"resourceVersion": resource_version}

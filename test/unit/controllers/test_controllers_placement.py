@@ -13,6 +13,7 @@ import pytest
 from controllers import placement
 from gpuoperator.model import launcher_pods, slimming
 from gpuoperator.runtime import errors
+from harness import objects
 from harness import vm_controllers as vm
 
 
@@ -260,3 +261,44 @@ def test_claims_and_vmis_map_to_the_watched_launcher_pods(world: vm.World) -> No
     assert placement.vmis_of_claim(template) == {"vm1"}
     assert placement.pods_of_vmi(world.caches, vm.NS, "vm1") == [vm.POD]
     assert placement.pods_of_vmi(world.caches, vm.NS, "vm2") == []
+
+
+DRA_CLASS = objects.gpuclass("a10-dra", source={"dra": {"deviceClassName": "a10.example.com"}})
+DRA_REFS = [{"claimTemplate": {"className": "a10-dra", "count": 2}}]
+
+
+def dra_world(world: vm.World, phase: str) -> None:
+    world.caches.classes.store.put(DRA_CLASS)
+    world.put_vmi(vm.vmi(refs=DRA_REFS))
+    node = "n2" if phase == "Bound" else None
+    world.put_claim(
+        vm.claim(
+            "vm1-gpu-0", class_name="a10-dra", count=2, phase=phase, node=node, owner_uid=vm.VMI_UID
+        )
+    )
+    world.put_pod(vm.launcher_pod(refs=DRA_REFS, units=0))
+
+
+def test_a_pod_on_dra_claims_is_ungated_without_a_pin_once_they_are_bound(
+    world: vm.World,
+) -> None:
+    dra_world(world, "Bound")
+
+    assert world.placement().reconcile(vm.POD) is None
+
+    [write] = world.api.writes()
+    verb, kind, name, payload = write
+    assert (verb, kind, name) == ("patch", "Pod", vm.POD[1])
+    assert payload["body"]["spec"] == {"schedulingGates": [{"name": "other.example.com/gate"}]}
+    stored = world.api.objects[("Pod", vm.NS, vm.POD[1])]
+    assert not launcher_pods.is_gated(stored)
+    assert launcher_pods.pinned_node(stored) is None  # kube-scheduler follows the allocation
+    assert world.recorder.reasons() == ["Ungated"]
+
+
+def test_a_pod_on_a_pending_dra_claim_stays_gated(world: vm.World) -> None:
+    dra_world(world, "Pending")
+
+    assert vm.requeue(world.placement().reconcile(vm.POD)) == placement.WAIT_RECHECK
+    assert world.api.writes() == []
+    assert world.recorder.reasons() == ["WaitingForPlacement"]
