@@ -170,6 +170,21 @@ def _pin(node_name: str) -> Obj:
     return {"key": NODE_NAME_FIELD, "operator": IN, "values": [node_name]}
 
 
+def _ungate_patch(pod: Mapping[str, Any], spec: Obj) -> Obj:
+    """A merge patch body of ``spec`` and the pod's gates without the placement gate, under
+    the pod's ``resourceVersion``."""
+    gates = [
+        copy.deepcopy(g)
+        for g in _gates(pod) or []
+        if not (isinstance(g, Mapping) and g.get("name") == names.PLACEMENT_GATE)
+    ]
+    patch: Obj = {"spec": {**spec, "schedulingGates": gates}}
+    resource_version = objects.meta(pod).get("resourceVersion")
+    if resource_version:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    return patch
+
+
 def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
     """The placement controller's ONE pod update, as a JSON merge patch body:
     ``{"metadata": {"resourceVersion": ...}, "spec": {"affinity": ..., "schedulingGates":
@@ -211,16 +226,7 @@ def pin_and_ungate(pod: Mapping[str, Any], node_name: str) -> Obj:
     required["nodeSelectorTerms"] = terms
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     affinity["nodeAffinity"] = node_affinity
-    gates = [
-        copy.deepcopy(g)
-        for g in _gates(pod) or []
-        if not (isinstance(g, Mapping) and g.get("name") == names.PLACEMENT_GATE)
-    ]
-    patch: Obj = {"spec": {"affinity": affinity, "schedulingGates": gates}}
-    resource_version = objects.meta(pod).get("resourceVersion")
-    if resource_version:
-        patch["metadata"] = {"resourceVersion": resource_version}
-    return patch
+    return _ungate_patch(pod, {"affinity": affinity})
 
 
 def ungate(pod: Mapping[str, Any]) -> Obj:
@@ -228,16 +234,7 @@ def ungate(pod: Mapping[str, Any]) -> Obj:
     as a JSON merge patch body: the placement gate removed (every other gate kept), no pin —
     kube-scheduler places the pod on the node of its allocated ResourceClaims. Sent as
     :func:`pin_and_ungate` is, with the pod's ``resourceVersion``."""
-    gates = [
-        copy.deepcopy(g)
-        for g in _gates(pod) or []
-        if not (isinstance(g, Mapping) and g.get("name") == names.PLACEMENT_GATE)
-    ]
-    patch: Obj = {"spec": {"schedulingGates": gates}}
-    resource_version = objects.meta(pod).get("resourceVersion")
-    if resource_version:
-        patch["metadata"] = {"resourceVersion": resource_version}
-    return patch
+    return _ungate_patch(pod, {})
 
 
 def _pins(requirements: Any, key: str) -> list[str]:
