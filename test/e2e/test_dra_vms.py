@@ -1,0 +1,149 @@
+"""VMs on claims of DRA classes, on the real control plane with the KubeVirt stand-in
+(docs/design.md §5 "DRA classes", "VMs"): the VMI webhook writes KubeVirt's DRA shape, the
+launcher pod names the claim's hold, placement removes the gate without a pin, and
+kube-scheduler places the pod on the allocated node; the hold outlives the VM, and while the
+VM is stopped a pod asking for the class's DeviceClass does not get the device.
+
+The oracle is the API server's objects (the VMI, the pods, the ResourceClaims) and
+kube-scheduler's own conditions, never the operator's ledger."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pykube
+import pytest
+
+from gpuoperator.kinds import GPUClass, ResourceClaim, VirtualMachineInstance
+from harness import dra_driver, objects
+from harness.claims import bound_node, create_claim, create_vmi
+from harness.dra_driver import DraNodeGroup, GpuGroup
+from harness.kube import Obj
+from harness.waiting import wait_for
+from harness.webhooks import WebhookOperator
+
+TAG = uuid.uuid4().hex[:5]
+#: One node with one A10: once the VM's claim holds it, nothing else can have it.
+NODE = f"dravm-{TAG}-a"
+PROFILE = [DraNodeGroup(name=NODE, gpus=[GpuGroup(model="A10", count=1)])]
+DEVICE_CLASS = f"a10-vm-{TAG}.example.com"
+SELECTOR = f'device.attributes["{dra_driver.DRIVER}"].uuid.startsWith("GPU-dravm-{TAG}-")'
+CLASS = f"dra-vm-{TAG}"
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def dra_class(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[str]:
+    with dra_driver.installed(
+        api, f"dravm-{TAG}", PROFILE, [dra_driver.device_class(DEVICE_CLASS, SELECTOR)]
+    ):
+        source = {"dra": {"deviceClassName": DEVICE_CLASS}}
+        cls = GPUClass(api, objects.gpuclass(CLASS, source=source, vendor="nvidia", model="A10"))
+        cls.create()
+        try:
+            yield CLASS
+        finally:
+            cls.delete()
+
+
+def pods(api: pykube.HTTPClient, ns: str) -> list[Obj]:
+    return [p.obj for p in pykube.Pod.objects(api, namespace=ns)]
+
+
+def allocation(api: pykube.HTTPClient, ns: str, name: str) -> Obj | None:
+    found = ResourceClaim.objects(api, namespace=ns).get_or_none(name=name)
+    return (found.obj.get("status") or {}).get("allocation") if found is not None else None
+
+
+def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_it(
+    api: pykube.HTTPClient, dra_class: str, tenant: str
+) -> None:
+    create_claim(api, tenant, "hold", dra_class, 1)
+    assert bound_node(api, tenant, "hold", timeout=TIMEOUT) == NODE
+    held = allocation(api, tenant, "hold")
+    assert held is not None
+
+    v = create_vmi(api, tenant, "vm-1", [{"claim": "hold"}])
+    assert v.obj["spec"]["resourceClaims"] == [{"name": "gpuop-0", "resourceClaimName": "hold"}]
+    assert v.obj["spec"]["domain"]["devices"]["gpus"] == [
+        {"name": "gpuop-0", "claimName": "gpuop-0", "requestName": "gpu"}
+    ]
+    launcher = wait_for(
+        "the launcher pod placed by kube-scheduler",
+        lambda: [
+            p for p in pods(api, tenant) if p["metadata"]["name"].startswith("virt-launcher-")
+        ],
+        until=lambda found: len(found) == 1 and bool(found[0]["spec"].get("nodeName")),
+        timeout=TIMEOUT,
+    )[0]
+    spec = launcher["spec"]
+    assert spec["nodeName"] == NODE
+    assert spec["resourceClaims"] == [{"name": "gpuop-0", "resourceClaimName": "hold"}]
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": "gpuop-0"}]
+    assert not spec.get("schedulingGates")
+    assert "nodeAffinity" not in (spec.get("affinity") or {})  # no pin: the allocation placed it
+    reasons = wait_for(
+        "an Ungated event on the launcher pod",
+        lambda: {
+            e.obj.get("reason")
+            for e in pykube.Event.objects(api, namespace=tenant).filter(
+                field_selector={"involvedObject.name": launcher["metadata"]["name"]}
+            )
+        },
+        until=lambda found: "Ungated" in found,
+        timeout=TIMEOUT,
+    )
+    assert "Pinned" not in reasons
+
+    # Stopping the VM leaves the hold allocated as it was.
+    VirtualMachineInstance.objects(api, namespace=tenant).get(name="vm-1").delete()
+    wait_for(
+        "the VM and its launcher pod gone",
+        lambda: (
+            VirtualMachineInstance.objects(api, namespace=tenant).get_or_none(name="vm-1"),
+            [p for p in pods(api, tenant) if p["metadata"]["name"].startswith("virt-launcher-")],
+        ),
+        until=lambda both: both == (None, []),
+        timeout=TIMEOUT,
+    )
+    assert allocation(api, tenant, "hold") == held
+
+    # Meanwhile a pod asking for the DeviceClass does not get the held device.
+    ResourceClaim(
+        api,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "mine", "namespace": tenant},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]
+                }
+            },
+        },
+    ).create()
+    pod = pykube.Pod(
+        api,
+        {
+            "metadata": {"name": "wants-the-gpu", "namespace": tenant},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "mine"}],
+                "containers": [
+                    {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+                ],
+            },
+        },
+    )
+    pod.create()
+    conditions = wait_for(
+        "kube-scheduler to judge the pod",
+        lambda: (pod.reload(), pod.obj.get("status", {}).get("conditions") or [])[1],
+        until=lambda found: any(c.get("type") == "PodScheduled" for c in found),
+        timeout=TIMEOUT,
+    )
+    [scheduled] = [c for c in conditions if c.get("type") == "PodScheduled"]
+    assert (scheduled["status"], scheduled.get("reason")) == ("False", "Unschedulable")
+    assert not pod.obj["spec"].get("nodeName")
+    assert allocation(api, tenant, "mine") is None
+    assert allocation(api, tenant, "hold") == held
