@@ -274,6 +274,11 @@ _DEVICE_FIELDS = (
 )
 
 
+#: The fields of a VMI's ``spec.resourceClaims`` entries kept (a pod's claim name is a DNS
+#: label, the ResourceClaim's a subdomain).
+_RESOURCE_CLAIM_FIELDS: Final = (("name", MAX_LABEL), ("resourceClaimName", MAX_SUBDOMAIN))
+
+
 def _devices(entries: Any) -> list[Obj]:
     if not isinstance(entries, list):
         return []
@@ -290,7 +295,9 @@ def slim_vmi(vmi: Obj) -> Obj:
     Metadata: names, uid, resourceVersion, generation, creation and deletion timestamps, the
     claims label and annotation, the ``foregroundDeletion`` finalizer (claim protection), the
     controller ownerReference. Spec: the ``gpus`` and ``hostDevices`` entries (name,
-    deviceName, claimName, requestName). Status: phase and nodeName."""
+    deviceName, claimName, requestName) and the ``resourceClaims`` entries (name,
+    resourceClaimName: the template controller compares them with what the VMI webhook
+    writes for a claim of a DRA class). Status: phase and nodeName."""
     meta = _tenant_meta(
         vmi.get("metadata"),
         labels=(names.CLAIMS_LABEL,),
@@ -304,6 +311,14 @@ def slim_vmi(vmi: Obj) -> Obj:
     for key in ("gpus", "hostDevices"):
         if isinstance(found, dict) and key in found:
             devices[key] = _devices(found[key])
+    out_spec: Obj = {"domain": {"devices": devices}} if devices else {}
+    claims = spec.get("resourceClaims") if isinstance(spec, dict) else None
+    if isinstance(claims, list):
+        out_spec["resourceClaims"] = [
+            {k: clip(e[k], limit) for k, limit in _RESOURCE_CLAIM_FIELDS if k in e}
+            for e in claims[:MAX_DEVICE_ENTRIES]
+            if isinstance(e, dict)
+        ]
     status = vmi.get("status")
     out_status: Obj = {}
     for key, limit in (("phase", MAX_LABEL), ("nodeName", MAX_SUBDOMAIN)):
@@ -312,7 +327,7 @@ def slim_vmi(vmi: Obj) -> Obj:
     return {
         **_type(vmi),
         "metadata": meta,
-        "spec": {"domain": {"devices": devices}} if devices else {},
+        "spec": out_spec,
         "status": out_status,
     }
 

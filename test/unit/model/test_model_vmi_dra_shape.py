@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuoperator.model import templates, vmi_admission
+from gpuoperator.model import slimming, templates, vmi_admission
 from gpuoperator.model.references import HeldRef, Reference, TemplateRef
 from harness import objects
 from harness.offline import apply_json_patch
@@ -157,3 +157,16 @@ def test_what_the_dra_shape_cannot_serve_is_refused(
 ) -> None:
     found = refusals(refs, {}, name)
     assert any(fragment in r and "allowed: " in r for r in found), found
+
+
+def test_the_cached_vmi_keeps_the_dra_shape_the_template_controller_compares() -> None:
+    refs: list[Reference] = [TemplateRef("a10-dra", 1)]
+    obj: Obj = {
+        "metadata": {"name": "vm1", "namespace": "t"},
+        "spec": {"domain": {"devices": {}, "memory": {"guest": "1Gi"}}},
+    }
+    patched = apply_json_patch(
+        obj, vmi_admission.admission_patch(obj, refs, ["vm1-gpu-0"], CLASSES, {})
+    )
+    cached = slimming.slim_vmi(patched)
+    assert vmi_admission.unadmitted_entries(cached, refs, CLASSES, {}, ["vm1-gpu-0"]) is None
