@@ -24,27 +24,44 @@ from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator
 
 TAG = uuid.uuid4().hex[:5]
-#: One node with one A10: once the VM's claim holds it, nothing else can have it.
-NODE = f"dravm-{TAG}-a"
-PROFILE = [DraNodeGroup(name=NODE, gpus=[GpuGroup(model="A10", count=1)])]
-DEVICE_CLASS = f"a10-vm-{TAG}.example.com"
-SELECTOR = f'device.attributes["{dra_driver.DRIVER}"].uuid.startsWith("GPU-dravm-{TAG}-")'
-CLASS = f"dra-vm-{TAG}"
+#: Two nodes with one A10 each, each node's device in a DeviceClass and GPUClass of its own:
+#: once a claim holds the class's one device, nothing else can have it.
+NODE, NODE_B = f"dravm-{TAG}-a", f"dravm-{TAG}-b"
+PROFILE = [DraNodeGroup(name=n, gpus=[GpuGroup(model="A10", count=1)]) for n in (NODE, NODE_B)]
+DEVICE_CLASS, DEVICE_CLASS_B = f"a10-vm-{TAG}.example.com", f"a10-vm-{TAG}-b.example.com"
+CLASS, CLASS_B = f"dra-vm-{TAG}", f"dra-vm-{TAG}-b"
+
+
+def selector(node: str) -> str:
+    return f'device.attributes["{dra_driver.DRIVER}"].uuid.startsWith("GPU-{node}-")'
+
+
 TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
 def dra_class(api: pykube.HTTPClient, hooks: WebhookOperator) -> Iterator[str]:
-    with dra_driver.installed(
-        api, f"dravm-{TAG}", PROFILE, [dra_driver.device_class(DEVICE_CLASS, SELECTOR)]
-    ):
-        source = {"dra": {"deviceClassName": DEVICE_CLASS}}
-        cls = GPUClass(api, objects.gpuclass(CLASS, source=source, vendor="nvidia", model="A10"))
-        cls.create()
+    device_classes = [
+        dra_driver.device_class(DEVICE_CLASS, selector(NODE)),
+        dra_driver.device_class(DEVICE_CLASS_B, selector(NODE_B)),
+    ]
+    with dra_driver.installed(api, f"dravm-{TAG}", PROFILE, device_classes):
+        classes = [
+            GPUClass(
+                api,
+                objects.gpuclass(
+                    name, source={"dra": {"deviceClassName": dc}}, vendor="nvidia", model="A10"
+                ),
+            )
+            for name, dc in ((CLASS, DEVICE_CLASS), (CLASS_B, DEVICE_CLASS_B))
+        ]
+        for cls in classes:
+            cls.create()
         try:
             yield CLASS
         finally:
-            cls.delete()
+            for cls in classes:
+                cls.delete()
 
 
 def pods(api: pykube.HTTPClient, ns: str) -> list[Obj]:
@@ -54,6 +71,17 @@ def pods(api: pykube.HTTPClient, ns: str) -> list[Obj]:
 def allocation(api: pykube.HTTPClient, ns: str, name: str) -> Obj | None:
     found = ResourceClaim.objects(api, namespace=ns).get_or_none(name=name)
     return (found.obj.get("status") or {}).get("allocation") if found is not None else None
+
+
+def launcher_pod(api: pykube.HTTPClient, ns: str) -> Obj:
+    """The VM's launcher pod once kube-scheduler has placed it."""
+    found: list[Obj] = wait_for(
+        "the launcher pod placed by kube-scheduler",
+        lambda: [p for p in pods(api, ns) if p["metadata"]["name"].startswith("virt-launcher-")],
+        until=lambda found: len(found) == 1 and bool(found[0]["spec"].get("nodeName")),
+        timeout=TIMEOUT,
+    )
+    return found[0]
 
 
 def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_it(
@@ -69,14 +97,7 @@ def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_
     assert v.obj["spec"]["domain"]["devices"]["gpus"] == [
         {"name": "gpuop-0", "claimName": "gpuop-0", "requestName": "gpu"}
     ]
-    launcher = wait_for(
-        "the launcher pod placed by kube-scheduler",
-        lambda: [
-            p for p in pods(api, tenant) if p["metadata"]["name"].startswith("virt-launcher-")
-        ],
-        until=lambda found: len(found) == 1 and bool(found[0]["spec"].get("nodeName")),
-        timeout=TIMEOUT,
-    )[0]
+    launcher = launcher_pod(api, tenant)
     spec = launcher["spec"]
     assert spec["nodeName"] == NODE
     assert spec["resourceClaims"] == [{"name": "gpuop-0", "resourceClaimName": "hold"}]
@@ -147,3 +168,18 @@ def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_
     assert not pod.obj["spec"].get("nodeName")
     assert allocation(api, tenant, "mine") is None
     assert allocation(api, tenant, "hold") == held
+
+
+def test_a_vm_with_a_dra_claim_template_starts_where_its_claims_hold_is(
+    api: pykube.HTTPClient, dra_class: str, tenant: str
+) -> None:
+    v = create_vmi(api, tenant, "vm-t", [{"claimTemplate": {"className": CLASS_B, "count": 1}}])
+    # The template claim is named after the VMI and its hold after the claim, before both exist.
+    assert v.obj["spec"]["resourceClaims"] == [
+        {"name": "gpuop-0", "resourceClaimName": "vm-t-gpu-0"}
+    ]
+    assert bound_node(api, tenant, "vm-t-gpu-0", timeout=TIMEOUT) == NODE_B
+    launcher = launcher_pod(api, tenant)
+    assert launcher["spec"]["nodeName"] == NODE_B
+    assert launcher["spec"]["resourceClaims"] == v.obj["spec"]["resourceClaims"]
+    assert allocation(api, tenant, "vm-t-gpu-0") is not None
