@@ -80,22 +80,29 @@ def post(
         source_address=(source, 0),
     )
     try:
-        conn.request(
-            method,
-            path,
-            body=body,
-            headers={"Content-Type": "application/json", **(headers or {})},
-        )
-        resp = conn.getresponse()
-        data = resp.read()
-        return Answer(
-            resp.status,
-            data,
-            time.perf_counter() - start,
-            {k.lower(): v for k, v in resp.getheaders()},
-        )
+        return _exchange(conn, method, path, body, headers or {}, start)
     finally:
         conn.close()
+
+
+def _exchange(
+    conn: http.client.HTTPSConnection,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    start: float,
+) -> Answer:
+    """One request on ``conn`` and its whole answer, timed from ``start``."""
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json", **headers})
+    resp = conn.getresponse()
+    data = resp.read()
+    return Answer(
+        resp.status,
+        data,
+        time.perf_counter() - start,
+        {k.lower(): v for k, v in resp.getheaders()},
+    )
 
 
 class KeptAlive:
@@ -117,22 +124,13 @@ class KeptAlive:
                 context=self._target.context(),
             )
         try:
-            self._conn.request(
-                "POST", path, body=body, headers={"Content-Type": "application/json"}
-            )
-            resp = self._conn.getresponse()
-            data = resp.read()
+            answer = _exchange(self._conn, "POST", path, body, {}, start)
         except (OSError, http.client.HTTPException):
             self.close()
             raise
-        if resp.will_close:
+        if self._conn.sock is None:  # the answer closed it (http.client): a new one next time
             self.close()
-        return Answer(
-            resp.status,
-            data,
-            time.perf_counter() - start,
-            {k.lower(): v for k, v in resp.getheaders()},
-        )
+        return answer
 
     def close(self) -> None:
         if self._conn is not None:
