@@ -279,17 +279,7 @@ class Binder:
         names; on a node that is gone or among the claim's unexpired refusals, delete the
         hold instead (uid precondition): the claim is planned anew once the watch shows it
         gone, and its devices stay counted by the allocation until then."""
-        allocation = (hold.get("status") or {}).get("allocation") or {}
-        terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
-        node = next(
-            (
-                str(v)
-                for t in terms
-                for f in t.get("matchFields") or []
-                for v in f.get("values") or []
-            ),
-            "",
-        )
+        node = dra_holds.allocation_node(hold)
         if (
             node
             and self.ledger.has_node(node)

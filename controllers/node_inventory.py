@@ -2,11 +2,12 @@
 
 A GPUNode has the Node's name and a controller ownerReference to it (garbage collection
 removes it with the node); it is deleted when the node no longer has any GPU resource (one
-named by a class or permitted in the KubeVirt CR). Its status carries, per resource, what
-kubelet counts and what the ledger holds (``devices``), the eligible classes with their free
-units (``classes``), ``Schedulable`` (Ready and not cordoned) and ``Overcommitted`` (pods
-without claims overrun the holds: the pods are named, and a Warning Event says so once per
-episode).
+named by a class or permitted in the KubeVirt CR) nor any device of a DRA class. Its status
+carries, per resource, what kubelet counts and what the ledger holds (``devices``), the
+eligible classes with their free units (``classes``), per DRA class the node's devices,
+allocated, tainted and free (``draDevices``, ``model.dra_nodes``), ``Schedulable`` (Ready
+and not cordoned) and ``Overcommitted`` (pods without claims overrun the holds: the pods are
+named, and a Warning Event says so once per episode).
 
 The figures change with every claim bound on the node: they are written at most once per
 ``statusInterval`` per node (``runtime.pacing``), the first change at once, later ones
@@ -161,6 +162,7 @@ class NodeInventory:
         return {
             "devices": [dict(d) for d in view.devices],
             "classes": [dict(c) for c in view.classes],
+            "draDevices": [dict(d) for d in view.dra],
             "conditions": conds,
             "observedGeneration": current["metadata"].get("generation", 0),
         }

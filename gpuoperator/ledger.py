@@ -32,6 +32,7 @@ class (and of the slice's node).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
 from collections.abc import Callable, Iterable
@@ -46,6 +47,7 @@ from gpuoperator.model import (
     catalog,
     dra_devices,
     dra_holds,
+    dra_nodes,
     eligibility,
     hostdevices,
 )
@@ -79,6 +81,8 @@ class NodeView:
     classes: list[capacity.ClassFree]
     #: resource → keys of the pods that overrun the holds there
     overcommitted: dict[str, list[tuple[str, str]]]
+    #: the node's devices of each DRA class (``model.dra_nodes``)
+    dra: list[dra_nodes.DraFigures] = dataclasses.field(default_factory=list)
 
 
 class Ledger:
@@ -100,6 +104,11 @@ class Ledger:
         self._slices: dict[Key, Obj] = {}
         self._device_classes: dict[str, Obj] = {}
         self._resource_claims: dict[Key, Obj] = {}
+        #: bumped by every change of the DRA objects or the classes: the inventories
+        #: computed at an older value are stale
+        self._dra_epoch = 0
+        #: class name -> (epoch, its inventory before the counted claims' devices)
+        self._dra_found: dict[str, tuple[int, dra_devices.Inventory]] = {}
         #: After each change, outside the lock: ``{"nodes": [...], "classes": [...]}``, the
         #: nodes and classes whose figures (or claims) changed. Controllers declare it in
         #: their watch list with ``changed_nodes`` or ``changed_classes``.
@@ -358,6 +367,7 @@ class Ledger:
     def apply_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
         with self._lock:
+            self._dra_epoch += 1
             old = self._classes.get(name)
             self._classes[name] = cls
             self._catalog.set_class(cls, self._ledger, self._nodes)
@@ -376,6 +386,7 @@ class Ledger:
     def delete_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
         with self._lock:
+            self._dra_epoch += 1
             self._classes.pop(name, None)
             self._catalog.remove_class(name)
             nodes: set[str] = set()
@@ -412,41 +423,87 @@ class Ledger:
         node = ((obj or {}).get("spec") or {}).get("nodeName")
         return {node} if isinstance(node, str) and node else set()
 
+    @staticmethod
+    def _allocation_node(obj: Obj | None) -> set[str]:
+        """The node a ResourceClaim's allocation names (``metadata.name`` selector)."""
+        return {dra_holds.allocation_node(obj)} - {""} if obj is not None else set()
+
     def apply_resource_slice(self, obj: Obj) -> None:
         with self._lock:
+            self._dra_epoch += 1
             old = self._slices.get(key_of(obj))
             self._slices[key_of(obj)] = obj
         self._dra_changed(self._slice_node(old) | self._slice_node(obj))
 
     def delete_resource_slice(self, obj: Obj) -> None:
         with self._lock:
+            self._dra_epoch += 1
             old = self._slices.pop(key_of(obj), None)
         self._dra_changed(self._slice_node(old) | self._slice_node(obj))
 
     def apply_device_class(self, obj: Obj) -> None:
         with self._lock:
+            self._dra_epoch += 1
             self._device_classes[key_of(obj)[1]] = obj
-        self._dra_changed(set())
+            everything = set(self._nodes)  # every node's devices of its classes may change
+        self._dra_changed(everything)
 
     def delete_device_class(self, obj: Obj) -> None:
         with self._lock:
+            self._dra_epoch += 1
             self._device_classes.pop(key_of(obj)[1], None)
-        self._dra_changed(set())
+            everything = set(self._nodes)
+        self._dra_changed(everything)
 
     def apply_resource_claim(self, obj: Obj) -> None:
         with self._lock:
+            self._dra_epoch += 1
+            old = self._resource_claims.get(key_of(obj))
             self._resource_claims[key_of(obj)] = obj
-        self._dra_changed(set())
+        self._dra_changed(self._allocation_node(old) | self._allocation_node(obj))
 
     def delete_resource_claim(self, obj: Obj) -> None:
         with self._lock:
-            self._resource_claims.pop(key_of(obj), None)
-        self._dra_changed(set())
+            self._dra_epoch += 1
+            old = self._resource_claims.pop(key_of(obj), None)
+        self._dra_changed(self._allocation_node(old) | self._allocation_node(obj))
 
     def resource_claim(self, key: Key) -> Obj | None:
         """The ResourceClaim as the cache last delivered it."""
         with self._lock:
             return self._resource_claims.get(key)
+
+    def _found_inventory(self, class_name: str) -> dra_devices.Inventory | None:
+        """The DRA class's devices from the DRA objects alone (under the lock), computed
+        once per change of them (its selectors' CEL is the costly part)."""
+        cls = self._classes.get(class_name)
+        source = gpuclasses.dra(cls) if cls is not None else None
+        if source is None:
+            return None
+        cached = self._dra_found.get(class_name)
+        if cached is not None and cached[0] == self._dra_epoch:
+            return cached[1]
+        device_class = self._device_classes.get(source.device_class_name)
+        if device_class is None:
+            missing = f"DeviceClass {source.device_class_name} not found"
+            found = dra_devices.Inventory(nodes={}, reasons=(missing,))
+        else:
+            found = dra_devices.inventory(
+                self._slices.values(),
+                device_class,
+                self._resource_claims.values(),
+                topology_attribute=source.topology_attribute,
+            )
+        self._dra_found[class_name] = (self._dra_epoch, found)
+        return found
+
+    def _claimed_devices(self) -> set[dra_devices.DeviceRef]:
+        """The devices the counted claims of DRA classes name (under the lock)."""
+        return dra_holds.claimed(
+            self._assumed.counted(k, claim)
+            for name in self._dra_classes()
+            for k, claim in self._claims_by_class.get(name, {}).items()
+        )
 
     def dra_inventory(self, class_name: str) -> dra_devices.Inventory | None:
         """The devices of the DRA class ``class_name`` per node, with what the counted claims
@@ -455,26 +512,33 @@ class Ledger:
         inventory says so."""
         self.expire()
         with self._lock:
-            cls = self._classes.get(class_name)
-            source = gpuclasses.dra(cls) if cls is not None else None
-            if source is None:
+            found = self._found_inventory(class_name)
+            if found is None:
                 return None
-            device_class = self._device_classes.get(source.device_class_name)
-            if device_class is None:
-                missing = f"DeviceClass {source.device_class_name} not found"
-                return dra_devices.Inventory(nodes={}, reasons=(missing,))
-            counted = [
-                self._assumed.counted(k, claim)
-                for name in self._dra_classes()
-                for k, claim in self._claims_by_class.get(name, {}).items()
-            ]
-            found = dra_devices.inventory(
-                self._slices.values(),
-                device_class,
-                self._resource_claims.values(),
-                topology_attribute=source.topology_attribute,
-            )
-            return dra_holds.counted_inventory(found, dra_holds.claimed(counted))
+            return dra_holds.counted_inventory(found, self._claimed_devices())
+
+    def node_dra(self, name: str) -> list[dra_nodes.DraFigures]:
+        """The node's devices of each DRA class (``GPUNode.status.draDevices``,
+        ``model.dra_nodes``), the counted claims' devices held."""
+        self.expire()
+        with self._lock:
+            claimed: set[dra_devices.DeviceRef] | None = None
+            per_class: dict[str, tuple[str, dra_devices.Inventory]] = {}
+            for class_name in sorted(self._dra_classes()):
+                found = self._found_inventory(class_name)
+                view = found.nodes.get(name) if found is not None else None
+                if view is None:
+                    continue
+                if claimed is None:
+                    claimed = self._claimed_devices()
+                source = gpuclasses.dra(self._classes[class_name])
+                assert source is not None
+                one = dra_devices.Inventory(nodes={name: view}, reasons=())
+                per_class[class_name] = (
+                    source.device_class_name,
+                    dra_holds.counted_inventory(one, claimed),
+                )
+            return dra_nodes.node_figures(name, per_class)
 
     # ---- queries ----------------------------------------------------------------------
     def gpu_resources(self) -> set[str]:
@@ -496,7 +560,9 @@ class Ledger:
             return sorted(self._classes)
 
     def node(self, name: str) -> NodeView | None:
-        """The node's GPU figures, or None if the node is gone or has no GPU resource."""
+        """The node's GPU figures, or None if the node is gone or has neither a GPU resource
+        nor a device of a DRA class."""
+        dra = self.node_dra(name)
         with self._lock:
             node = self._nodes.get(name)
             if node is None:
@@ -505,7 +571,7 @@ class Ledger:
             allocatable = (node.get("status") or {}).get("allocatable") or {}
             capacity_ = (node.get("status") or {}).get("capacity") or {}
             resources = sorted(r for r in gpu if r in allocatable or r in capacity_)
-            if not resources:
+            if not resources and not dra:
                 return None
             over = {
                 r: self._ledger.overcommitting_pods(name, r)
@@ -517,6 +583,7 @@ class Ledger:
                 devices=self._ledger.devices(name, resources),
                 classes=capacity.node_class_free(self._ledger, node, self._classes.values()),
                 overcommitted=over,
+                dra=dra,
             )
 
     def _dra_figures(self, name: str) -> tuple[dict[str, int], dict[str, int]] | None:
@@ -599,12 +666,21 @@ class Ledger:
         classes: Iterable[Obj] = (),
         claims: Iterable[Obj] = (),
         kubevirt: Obj | None = None,
+        resource_slices: Iterable[Obj] = (),
+        device_classes: Iterable[Obj] = (),
+        resource_claims: Iterable[Obj] = (),
     ) -> None:
         """Fill from one-shot lists (for ``gpuoperator status``)."""
         if kubevirt is not None:
             self.apply_kubevirt(kubevirt)
         for cls in classes:
             self.apply_class(cls)
+        for obj in device_classes:
+            self.apply_device_class(obj)
+        for obj in resource_slices:
+            self.apply_resource_slice(obj)
+        for obj in resource_claims:
+            self.apply_resource_claim(obj)
         for node in nodes:
             self.apply_node(node)
         for pod in pods:

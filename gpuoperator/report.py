@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import pykube
 
-from gpuoperator.kinds import GPUClaim, GPUClass, KubeVirt, VirtualMachineInstance
+from gpuoperator.kinds import (
+    DeviceClass,
+    GPUClaim,
+    GPUClass,
+    KubeVirt,
+    ResourceClaim,
+    ResourceSlice,
+    VirtualMachineInstance,
+)
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import draining, slimming
 from gpuoperator.model.draining import Role
 from gpuoperator.runtime import errors
-from gpuoperator.runtime.client import Client, Obj
+from gpuoperator.runtime.client import Client, Kind, Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 
 
@@ -41,8 +49,21 @@ def collect(client: Client) -> tuple[Ledger, dict[str, Obj]]:
         classes=classes,
         claims=claims,
         kubevirt=kubevirts[0] if kubevirts else None,
+        resource_slices=_listed(client, ResourceSlice),
+        device_classes=_listed(client, DeviceClass),
+        resource_claims=_listed(client, ResourceClaim),
     )
     return ledger, {c["metadata"]["name"]: c for c in classes}
+
+
+def _listed(client: Client, kind: Kind) -> list[Obj]:
+    """Every object of a DRA kind (none where the cluster does not serve
+    ``resource.k8s.io/v1``)."""
+    try:
+        found, _ = client.list(kind)
+    except errors.NotFoundError:
+        return []
+    return found
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -103,7 +124,37 @@ def catalog(ledger: Ledger, classes: dict[str, Obj]) -> str:
                 ]
             )
     out.append(_table(rows) if len(rows) > 1 else "(no node with GPU resources)")
+    dra = _dra_rows(ledger)
+    if len(dra) > 1:
+        out.append("")
+        out.append("DRA DEVICES")
+        out.append(_table(dra))
     return "\n".join(out)
+
+
+def _dra_rows(ledger: Ledger) -> list[list[str]]:
+    """Per node and DRA class: its devices, allocated, tainted, free (``GPUNode.status.
+    draDevices``), and why the node is not eligible for the class."""
+    rows = [
+        ["NODE", "CLASS", "DEVICECLASS", "DEVICES", "ALLOCATED", "TAINTED", "FREE", "NOT ELIGIBLE"]
+    ]
+    for node_name in ledger.node_names():
+        view = ledger.node(node_name)
+        for entry in view.dra if view is not None else []:
+            reasons = ledger.eligibility(node_name, entry["name"])
+            rows.append(
+                [
+                    node_name,
+                    entry["name"],
+                    entry["deviceClassName"],
+                    str(entry["count"]),
+                    str(entry["allocated"]),
+                    str(entry["tainted"]),
+                    str(entry["free"]),
+                    "; ".join(reasons) or "-",
+                ]
+            )
+    return rows
 
 
 def collect_vmis(client: Client) -> dict[tuple[str, str], Obj]:

@@ -197,6 +197,23 @@ def allocated(resource_claim: Mapping[str, Any]) -> tuple[dra_devices.DeviceRef,
     )
 
 
+def allocation_node(resource_claim: Mapping[str, Any]) -> str:
+    """The node ``resource_claim``'s allocation names in its node selector's
+    ``metadata.name`` field (:func:`node_selector`), ``""`` when it is not allocated or
+    names none that way."""
+    status = resource_claim.get("status")
+    alloc = status.get("allocation") if isinstance(status, Mapping) else None
+    selector = alloc.get("nodeSelector") if isinstance(alloc, Mapping) else None
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
+    for term in terms if isinstance(terms, list) else []:
+        fields = term.get("matchFields") if isinstance(term, Mapping) else None
+        for f in fields if isinstance(fields, list) else []:
+            values = f.get("values") if isinstance(f, Mapping) else None
+            for v in values if isinstance(values, list) else []:
+                return str(v)
+    return ""
+
+
 def device_status(devices: Iterable[dra_devices.DeviceRef]) -> list[Obj]:
     """``GPUClaim.status.devices`` for ``devices``."""
     return [{"driver": d.driver, "pool": d.pool, "device": d.device} for d in devices]

@@ -68,6 +68,16 @@ def test_gpunode_status_holds_devices_classes_and_conditions(node: GPUNode) -> N
             }
         ],
         "classes": [{"name": "a10", "free": 5}],
+        "draDevices": [
+            {
+                "name": "dra-a10",
+                "deviceClassName": "a10.example.com",
+                "count": 4,
+                "allocated": 2,
+                "tainted": 1,
+                "free": 1,
+            }
+        ],
         "conditions": [
             {
                 "type": "Schedulable",
@@ -82,6 +92,7 @@ def test_gpunode_status_holds_devices_classes_and_conditions(node: GPUNode) -> N
     replace(node, subresource="status")
     node.reload()
     assert node.obj["status"]["devices"][0]["free"] == 5
+    assert node.obj["status"]["draDevices"][0]["tainted"] == 1
 
 
 MAX_CLASSES = 10000
@@ -129,8 +140,12 @@ def test_gpunode_status_refuses_more_classes_than_the_bound(node: GPUNode) -> No
             {"classes": [{"name": "a10", "free": 1}, {"name": "a10", "free": 2}]},
             "status.classes[1]",
         ),
+        (
+            {"draDevices": [{"name": "dra-a10", "deviceClassName": "x", "count": 1}]},
+            "status.draDevices[0].tainted",
+        ),
     ],
-    ids=["negative-free", "missing-fields", "duplicate-class"],
+    ids=["negative-free", "missing-fields", "duplicate-class", "dra-missing-fields"],
 )
 def test_gpunode_refuses_malformed_status(
     node: GPUNode, status: dict[str, object], fragment: str

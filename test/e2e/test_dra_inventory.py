@@ -20,11 +20,12 @@ from typing import Any
 import pykube
 import pytest
 
-from gpuoperator.kinds import DeviceClass, GPUClass, ResourceClaim, ResourceSlice
+from gpuoperator.kinds import DeviceClass, GPUClass, GPUNode, ResourceClaim, ResourceSlice
 from gpuoperator.model import dra_devices
 from harness import dra_driver, objects
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
 from harness.kube import Obj, refused, replace
+from harness.operator import Start
 from harness.tenancy import as_tenant
 from harness.waiting import HopelessWaitError, wait_for
 from localcluster.cluster import kubectl
@@ -263,6 +264,86 @@ def test_a_device_taint_bumps_the_generation_and_takes_the_device(world: World) 
         "pci0": 1,
         "pci1": 2,
     }
+
+
+def hand_count(world: World, node: str) -> dict[str, int]:
+    """The node's A10 devices counted by hand from the API server's objects: the oracle of
+    the GPUNode's ``draDevices`` (not the model's code)."""
+    [published] = [s for s in world.slices() if s["spec"]["nodeName"] == node]
+    a10 = [d for d in published["spec"]["devices"] if d["attributes"]["model"]["string"] == "A10"]
+    held = {
+        r["device"]
+        for c in world.claims()
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results", []
+        )
+        if r["pool"] == node
+    }
+    names_ = {d["name"] for d in a10}
+    tainted = {
+        d["name"]
+        for d in a10
+        if any(t["effect"] in ("NoSchedule", "NoExecute") for t in d.get("taints") or [])
+    }
+    return {
+        "count": len(a10),
+        "allocated": len(held & names_),
+        "tainted": len(tainted),
+        "free": len(names_ - held - tainted),
+    }
+
+
+@pytest.mark.operator_process
+def test_the_gpunode_reports_a_dra_class_devices_per_node_and_kubectl_shows_them(
+    world: World,
+    api: pykube.HTTPClient,
+    made_classes: list[GPUClass],
+    start_operator: Start,
+    kubeconfig: Path,
+) -> None:
+    name = f"dra-nodes-{TAG}"
+    create(api, made_classes, dra_class(name))
+    start_operator()
+
+    def figures(node: str) -> dict[str, int] | None:
+        found = GPUNode.objects(api).get_or_none(name=node)
+        entries = ((found.obj if found is not None else {}).get("status") or {}).get(
+            "draDevices"
+        ) or []
+        mine = [e for e in entries if e["name"] == name]
+        if not mine:
+            return None
+        assert mine[0]["deviceClassName"] == A10_CLASS
+        return {k: mine[0][k] for k in ("count", "allocated", "tainted", "free")}
+
+    for node in (NODE_A, NODE_B):
+        wait_for(
+            f"GPUNode {node} to report the class's devices",
+            lambda node=node: (figures(node), hand_count(world, node)),  # type: ignore[misc]
+            lambda pair: pair[0] == pair[1],
+            timeout=60,
+        )
+    # A new taint on a free device moves the figures without a restart.
+    untainted = [
+        d["name"]
+        for s in world.slices()
+        if s["spec"]["nodeName"] == NODE_B
+        for d in s["spec"]["devices"]
+        if not d.get("taints") and d["attributes"]["model"]["string"] == "A10"
+    ]
+    world.driver.taint(NODE_B, untainted[-1], "NoExecute")
+    expected = hand_count(world, NODE_B)
+    assert expected["tainted"] >= 1
+    wait_for(
+        f"GPUNode {NODE_B} to count the new taint",
+        lambda: figures(NODE_B),
+        lambda got: got == expected,
+        timeout=60,
+    )
+    lines = kubectl(kubeconfig, "get", "gpunodes", NODE_B, "-o", "wide").splitlines()
+    header = lines[0].split()
+    assert {"DRACLASSES", "DRAFREE", "DRATAINTED"} <= set(header)
+    assert name in lines[1].split()
 
 
 # ---------------------------------------------------------------------------------------

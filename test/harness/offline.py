@@ -493,6 +493,9 @@ class OfflineCluster:
             id(caches.pods): (inv.apply_pod, inv.delete_pod),
             id(caches.claims): (inv.apply_claim, inv.delete_claim),
             id(caches.kubevirts): (inv.apply_kubevirt, inv.delete_kubevirt),
+            id(caches.resource_slices): (inv.apply_resource_slice, inv.delete_resource_slice),
+            id(caches.device_classes): (inv.apply_device_class, inv.delete_device_class),
+            id(caches.resource_claims): (inv.apply_resource_claim, inv.delete_resource_claim),
         }.get(id(informer))
 
     def deliver(self, informer: Informer, obj: Obj) -> Obj:

@@ -139,3 +139,54 @@ def test_a_dra_class_publishes_its_free_devices_on_eligible_nodes_as_its_figures
     assert ledger.class_figures("dra-a10") == capacity.ClassFigures(0, 0, 1)
     # A device-plugin class keeps the catalog's figures (4 A10 units on n1; n2 is cordoned).
     assert ledger.class_figures("a10") == capacity.ClassFigures(4, 4, 1)  # n1 only
+
+
+def test_an_allocation_names_its_node_and_a_device_class_change_names_every_node() -> None:
+    ledger, notices = world()
+    ledger.apply_node(objects.node("n1"))
+    ledger.apply_node(objects.node("n2"))
+    hold = {
+        "metadata": {"namespace": "t", "name": "own"},
+        "status": dra_holds.allocation([ref("gpu-0", "n2")], "n2", NOW),
+    }
+    notices.clear()
+    ledger.apply_resource_claim(hold)
+    assert notices == [{"nodes": ["n2"], "classes": ["dra-a10"]}]
+    notices.clear()
+    ledger.delete_resource_claim(hold)  # the node it held devices on is told it freed them
+    assert notices == [{"nodes": ["n2"], "classes": ["dra-a10"]}]
+    notices.clear()
+    ledger.apply_device_class({"metadata": {"name": "a10.example.com"}, "spec": {}})
+    assert notices == [{"nodes": ["n1", "n2"], "classes": ["dra-a10"]}]
+
+
+def test_a_node_view_lists_its_dra_devices_with_held_and_tainted_ones_and_follows_changes() -> None:
+    ledger, _ = world()
+    ledger.apply_node(objects.node("n3", {}))  # no GPU resource, no device: no view
+    assert ledger.node("n3") is None
+    ledger.apply_node(objects.node("n2", {}))  # no GPU resource, but a DRA device
+    view = ledger.node("n2")
+    assert view is not None and view.devices == []
+    assert view.dra == [
+        {
+            "name": "dra-a10",
+            "deviceClassName": "a10.example.com",
+            "count": 1,
+            "allocated": 0,
+            "tainted": 0,
+            "free": 1,
+        }
+    ]
+    ledger.apply_node(objects.node("n1", {}))
+    ledger.apply_claim(dra_claim(10))
+    ledger.assume(dra_claim(10, "gpu-0"))  # counted before its allocation is watched
+    tainted = slice_of("n1", "gpu-0", "gpu-1", "gpu-2")
+    tainted["spec"]["devices"][0]["taints"] = [{"key": "bad", "effect": "NoExecute"}]
+    ledger.apply_resource_slice(tainted)
+    view = ledger.node("n1")
+    assert view is not None
+    [entry] = view.dra
+    assert (entry["count"], entry["allocated"], entry["tainted"], entry["free"]) == (3, 1, 1, 2)
+    ledger.forget(("t", "hold"))
+    view = ledger.node("n1")
+    assert view is not None and view.dra[0]["allocated"] == 0

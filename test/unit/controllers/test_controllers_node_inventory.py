@@ -12,7 +12,7 @@ import structlog
 
 from controllers import node_inventory
 from gpuoperator import names
-from gpuoperator.kinds import GPUNode
+from gpuoperator.kinds import GPUNode, ResourceSlice
 from gpuoperator.runtime.controlling import Result
 from gpuoperator.settings import Settings
 from harness import objects
@@ -193,3 +193,46 @@ def test_pods_that_overrun_the_holds_are_named_with_one_warning_per_episode(
     world.put(world.caches.pods, hog)
     world.reconcile()
     assert world.recorder.reasons() == ["Overcommitted", "Overcommitted"]
+
+
+def test_a_node_with_only_dra_devices_gets_a_gpunode_with_their_figures(world: World) -> None:
+    selector = f'device.driver == "{objects.DRA_DRIVER}"'
+    world.put(
+        world.caches.classes,
+        objects.gpuclass("dra-a10", source={"dra": {"deviceClassName": "a10.example.com"}}),
+    )
+    world.put(
+        world.caches.device_classes,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "a10.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]},
+        },
+    )
+    published = objects.resource_slice("d1", {"gpu-0": {}, "gpu-1": {}})
+    published["spec"]["devices"][1]["taints"] = [{"key": "bad", "effect": "NoSchedule"}]
+    world.put(world.caches.resource_slices, published)
+    world.put(world.caches.nodes, objects.node("d1", {}))
+
+    assert world.reconcile("d1") is None
+
+    stored = world.gpunode("d1")
+    assert stored is not None
+    assert stored["status"]["devices"] == []
+    assert stored["status"]["draDevices"] == [
+        {
+            "name": "dra-a10",
+            "deviceClassName": "a10.example.com",
+            "count": 2,
+            "allocated": 0,
+            "tainted": 1,
+            "free": 1,
+        }
+    ]
+    # The slice goes: no device of any class and no GPU resource, so no GPUNode.
+    world.api.remove(ResourceSlice, published["metadata"]["name"])
+    world.sync(world.caches.resource_slices, published["metadata"]["name"])
+    world.sync(world.caches.gpunodes, "d1")
+    world.reconcile("d1")
+    assert world.gpunode("d1") is None
