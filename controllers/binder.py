@@ -61,7 +61,6 @@ Never over-allocating rests on four things:
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import datetime
 from collections.abc import Callable
@@ -71,15 +70,16 @@ from typing import Protocol
 import structlog
 from prometheus_client import CollectorRegistry, Histogram
 
-from gpuoperator import names
+from gpuoperator import dra_hold_writes, names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
-from gpuoperator.claim_status import ASSUME_TTL, Announcement, ClaimStatus, unknown_outcome
-from gpuoperator.kinds import GPUClaim, ResourceClaim
+from gpuoperator.claim_status import Announcement, ClaimStatus
+from gpuoperator.dra_hold_writes import HoldsAccess
+from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import binding, claim_states, conditions, dra_devices, dra_holds, orders
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.runtime import errors, managing, protocols
+from gpuoperator.runtime import managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -93,13 +93,6 @@ NAME = "binder"
 #: Seconds before a pass that left out a claim with a write in flight looks again (a safety
 #: net: the write's outcome or the watch's next version wakes the class too).
 UNCONFIRMED_RECHECK = 1.0
-
-
-class HoldsAccess(
-    protocols.Creates, protocols.Gets, protocols.ReplacesStatus, protocols.Deletes, Protocol
-):
-    """Writes DRA holds: creates a ResourceClaim, reads it after AlreadyExists, writes its
-    allocation; deletes a hold it may not adopt."""
 
 
 class _Metrics:
@@ -296,21 +289,13 @@ class Binder:
             )
             self._bind(self.statuses.assume(claim, state), node)
             return
-        meta = hold.get("metadata") or {}
         log.info(
             "deleting a hold on a node that is gone or refused the claim",
             reason="HoldReleased",
             claim=f"{gpuclaims.key(claim)[0]}/{gpuclaims.key(claim)[1]}",
             node=node,
         )
-        writer = self.holds_writer()
-        with contextlib.suppress(errors.NotFoundError):
-            writer.delete(
-                ResourceClaim,
-                str(meta.get("name")),
-                str(meta.get("namespace")),
-                uid=str(meta.get("uid") or ""),
-            )
+        dra_hold_writes.release(self.holds_writer(), hold)
 
     def holds_writer(self) -> HoldsAccess:
         if self.holds is None:
@@ -358,37 +343,9 @@ class Binder:
     def _hold_and_bind(
         self, claim: Obj, intended: Obj, node: str, device_class: str, now: datetime.datetime
     ) -> None:
-        key_ = gpuclaims.key(claim)
-        held = [
-            dra_devices.DeviceRef(str(d["driver"]), str(d["pool"]), str(d["device"]))
-            for d in intended["status"]["devices"]
-        ]
         writer = self.holds_writer()
-        try:
-            try:
-                hold = writer.create(
-                    ResourceClaim, dra_holds.resource_claim(claim, device_class, len(held))
-                )
-            except errors.AlreadyExistsError:
-                hold = writer.get(ResourceClaim, key_[1], key_[0])
-                if not dra_holds.is_hold_of(hold, claim) or dra_holds.allocated(hold):
-                    self.ledger.forget(key_)  # the next pass decides on the watched hold
-                    return
-            hold = {
-                **hold,
-                "status": {**(hold.get("status") or {}), **dra_holds.allocation(held, node, now)},
-            }
-            writer.replace_status(ResourceClaim, hold)
-        except (errors.ConflictError, errors.NotFoundError):
-            self.ledger.forget(key_)  # changed or gone meanwhile: decide again
-            return
-        except BaseException as exc:
-            if unknown_outcome(exc):
-                self.ledger.expire_after(key_, ASSUME_TTL)
-            else:
-                self.ledger.forget(key_)
-            raise
-        self._bind(intended, node)
+        if dra_hold_writes.allocate(writer, self.ledger, claim, intended, node, device_class, now):
+            self._bind(intended, node)
 
     # ---- decisions --------------------------------------------------------------------
     def _refusal(

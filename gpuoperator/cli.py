@@ -27,6 +27,7 @@ from controllers import (
     claim_metrics,
     claim_protection,
     class_status,
+    device_health,
     draining,
     gpu_hours,
     license_copier,
@@ -448,6 +449,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, ledger, statuses, recorder, operator_settings)
+    # DRA holds moved off unhealthy devices (docs/design.md §5 "DRA classes").
+    device_health.register(manager, shared, ledger, statuses, operator_settings)
     # The admission policies' parameter: the classes' resource names and the settings.
     policy_params.register(manager, shared, operator_settings)
     return shared, ledger

@@ -46,6 +46,7 @@ from gpuoperator.model import (
     capacity,
     catalog,
     dra_devices,
+    dra_health,
     dra_holds,
     dra_nodes,
     eligibility,
@@ -657,6 +658,19 @@ class Ledger:
         free >= count, not refused), on the current figures."""
         with self._lock:
             return binding.candidates(claim, cls, self._nodes.values(), self._ledger, now)
+
+    def dra_move(
+        self,
+        claim: Obj,
+        cls: Obj,
+        inventory: dra_devices.Inventory,
+        policy: binding.Policy,
+        now: datetime.datetime,
+    ) -> tuple[str, tuple[dra_devices.DeviceRef, ...]] | None:
+        """Where a DRA claim with unhealthy devices moves now (``model.dra_health.
+        move_target``), on the current nodes and ``inventory`` (:meth:`dra_inventory`)."""
+        with self._lock:
+            return dra_health.move_target(claim, cls, self._nodes.values(), inventory, policy, now)
 
     def load(
         self,

@@ -161,6 +161,26 @@ def moved(
     return status
 
 
+def dra_moved(
+    claim: Mapping[str, Any],
+    target: str,
+    resource_claim_name: str,
+    devices: Iterable[dra_devices.DeviceRef],
+    message: str,
+    now: datetime.datetime,
+    *,
+    clear: Iterable[str] = (),
+) -> Obj:
+    """``claim`` (of a DRA class, Bound) moved to ``devices`` on ``target`` (:func:`moved`),
+    held through the ResourceClaim ``resource_claim_name``."""
+    held = dra_holds.device_status(devices)
+    if not 1 <= len(held) <= dra_holds.MAX_DEVICES:
+        raise ValueError(f"a DRA claim holds 1 to {dra_holds.MAX_DEVICES} devices")
+    status = moved(claim, target, message, now, clear=clear)
+    status.update(resourceClaimName=resource_claim_name, devices=held)
+    return status
+
+
 def refused(
     claim: Mapping[str, Any],
     node: str,

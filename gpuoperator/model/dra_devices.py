@@ -99,10 +99,13 @@ class NodeDevices:
 
 @dataclasses.dataclass(frozen=True)
 class Inventory:
-    """Per node (by name), the class's devices; ``reasons`` say what was left out and why."""
+    """Per node (by name), the class's devices; ``reasons`` say what was left out and why;
+    ``pools`` are the ``(driver, pool)`` counted whole (node-local, every slice of the newest
+    generation present): a device of such a pool that is not listed is not published now."""
 
     nodes: Mapping[str, NodeDevices]
     reasons: tuple[str, ...]
+    pools: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def free(self) -> int:
@@ -332,6 +335,7 @@ def inventory(
     held = held_devices(resource_claims)
     failures: dict[int, str] = {}
     per_node: dict[str, list[Device]] = {}
+    pools: set[tuple[str, str]] = set()
     for s in _complete_slices(slices, reasons):
         spec = s["spec"]
         driver, pool = str(spec.get("driver")), str(spec["pool"].get("name"))
@@ -343,6 +347,7 @@ def inventory(
                 "its devices are left out"
             )
             continue
+        pools.add((driver, pool))
         for device in spec.get("devices") or []:
             if not isinstance(device, dict) or not _matches(compiled, driver, device, failures):
                 continue
@@ -367,4 +372,5 @@ def inventory(
             for node, devices in sorted(per_node.items())
         },
         reasons=tuple(reasons[:MAX_REASONS]),
+        pools=frozenset(pools),
     )

@@ -256,6 +256,7 @@ def counted_inventory(
             for name, view in inventory.nodes.items()
         },
         reasons=inventory.reasons,
+        pools=inventory.pools,
     )
 
 

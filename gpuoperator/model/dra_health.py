@@ -1,0 +1,193 @@
+"""Device health of DRA holds (docs/design.md §5 "DRA classes", "Device health"): what
+becomes of a Bound claim of a DRA class when a device it holds turns unhealthy.
+
+A held device is **unhealthy** when the class's inventory (``dra_devices.Inventory``)
+
+* lists it with a ``NoSchedule`` or ``NoExecute`` device taint (:data:`TAINTED`: the driver,
+  or a DeviceTaintRule, marks it broken), or
+* does not list it while its pool is counted whole (:data:`GONE`: the driver no longer
+  publishes the device, or it no longer matches the DeviceClass). A pool that is not counted
+  (absent, or being republished with slices missing) says nothing about its devices: they
+  are left alone until it is whole again.
+
+Such a claim is, as on a cordoned node (``model.draining``):
+
+* **movable** (idle: serving no VM instance, not being deleted): it moves to healthy
+  devices, chosen by the binding rules (:func:`move_target`): the class's free devices on
+  the eligible nodes, its own healthy devices counted free for itself (so it may stay on its
+  node, keeping them), ``placementPolicy`` for the node, ``dra_holds.choose`` for the
+  devices (topology first), its unexpired ``refusedNodes`` passed over. One that fits
+  nowhere stays, and says so (condition :data:`CONDITION`, reason the cause);
+* **blocking** (serving a VM instance): GPU VMs cannot live-migrate, so the claim is not
+  moved; the condition and an Event tell the tenant which device is unhealthy, and
+  ``gpuoperator status --node N`` lists it;
+* **releasing** (being deleted): its devices go with it.
+
+Every function is pure and idempotent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from gpuoperator.model import binding, dra_devices, dra_holds, draining, gpu_hours, orders
+from gpuoperator.model import claims as gpuclaims
+from gpuoperator.model.draining import Role
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+
+#: The claim condition reporting a hold with an unhealthy device that stays where it is.
+CONDITION: Final = "DeviceUnhealthy"
+#: Causes (the condition's and the Event's reason; a move's Event reason is ``Moved``).
+TAINTED: Final = "DeviceTainted"
+GONE: Final = "DeviceGone"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sick:
+    """A Bound claim of the class holding unhealthy devices: ``bad`` maps each to its cause;
+    ``role``, ``vmi`` and ``running`` as ``model.draining`` judges the claim."""
+
+    key: Key
+    node: str
+    count: int
+    bad: tuple[tuple[dra_devices.DeviceRef, str], ...]
+    role: Role
+    vmi: str = ""
+    running: bool = False
+
+    @property
+    def cause(self) -> str:
+        """:data:`TAINTED` when any bad device is tainted, else :data:`GONE`."""
+        return TAINTED if any(c == TAINTED for _, c in self.bad) else GONE
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def held(claim: Mapping[str, Any]) -> tuple[dra_devices.DeviceRef, ...]:
+    """The devices a Bound claim's status names (none for any other claim)."""
+    if not gpuclaims.is_bound(dict(claim)):
+        return ()
+    return tuple(sorted(dra_holds.claimed([claim])))
+
+
+def bad_devices(
+    claim: Mapping[str, Any], inventory: dra_devices.Inventory
+) -> tuple[tuple[dra_devices.DeviceRef, str], ...]:
+    """The claim's unhealthy devices with their cause (the module's rules)."""
+    listed = {d.ref: d for view in inventory.nodes.values() for d in view.devices}
+    out = []
+    for ref in held(claim):
+        device = listed.get(ref)
+        if device is None:
+            if (ref.driver, ref.pool) in inventory.pools:
+                out.append((ref, GONE))
+        elif device.tainted:
+            out.append((ref, TAINTED))
+    return tuple(out)
+
+
+def sick_holds(
+    claims: Iterable[Mapping[str, Any]],
+    inventory: dra_devices.Inventory,
+    vmis: Mapping[Key, Mapping[str, Any]],
+) -> list[Sick]:
+    """The claims (of one DRA class) holding unhealthy devices, in order of creation;
+    ``vmis`` are the cached VM instances by ``(namespace, name)``."""
+    out = []
+    for claim in sorted(claims, key=orders.creation_order):
+        bad = bad_devices(claim, inventory)
+        if not bad:
+            continue
+        ns = str(_mapping(claim.get("metadata")).get("namespace") or "")
+        judged = draining.hold(claim, vmis.get((ns, gpu_hours.served_vmi_name(claim))))
+        out.append(
+            Sick(
+                key=judged.key,
+                node=gpuclaims.node_name(dict(claim)),
+                count=judged.count,
+                bad=bad,
+                role=judged.role,
+                vmi=judged.vmi,
+                running=judged.running,
+            )
+        )
+    return out
+
+
+def _own_free(claim: Mapping[str, Any], inventory: dra_devices.Inventory) -> dra_devices.Inventory:
+    """``inventory`` with the claim's own healthy devices free (for its own re-choice)."""
+    own = set(held(claim))
+    return dra_devices.Inventory(
+        nodes={
+            name: dra_devices.NodeDevices(
+                name,
+                tuple(
+                    dataclasses.replace(d, held=False) if d.ref in own and not d.tainted else d
+                    for d in view.devices
+                ),
+            )
+            for name, view in inventory.nodes.items()
+        },
+        reasons=inventory.reasons,
+        pools=inventory.pools,
+    )
+
+
+def move_target(
+    claim: Obj,
+    cls: Obj,
+    nodes: Iterable[Obj],
+    inventory: dra_devices.Inventory,
+    policy: binding.Policy,
+    now: datetime.datetime,
+) -> tuple[str, tuple[dra_devices.DeviceRef, ...]] | None:
+    """Where a movable sick claim goes: the node and its devices (the module's rules), or
+    ``None`` when no eligible node has enough healthy free devices."""
+    count = orders.ordered_count(claim)
+    freed = _own_free(claim, inventory)
+    frees, _ = binding.dra_figures(cls, nodes, freed)
+    refused = binding.unexpired_refusals(claim, now)
+    fitting = sorted((n, f) for n, f in frees.items() if f >= count and n not in refused)
+    node = binding.choose(fitting, policy)
+    if node is None:
+        return None
+    devices = dra_holds.choose(freed.nodes[node], count)
+    return (node, devices) if devices is not None else None
+
+
+def _refs(bad: Iterable[tuple[dra_devices.DeviceRef, str]]) -> str:
+    parts = []
+    for ref, cause in bad:
+        what = "tainted" if cause == TAINTED else "gone from its ResourceSlice"
+        parts.append(f"{ref.driver}/{ref.pool}/{ref.device} ({what})")
+    return ", ".join(parts)
+
+
+def moved_message(sick: Sick, target: str, devices: Iterable[dra_devices.DeviceRef]) -> str:
+    """The ``Moved`` condition's and Event's message."""
+    names = ", ".join(f"{d.driver}/{d.pool}/{d.device}" for d in devices)
+    where = f"within {target}" if target == sick.node else f"from {sick.node} to {target}"
+    return f"moved {where}, devices {names}: {sick.cause}: {_refs(sick.bad)}"
+
+
+def stuck_message(sick: Sick, device_class: str) -> str:
+    units = f"{sick.count} healthy free device{'' if sick.count == 1 else 's'}"
+    return (
+        f"{_refs(sick.bad)}; no eligible node has {units} of DeviceClass {device_class} "
+        "now; the hold stays until room frees or the device is healthy again"
+    )
+
+
+def serving_message(sick: Sick) -> str:
+    what = "running" if sick.running else "not running"
+    return (
+        f"{_refs(sick.bad)}; the claim serves VM {sick.key[0]}/{sick.vmi} ({what}) and is not "
+        "moved (GPU VMs cannot live-migrate): stop the VM to move the hold to healthy devices"
+    )
