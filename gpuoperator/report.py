@@ -7,7 +7,13 @@ node is not eligible for a class. Read-only.
 ``gpuoperator status --node N`` tells what holds node N (before a drain): each claim bound
 there with what a drain does with it (``model.draining``): an idle hold and the nodes with
 room for it now, or that it fits nowhere else; a claim serving a VM, which blocks the drain
-(GPU VMs cannot live-migrate), with the tenant and the VM; and which tenants to ask.
+(GPU VMs cannot live-migrate), with the tenant and the VM; and which tenants to ask. The
+DRA holds there whose devices are tainted or gone are listed with what device health does
+with them (``model.dra_health``): an idle one moves, one serving a VM stays.
+
+``gpuoperator status`` lists, beside the device-plugin resources, each node's devices of
+each DRA class (``GPUNode.status.draDevices``), from the ResourceSlices, DeviceClasses and
+ResourceClaims it reads too.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from gpuoperator.kinds import (
 )
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import draining, slimming
+from gpuoperator.model import dra_health, draining, slimming
 from gpuoperator.model.draining import Role
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Kind, Obj
@@ -205,7 +211,41 @@ def node(
         out[-1] += ", ".join(blocking)
     else:
         out.append("BLOCKING THE DRAIN: no VM")
+    sick = _unhealthy_rows(ledger, classes, node_name, claims, vmis)
+    if len(sick) > 1:
+        out.append("")
+        out.append("HOLDS ON UNHEALTHY DEVICES")
+        out.append(_table(sick))
     return "\n".join(out)
+
+
+def _unhealthy_rows(
+    ledger: Ledger,
+    classes: dict[str, Obj],
+    node_name: str,
+    claims: list[Obj],
+    vmis: dict[tuple[str, str], Obj],
+) -> list[list[str]]:
+    """The DRA holds on the node whose devices are tainted or gone (``model.dra_health``),
+    with what device health does with each."""
+    rows = [["NAMESPACE", "CLAIM", "CLASS", "DEVICES", "CAUSE", "HEALTH"]]
+    on_node = [c for c in claims if (c.get("status") or {}).get("nodeName") == node_name]
+    for class_name in sorted(classes):
+        inventory = ledger.dra_inventory(class_name)
+        if inventory is None:
+            continue
+        mine = [c for c in on_node if (c.get("spec") or {}).get("className") == class_name]
+        for s in dra_health.sick_holds(mine, inventory, vmis):
+            if s.role is Role.BLOCKING:
+                state = "running" if s.running else "not running"
+                what = f"STAYS: serves VM {s.key[0]}/{s.vmi} ({state})"
+            elif s.role is Role.RELEASING:
+                what = "released (being deleted)"
+            else:
+                what = "idle: moves to healthy devices when some are free"
+            devices = ", ".join(f"{r.driver}/{r.pool}/{r.device}" for r, _ in s.bad)
+            rows.append([s.key[0], s.key[1], class_name, devices, s.cause, what])
+    return rows
 
 
 def _nodes(ledger: Ledger, name: str) -> list[Obj]:

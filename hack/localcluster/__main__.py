@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from localcluster import deployment
+from localcluster import deployment, profile
 from localcluster.cluster import KUBEVIRT_CRDS, REPO, SAMPLES, LocalCluster, kubectl_binary
 from localcluster.processes import ClusterError
 
@@ -19,9 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser(
         "up",
         help="build (once) and start the cluster with simulated nodes, deploy config/overlays/dev, "
-        "run the operator and the KubeVirt stand-in",
+        "run the operator, the KubeVirt stand-in and (for nodes with DRA GPUs) the DRA driver "
+        "stand-in",
     )
-    up.add_argument("--profile", type=Path, default=REPO / "hack" / "profiles" / "default.yaml")
+    up.add_argument("--profile", type=Path, default=REPO / "hack" / "profiles" / "dev.yaml")
     up.add_argument(
         "--crds",
         type=Path,
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.operator:
                 cluster.run_operator(rendered=rendered)
                 cluster.run_kubevirt_standin()
+                if profile.dra_nodes(profile.load(args.profile)):
+                    cluster.run_dra_standin(args.profile)
             print(
                 f"cluster {args.name!r} is up ({time.monotonic() - started:.1f}s); "
                 f"operator log: {cluster.operator.log}\n"
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 **cluster.running(),
                 "gpuoperator": cluster.operator.running(),
                 "kubevirt-standin": cluster.kubevirt.running(),
+                "dra-standin": cluster.dra.running(),
             }
             for name, running in states.items():
                 print(f"{name:26} {'running' if running else 'stopped'}")

@@ -36,6 +36,8 @@ SERVICE_CIDR = "10.96.0.0/12"
 #: The KubeVirt CRDs the stand-in serves (no KubeVirt runs here).
 KUBEVIRT_CRDS = REPO / "test" / "harness" / "crds"
 SAMPLES = REPO / "config" / "samples"
+#: The DRA driver stand-in's account and DeviceClass (``run_dra_standin``).
+DRA_DRIVER = HACK / "localcluster" / "dra-driver.yaml"
 #: The API server's audit log records every request of a service account (Metadata level):
 #: the e2e suite reads it to prove the operator never got a 403.
 AUDIT_POLICY = {
@@ -146,6 +148,8 @@ class LocalCluster:
         self.operator = Process("gpuoperator", self.dir)
         #: The KubeVirt stand-in (virt-controller's part), for ``make up``.
         self.kubevirt = Process("kubevirt-standin", self.dir)
+        #: The DRA driver stand-in (its ResourceSlices), for ``make up``.
+        self.dra = Process("dra-standin", self.dir)
         self.audit_log = self.dir / "logs" / "audit.log"
         self.v = versions()
 
@@ -317,9 +321,35 @@ class LocalCluster:
         )
         log(f"  kubevirt stand-in: running (log {self.kubevirt.log})")
 
+    def run_dra_standin(self, profile: Path, log: Any = print) -> None:
+        """(Re)start the DRA driver stand-in: its account and DeviceClass applied
+        (``hack/localcluster/dra-driver.yaml``), then the process that publishes the
+        ResourceSlices of the profile's nodes with ``dra`` GPUs (``localcluster.drastandin``)."""
+        self.dra.stop()
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DRA_DRIVER))
+        self.dra.start(
+            [
+                sys.executable,
+                "-m",
+                "localcluster.drastandin",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--profile={profile}",
+            ],
+            env={"PYTHONPATH": os.pathsep.join([str(HACK), str(REPO / "test"), str(REPO)])},
+            cwd=REPO,
+        )
+        wait_until(
+            "the DRA driver stand-in to publish",
+            lambda: "dra driver stand-in running" in self.dra.tail(50),
+            60,
+            self.dra,
+        )
+        log(f"  dra driver stand-in: running (log {self.dra.log})")
+
     def down(self, quiet: bool = False) -> list[str]:
         stopped = ["gpuoperator"] if self.operator.stop() else []
         stopped += ["kubevirt-standin"] if self.kubevirt.stop() else []
+        stopped += ["dra-standin"] if self.dra.stop() else []
         stopped += [c for c in reversed(COMPONENTS) if self.procs[c].stop()]
         if stopped and not quiet:
             print(f"stopped {', '.join(stopped)} of cluster {self.name!r}")

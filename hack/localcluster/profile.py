@@ -8,6 +8,8 @@ A profile is a YAML file::
         resources: {nvidia.com/GA102GL_A10: 8}
         labels: {nvidia.com/gpu.product: A10}
         taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
+      - name: dra-a10-{i}        # GPUs served by DRA: the driver stand-in publishes them
+        dra: [{model: A10, count: 4, pcieRoots: 2}]
 """
 
 from __future__ import annotations
@@ -32,6 +34,19 @@ class Taint(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
+class GpuGroup(BaseModel):
+    """``count`` GPUs of one model on a node, published by a DRA driver (the stand-in,
+    ``test/harness/dra_driver.py``), spread round-robin over ``pcieRoots`` PCIe root
+    complexes and ``numaNodes`` NUMA nodes."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model: str
+    memory: str = "24Gi"
+    count: int = Field(default=1, ge=1, le=128)
+    pcie_roots: int = Field(default=1, ge=1, alias="pcieRoots")
+    numa_nodes: int = Field(default=1, ge=1, alias="numaNodes")
+
+
 class NodeGroup(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="node name; '{i}' is replaced by the index within the group")
@@ -42,6 +57,8 @@ class NodeGroup(BaseModel):
     resources: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=list)
+    #: GPUs a DRA driver publishes in a ResourceSlice for each node of the group
+    dra: list[GpuGroup] = Field(default_factory=list)
 
 
 class Profile(BaseModel):
@@ -78,6 +95,17 @@ def node_manifest(name: str, group: NodeGroup) -> dict[str, Any]:
         },
         "spec": {"taints": [t.model_dump() for t in group.taints]},
         "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def dra_nodes(profile: Profile) -> dict[str, list[GpuGroup]]:
+    """Node name → the DRA GPUs the driver stand-in publishes for it (nodes with none are
+    left out)."""
+    return {
+        group.name.replace("{i}", str(i)): group.dra
+        for group in profile.nodes
+        if group.dra
+        for i in range(group.count)
     }
 
 

@@ -34,16 +34,8 @@ DRIVER = "gpu.example.com"
 ACCOUNT = "dra-driver"
 
 
-class GpuGroup(BaseModel):
-    """``count`` GPUs of one model on a node, spread round-robin over ``pcieRoots`` PCIe root
-    complexes and ``numaNodes`` NUMA nodes."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    model: str
-    memory: str = "24Gi"
-    count: int = Field(default=1, ge=1, le=128)
-    pcie_roots: int = Field(default=1, ge=1, alias="pcieRoots")
-    numa_nodes: int = Field(default=1, ge=1, alias="numaNodes")
+#: ``count`` GPUs of one model on a node (the local cluster's profiles name them too).
+GpuGroup = profile.GpuGroup
 
 
 class DraNodeGroup(BaseModel):

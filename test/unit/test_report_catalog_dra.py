@@ -8,7 +8,7 @@ import datetime
 
 from gpuoperator import report
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import dra_devices, dra_holds
+from gpuoperator.model import claim_states, dra_devices, dra_holds
 from harness import objects
 
 DRIVER = objects.DRA_DRIVER
@@ -66,3 +66,42 @@ def test_without_dra_devices_the_catalog_has_no_dra_section() -> None:
     ledger = Ledger()
     ledger.load(nodes=[objects.node("n1", 4)], classes=[objects.gpuclass("a10")])
     assert "DRA DEVICES" not in report.catalog(ledger, {"a10": objects.gpuclass("a10")})
+
+
+def test_the_node_view_lists_dra_holds_on_unhealthy_devices_and_what_becomes_of_them() -> None:
+    dra_class = objects.gpuclass("dra-a10", source={"dra": {"deviceClassName": "all.example.com"}})
+    published = objects.resource_slice("d1", {"gpu-0": {}, "gpu-1": {}, "gpu-2": {}})
+    for d in published["spec"]["devices"][:2]:
+        d["taints"] = [{"key": "bad", "effect": "NoSchedule"}]
+
+    def bound(name: str, device: str, **status: object) -> dict[str, object]:
+        base = objects.claim(name, namespace="t", class_name="dra-a10", count=1)
+        state = claim_states.dra_bound(
+            base, "d1", name, [dra_devices.DeviceRef(DRIVER, "d1", device)], NOW
+        )
+        return {**base, "status": {**state, **status}}
+
+    claims = [
+        bound("idle", "gpu-0"),
+        bound("serving", "gpu-1", attachment={"vmi": "vm-1", "uid": "u1"}),
+        bound("fine", "gpu-2"),
+    ]
+    ledger = Ledger()
+    ledger.load(
+        nodes=[objects.node("d1", {})],
+        classes=[dra_class],
+        claims=claims,
+        resource_slices=[published],
+        device_classes=[{"metadata": {"name": "all.example.com"}, "spec": {}}],
+    )
+    vmis = {("t", "vm-1"): {"metadata": {"name": "vm-1", "namespace": "t", "uid": "u1"}}}
+
+    text = report.node(ledger, {"dra-a10": dra_class}, "d1", claims, vmis)
+
+    lines = text.splitlines()
+    start = lines.index("HOLDS ON UNHEALTHY DEVICES")
+    rows = lines[start + 2 :]
+    assert len(rows) == 2
+    assert rows[0].split()[:5] == ["t", "idle", "dra-a10", f"{DRIVER}/d1/gpu-0", "DeviceTainted"]
+    assert "moves" in rows[0]
+    assert rows[1].split()[:2] == ["t", "serving"] and "STAYS: serves VM t/vm-1" in rows[1]

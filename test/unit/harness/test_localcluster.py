@@ -89,6 +89,22 @@ def test_the_default_profile_has_passthrough_and_vgpu_nodes() -> None:
         )
 
 
+def test_the_dev_profile_adds_dra_nodes_whose_gpus_only_the_driver_publishes() -> None:
+    dev = profile.load(REPO / "hack" / "profiles" / "dev.yaml")
+    dra = profile.dra_nodes(dev)
+    assert sorted(dra) == ["dra-a10-0", "dra-a10-1"]
+    [group] = dra["dra-a10-0"]
+    assert (group.model, group.count, group.pcie_roots) == ("A10", 4, 2)
+    by_name = {n["metadata"]["name"]: n for n in profile.manifests(dev)}
+    # Their kubelet announces no extended resource: DRA serves the GPUs.
+    capacity = by_name["dra-a10-0"]["status"]["capacity"]
+    assert set(capacity) == {"cpu", "memory", "pods"}
+    # Every node of the default profile is there as it is.
+    default = profile.manifests(profile.load(REPO / "hack" / "profiles" / "default.yaml"))
+    assert all(by_name[n["metadata"]["name"]] == n for n in default)
+    assert profile.dra_nodes(profile.load(REPO / "hack" / "profiles" / "default.yaml")) == {}
+
+
 def test_a_bad_profile_is_one_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "p.yaml"
     bad.write_text("nodes:\n  - name: x\n    count: 0\n")
