@@ -105,8 +105,8 @@ class Ledger:
         self._slices: dict[Key, Obj] = {}
         self._device_classes: dict[str, Obj] = {}
         self._resource_claims: dict[Key, Obj] = {}
-        #: bumped by every change of the DRA objects or the classes: the inventories
-        #: computed at an older value are stale
+        #: bumped by every change of the DRA objects: the inventories computed at an older
+        #: value are stale (a class's own entry goes when its source changes)
         self._dra_epoch = 0
         #: class name -> (epoch, its inventory before the counted claims' devices)
         self._dra_found: dict[str, tuple[int, dra_devices.Inventory]] = {}
@@ -368,8 +368,9 @@ class Ledger:
     def apply_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
         with self._lock:
-            self._dra_epoch += 1
             old = self._classes.get(name)
+            if old is None or gpuclasses.dra(old) != gpuclasses.dra(cls):
+                self._dra_found.pop(name, None)  # its source (topology) is what it reads
             self._classes[name] = cls
             self._catalog.set_class(cls, self._ledger, self._nodes)
             nodes: set[str] = set()
@@ -387,7 +388,7 @@ class Ledger:
     def delete_class(self, cls: Obj) -> None:
         name = gpuclasses.name(cls)
         with self._lock:
-            self._dra_epoch += 1
+            self._dra_found.pop(name, None)
             self._classes.pop(name, None)
             self._catalog.remove_class(name)
             nodes: set[str] = set()
