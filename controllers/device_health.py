@@ -17,7 +17,9 @@ inventory:
   ``Moved`` saying why. The hold's name is the claim's (VMs name it), so the old one goes
   before the new one exists; the devices the claim names meanwhile are unhealthy ones no
   decision hands out, and its new ones are counted held by the assumption, so no device is
-  given twice.
+  given twice. A hold already allocated on healthy devices its claim's status does not
+  name (the status write of a move lost a race, or the leader stopped between the two) is
+  adopted: only the claim's status is written.
 * **an idle hold that fits nowhere** stays; its ``DeviceUnhealthy`` condition and a Warning
   Event (reason ``DeviceTainted`` or ``DeviceGone``) say why, once per message.
 * **a hold serving a VM** stays (GPU VMs cannot live-migrate): the same condition and a
@@ -144,7 +146,12 @@ class DeviceHealth:
     ) -> bool | None:
         """Move one hold, or report it stuck: True moved, False stuck, None lost a race."""
         now = self.clock.now()
-        found = self.ledger.dra_move(claim, cls, inventory, self.settings.placement_policy, now)
+        old = self.ledger.resource_claim(gpuclaims.key(claim))
+        own = old if old is not None and dra_holds.is_hold_of(old, claim) else None
+        written_before = dra_health.adoptable(claim, own, inventory) if own else None
+        found = written_before or self.ledger.dra_move(
+            claim, cls, inventory, self.settings.placement_policy, now
+        )
         if found is None:
             stuck = dra_health.stuck_message(sick, device_class)
             return False if self._flag(claim, sick, stuck) else None
@@ -160,17 +167,17 @@ class DeviceHealth:
             clear=(dra_health.CONDITION,),
         )
         intended = self.statuses.assume(claim, state)
-        old = self.ledger.resource_claim(gpuclaims.key(claim))
-        try:
-            if old is not None and dra_holds.is_hold_of(old, claim):
-                dra_hold_writes.release(self.holds, old)
-        except BaseException:
-            self.ledger.forget(gpuclaims.key(claim))
-            raise
-        if not dra_hold_writes.allocate(
-            self.holds, self.ledger, claim, intended, target, device_class, now
-        ):
-            return None
+        if written_before is None:  # else the hold holds them already: only the status
+            try:
+                if own is not None:
+                    dra_hold_writes.release(self.holds, own)
+            except BaseException:
+                self.ledger.forget(gpuclaims.key(claim))
+                raise
+            if not dra_hold_writes.allocate(
+                self.holds, self.ledger, claim, intended, target, device_class, now
+            ):
+                return None
         written = self.statuses.send(
             intended,
             Announcement(

@@ -81,9 +81,16 @@ def bad_devices(
     claim: Mapping[str, Any], inventory: dra_devices.Inventory
 ) -> tuple[tuple[dra_devices.DeviceRef, str], ...]:
     """The claim's unhealthy devices with their cause (the module's rules)."""
+    return unhealthy(held(claim), inventory)
+
+
+def unhealthy(
+    refs: Iterable[dra_devices.DeviceRef], inventory: dra_devices.Inventory
+) -> tuple[tuple[dra_devices.DeviceRef, str], ...]:
+    """Which of ``refs`` are unhealthy, with their cause (the module's rules)."""
     listed = {d.ref: d for view in inventory.nodes.values() for d in view.devices}
     out = []
-    for ref in held(claim):
+    for ref in refs:
         device = listed.get(ref)
         if device is None:
             if (ref.driver, ref.pool) in inventory.pools:
@@ -160,6 +167,22 @@ def move_target(
         return None
     devices = dra_holds.choose(freed.nodes[node], count)
     return (node, devices) if devices is not None else None
+
+
+def adoptable(
+    claim: Mapping[str, Any], hold: Mapping[str, Any], inventory: dra_devices.Inventory
+) -> tuple[str, tuple[dra_devices.DeviceRef, ...]] | None:
+    """A move already written to the claim's own hold but not to its status (the status
+    write lost a race, or the leader stopped between the two): the node and devices of
+    ``hold``'s allocation when they are healthy and not what the claim's status names, so
+    the claim's status is written to match instead of moving the hold again."""
+    devices = dra_holds.allocated(hold)
+    node = dra_holds.allocation_node(hold)
+    if not devices or not node or set(devices) == set(held(claim)):
+        return None
+    if unhealthy(devices, inventory) or {d.pool for d in devices} != {node}:
+        return None
+    return node, devices
 
 
 def _refs(bad: Iterable[tuple[dra_devices.DeviceRef, str]]) -> str:

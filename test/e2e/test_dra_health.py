@@ -185,7 +185,7 @@ def test_a_running_vms_hold_is_reported_not_moved_and_moves_once_the_vm_stops(
             claim_of(client, tenant, "serving"),
         ),
         lambda both: (
-            (both[0].get("status") or {}).get("phase") == "Running"
+            (both[0].get("status") or {}).get("phase") in ("Scheduled", "Running")
             and (both[1]["status"].get("attachment") or {}).get("vmi") == "vm-1"
         ),
         timeout=TIMEOUT,

@@ -234,3 +234,21 @@ def test_with_drain_moves_off_an_idle_hold_is_reported_not_moved() -> None:
 
     assert world.allocation("idle") == [("n1", "gpu-0")]
     assert condition(world.status("idle"), "DeviceUnhealthy") is not None
+
+
+def test_a_move_whose_status_write_lost_a_race_is_finished_from_its_hold() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("idle", "gpu-0")
+    world.publish("n1", ["gpu-0", "gpu-1"], tainted=("gpu-0",))
+    # The hold was moved to gpu-1 before, and the claim's status still names gpu-0.
+    moved = world.api.stored(ResourceClaim, "idle", NS)
+    assert moved is not None
+    moved["status"] = dra_holds.allocation([ref("gpu-1")], "n1", NOW)
+    world.ledger.apply_resource_claim(world.api.add(ResourceClaim, moved))
+    before = len(world.api.writes())
+
+    world.reconcile()
+
+    assert world.verbs()[before:] == [("replace_status", "GPUClaim")]
+    assert world.status("idle")["devices"] == [{"driver": DRIVER, "pool": "n1", "device": "gpu-1"}]
+    assert world.allocation("idle") == [("n1", "gpu-1")]
