@@ -191,7 +191,8 @@ def test_a_running_vms_hold_is_reported_not_moved_and_moves_once_the_vm_stops(
         timeout=TIMEOUT,
     )
 
-    driver.taint(node, bad[2], "NoExecute")
+    # NoSchedule: a NoExecute device taint would have kube-controller-manager evict the pod.
+    driver.taint(node, bad[2], "NoSchedule")
 
     claim = wait_for(
         "the claim to report its unhealthy device",
@@ -214,8 +215,8 @@ def test_a_running_vms_hold_is_reported_not_moved_and_moves_once_the_vm_stops(
     report = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "gpuoperator",
+            "-c",
+            "import sys; from gpuoperator.cli import main; sys.exit(main(sys.argv[1:]))",
             "status",
             f"--kubeconfig={kubeconfig}",
             f"--node={node}",
