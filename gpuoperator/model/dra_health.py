@@ -78,17 +78,30 @@ def held(claim: Mapping[str, Any]) -> tuple[dra_devices.DeviceRef, ...]:
 
 
 def bad_devices(
-    claim: Mapping[str, Any], inventory: dra_devices.Inventory
+    claim: Mapping[str, Any],
+    inventory: dra_devices.Inventory,
+    listed: Mapping[dra_devices.DeviceRef, dra_devices.Device] | None = None,
 ) -> tuple[tuple[dra_devices.DeviceRef, str], ...]:
-    """The claim's unhealthy devices with their cause (the module's rules)."""
-    return unhealthy(held(claim), inventory)
+    """The claim's unhealthy devices with their cause (the module's rules); ``listed`` is
+    :func:`listing` of ``inventory`` when the caller has it already."""
+    return unhealthy(held(claim), inventory, listed)
+
+
+def listing(
+    inventory: dra_devices.Inventory,
+) -> dict[dra_devices.DeviceRef, dra_devices.Device]:
+    """Every device of ``inventory`` by reference."""
+    return {d.ref: d for view in inventory.nodes.values() for d in view.devices}
 
 
 def unhealthy(
-    refs: Iterable[dra_devices.DeviceRef], inventory: dra_devices.Inventory
+    refs: Iterable[dra_devices.DeviceRef],
+    inventory: dra_devices.Inventory,
+    listed: Mapping[dra_devices.DeviceRef, dra_devices.Device] | None = None,
 ) -> tuple[tuple[dra_devices.DeviceRef, str], ...]:
     """Which of ``refs`` are unhealthy, with their cause (the module's rules)."""
-    listed = {d.ref: d for view in inventory.nodes.values() for d in view.devices}
+    if listed is None:
+        listed = listing(inventory)
     out = []
     for ref in refs:
         device = listed.get(ref)
@@ -108,8 +121,10 @@ def sick_holds(
     """The claims (of one DRA class) holding unhealthy devices, in order of creation;
     ``vmis`` are the cached VM instances by ``(namespace, name)``."""
     out = []
-    for claim in sorted(claims, key=orders.creation_order):
-        bad = bad_devices(claim, inventory)
+    listed = listing(inventory)
+    bound = [c for c in claims if held(c)]
+    for claim in sorted(bound, key=orders.creation_order):
+        bad = bad_devices(claim, inventory, listed)
         if not bad:
             continue
         ns = str(_mapping(claim.get("metadata")).get("namespace") or "")
