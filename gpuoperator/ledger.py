@@ -27,7 +27,11 @@ resource: the ledger also keeps the ResourceSlices, DeviceClasses and ResourceCl
 (``model.dra_devices``), with the devices that counted claims of DRA classes name held too
 (``model.dra_holds.counted_inventory``): an assumed bind holds its devices before its
 ResourceClaim's allocation is watched. A change of any of them tells listeners of every DRA
-class (and of the slice's node).
+class (and of the slice's node, the allocation's node, or every node for a DeviceClass). Which
+devices a class's selectors match is computed once per change of the slices or DeviceClasses
+(the CEL evaluation is what costs); the allocations and counted claims are laid over it on
+each read. :meth:`Ledger.node_dra` gives a node's figures per DRA class
+(``GPUNode.status.draDevices``).
 """
 
 from __future__ import annotations
@@ -105,8 +109,9 @@ class Ledger:
         self._slices: dict[Key, Obj] = {}
         self._device_classes: dict[str, Obj] = {}
         self._resource_claims: dict[Key, Obj] = {}
-        #: bumped by every change of the DRA objects: the inventories computed at an older
-        #: value are stale (a class's own entry goes when its source changes)
+        #: bumped by every change of the ResourceSlices or DeviceClasses: the inventories
+        #: computed at an older value are stale (a class's own entry goes when its source
+        #: changes; allocations are added to them on each read)
         self._dra_epoch = 0
         #: class name -> (epoch, its inventory before the counted claims' devices)
         self._dra_found: dict[str, tuple[int, dra_devices.Inventory]] = {}
@@ -459,14 +464,12 @@ class Ledger:
 
     def apply_resource_claim(self, obj: Obj) -> None:
         with self._lock:
-            self._dra_epoch += 1
             old = self._resource_claims.get(key_of(obj))
             self._resource_claims[key_of(obj)] = obj
         self._dra_changed(self._allocation_node(old) | self._allocation_node(obj))
 
     def delete_resource_claim(self, obj: Obj) -> None:
         with self._lock:
-            self._dra_epoch += 1
             old = self._resource_claims.pop(key_of(obj), None)
         self._dra_changed(self._allocation_node(old) | self._allocation_node(obj))
 
@@ -476,8 +479,9 @@ class Ledger:
             return self._resource_claims.get(key)
 
     def _found_inventory(self, class_name: str) -> dra_devices.Inventory | None:
-        """The DRA class's devices from the DRA objects alone (under the lock), computed
-        once per change of them (its selectors' CEL is the costly part)."""
+        """The DRA class's devices from the slices and its DeviceClass, none held yet (under
+        the lock), computed once per change of them: its selectors' CEL is the costly part,
+        and allocations do not change which devices match (:meth:`_held_devices` adds them)."""
         cls = self._classes.get(class_name)
         source = gpuclasses.dra(cls) if cls is not None else None
         if source is None:
@@ -493,15 +497,16 @@ class Ledger:
             found = dra_devices.inventory(
                 self._slices.values(),
                 device_class,
-                self._resource_claims.values(),
+                (),
                 topology_attribute=source.topology_attribute,
             )
         self._dra_found[class_name] = (self._dra_epoch, found)
         return found
 
-    def _claimed_devices(self) -> set[dra_devices.DeviceRef]:
-        """The devices the counted claims of DRA classes name (under the lock)."""
-        return dra_holds.claimed(
+    def _held_devices(self) -> set[dra_devices.DeviceRef]:
+        """The devices held (under the lock): by an allocation of a cached ResourceClaim,
+        whoever wrote it, or named by a counted claim of a DRA class."""
+        return dra_devices.held_devices(self._resource_claims.values()) | dra_holds.claimed(
             self._assumed.counted(k, claim)
             for name in self._dra_classes()
             for k, claim in self._claims_by_class.get(name, {}).items()
@@ -517,7 +522,7 @@ class Ledger:
             found = self._found_inventory(class_name)
             if found is None:
                 return None
-            return dra_holds.counted_inventory(found, self._claimed_devices())
+            return dra_holds.counted_inventory(found, self._held_devices())
 
     def node_dra(self, name: str) -> list[dra_nodes.DraFigures]:
         """The node's devices of each DRA class (``GPUNode.status.draDevices``,
@@ -532,7 +537,7 @@ class Ledger:
                 if view is None:
                     continue
                 if claimed is None:
-                    claimed = self._claimed_devices()
+                    claimed = self._held_devices()
                 source = gpuclasses.dra(self._classes[class_name])
                 assert source is not None
                 one = dra_devices.Inventory(nodes={name: view}, reasons=())

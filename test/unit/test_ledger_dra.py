@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import pytest
+
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import capacity, claim_states, dra_devices, dra_holds
 from gpuoperator.runtime.informing import Handlers
@@ -190,3 +192,34 @@ def test_a_node_view_lists_its_dra_devices_with_held_and_tainted_ones_and_follow
     ledger.forget(("t", "hold"))
     view = ledger.node("n1")
     assert view is not None and view.dra[0]["allocated"] == 0
+
+
+def test_the_selectors_run_once_per_slice_change_and_allocations_are_laid_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ledger, _ = world()
+    runs: list[int] = []
+    real = dra_devices.inventory
+
+    def counting(*args: Any, **kwargs: Any) -> dra_devices.Inventory:
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("gpuoperator.ledger.dra_devices.inventory", counting)
+    assert free(ledger) == {"n1": 3, "n2": 1}
+    assert free(ledger) == {"n1": 3, "n2": 1}
+    assert len(runs) == 1
+    # An allocation changes the figures without running the selectors again.
+    hold = {
+        "metadata": {"namespace": "t", "name": "own"},
+        "status": dra_holds.allocation([ref("gpu-0")], "n1", NOW),
+    }
+    ledger.apply_resource_claim(hold)
+    assert free(ledger) == {"n1": 2, "n2": 1}
+    ledger.delete_resource_claim(hold)
+    assert free(ledger) == {"n1": 3, "n2": 1}
+    assert len(runs) == 1
+    # A slice change does.
+    ledger.apply_resource_slice(slice_of("n2", "gpu-0", "gpu-1"))
+    assert free(ledger) == {"n1": 3, "n2": 2}
+    assert len(runs) == 2
