@@ -29,6 +29,7 @@ operator (``hooks``, ``harness.webhooks.webhook_operator``). In the last two, te
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 import uuid
@@ -102,6 +103,26 @@ def local_cluster() -> Iterator[LocalCluster | None]:
         cluster.down(quiet=True)
 
 
+def wait_published(kubeconfig: Path, timeout: float = 60) -> None:
+    """Wait until the API server publishes every CRD's schema in its OpenAPI v3: the
+    MutatingAdmissionPolicy that sets the claim-protection finalizer patches a GPUClaim
+    through that schema, and until it is there a create is refused with 503 ("Resource kind
+    ... not found"), which a first test right after the deployment can meet."""
+    crds = json.loads(kubectl(kubeconfig, "get", "crd", "-o", "json"))["items"]
+    for crd in crds:
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        prefix = ".".join(reversed(group.split(".")))
+        for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served")):
+            path = f"/openapi/v3/apis/{group}/{version}"
+            wanted = f'"{prefix}.{version}.{kind}"'
+            wait_for(
+                f"the API server to publish the schema of {kind} ({group}/{version})",
+                lambda path=path: kubectl(kubeconfig, "get", "--raw", path),  # type: ignore[misc]
+                lambda body, wanted=wanted: wanted in body,  # type: ignore[misc]
+                timeout=timeout,
+            )
+
+
 @pytest.fixture(scope="session")
 def deployed(
     local_cluster: LocalCluster | None, tmp_path_factory: pytest.TempPathFactory
@@ -124,6 +145,7 @@ def deployed(
         start = time.monotonic()
         deploy_to(admin, rendered, log=lambda _msg: None)
         wait_servable(admin)
+        wait_published(admin)
         _timings["deploying config/overlays/dev"] = time.monotonic() - start
     token = deployment.token_kubeconfig(
         kubectl_binary(), admin, rendered, tmp_path_factory.mktemp("operator") / "kubeconfig"
