@@ -8,7 +8,8 @@ node is not eligible for a class. Read-only.
 there with what a drain does with it (``model.draining``): an idle hold and the nodes with
 room for it now, or that it fits nowhere else; a claim serving a VM, which blocks the drain
 (GPU VMs cannot live-migrate), with the tenant and the VM; and which tenants to ask. The
-DRA holds there whose devices are tainted or gone are listed with what device health does
+node's devices of each DRA class are counted (as its GPUNode's ``draDevices``), and the DRA
+holds there whose devices are tainted or gone are listed with what device health does
 with them (``model.dra_health``): an idle one moves, one serving a VM stays.
 
 ``gpuoperator status`` lists, beside the device-plugin resources, each node's devices of
@@ -211,6 +212,24 @@ def node(
         out[-1] += ", ".join(blocking)
     else:
         out.append("BLOCKING THE DRAIN: no VM")
+    view = ledger.node(node_name)
+    dra = [
+        [
+            e["name"],
+            e["deviceClassName"],
+            str(e["count"]),
+            str(e["allocated"]),
+            str(e["tainted"]),
+            str(e["free"]),
+        ]
+        for e in (view.dra if view is not None else [])
+    ]
+    if dra:
+        out.append("")
+        out.append("DRA DEVICES")
+        out.append(
+            _table([["CLASS", "DEVICECLASS", "DEVICES", "ALLOCATED", "TAINTED", "FREE"], *dra])
+        )
     sick = _unhealthy_rows(ledger, classes, node_name, claims, vmis)
     if len(sick) > 1:
         out.append("")

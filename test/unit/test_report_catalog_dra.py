@@ -99,6 +99,8 @@ def test_the_node_view_lists_dra_holds_on_unhealthy_devices_and_what_becomes_of_
     text = report.node(ledger, {"dra-a10": dra_class}, "d1", claims, vmis)
 
     lines = text.splitlines()
+    figures = lines.index("DRA DEVICES")
+    assert lines[figures + 2].split() == ["dra-a10", "all.example.com", "3", "3", "2", "0"]
     start = lines.index("HOLDS ON UNHEALTHY DEVICES")
     rows = lines[start + 2 :]
     assert len(rows) == 2
