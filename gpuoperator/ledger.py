@@ -476,6 +476,16 @@ class Ledger:
             )
             return dra_holds.counted_inventory(found, dra_holds.claimed(counted))
 
+    def dra_held_outside(self, class_name: str) -> tuple[dra_holds.OutsideHold, ...] | None:
+        """The DRA class's devices that allocations of ResourceClaims other than the holds
+        hold (``model.dra_holds.held_outside``); ``None`` for a class that is unknown or not
+        a DRA class."""
+        inventory = self.dra_inventory(class_name)
+        if inventory is None:
+            return None
+        with self._lock:
+            return dra_holds.held_outside(inventory, list(self._resource_claims.values()))
+
     # ---- queries ----------------------------------------------------------------------
     def gpu_resources(self) -> set[str]:
         """Resources the operator counts as GPUs: those named by a class or permitted as
