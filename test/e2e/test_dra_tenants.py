@@ -31,6 +31,7 @@ import pytest
 from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim
 from gpuoperator.model import dra_holds
+from gpuoperator.runtime.kinds import ValidatingAdmissionPolicy
 from harness import dra_driver, kube, objects
 from harness.claims import create_claim
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
@@ -226,6 +227,23 @@ def delete_claim(world: World, name: str) -> None:
 
 
 # ---- the tenant ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["gpu-operator-dra-claims", "gpu-operator-dra-claim-templates"])
+def test_the_policy_type_checks_clean_against_its_kind(
+    api: pykube.HTTPClient, deployed: Deployed, policy: str
+) -> None:
+    """The API server type-checks the expressions against the kind's schema in the
+    background; a field the schema lacks or a type mismatch shows up as a warning."""
+    seen = wait_for(
+        f"{policy}'s type-checking status",
+        lambda: dict(ValidatingAdmissionPolicy.objects(api).get(name=policy).obj),
+        until=lambda p: (
+            p.get("status", {}).get("observedGeneration") == p["metadata"]["generation"]
+        ),
+        timeout=120,
+    )
+    assert seen["status"].get("typeChecking", {}).get("expressionWarnings", []) == []
 
 
 def test_a_tenant_is_refused_claims_and_templates_of_the_class_device_class_but_not_others(
