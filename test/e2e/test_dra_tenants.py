@@ -14,6 +14,8 @@ ResourceClaim, so a DRA class's devices are handed out by the binder alone.
   gone the waiting order gets the device.
 * Deleting a GPUClaim frees its device: its ResourceClaim goes, and an order waiting for a
   device gets that one.
+* A DeviceClass's ``extendedResourceName`` joins the guarded resource names: a tenant's pod
+  asking for it by name is refused as a pod asking for a device-plugin resource.
 
 The oracle is what the API server holds (the ResourceClaims' allocations, the pods, the
 GPUClaims and GPUClass as stored) and kube-scheduler's own conditions, never the ledger."""
@@ -29,7 +31,7 @@ import pykube
 import pytest
 
 from gpuoperator import names
-from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim
+from gpuoperator.kinds import DeviceClass, GPUClaim, GPUClass, ResourceClaim
 from gpuoperator.model import dra_holds
 from gpuoperator.runtime.kinds import ValidatingAdmissionPolicy
 from harness import dra_driver, kube, objects
@@ -436,3 +438,69 @@ def test_deleting_a_gpuclaim_frees_its_device_and_a_waiting_order_gets_it(
     assert sorted(d for ds in held.values() for d in ds) == sorted(DEVICES)
     delete_claim(world, "b")
     delete_claim(world, "c")
+
+
+# ---- DRA extended resources -----------------------------------------------------------------
+
+
+def test_a_dra_device_class_extended_resource_name_is_guarded_as_a_class_resource(
+    world: World,
+    start_operator: Start,
+    deployed: Deployed,
+    api: pykube.HTTPClient,
+    kubeconfig: Path,
+    namespace: str,
+) -> None:
+    """A DeviceClass with spec.extendedResourceName lets a pod ask kube-scheduler for its
+    devices by resource name: the operator adds the name to the guarded resource names, so
+    a tenant's pod asking for it is refused as a pod asking for a device-plugin resource."""
+    del world  # the module's node and driver, whose devices the DeviceClass selects
+    device_class = f"a10-tenants-ext-{TAG}.example.com"
+    resource = f"example.com/a10-ext-{TAG}"
+    obj = dra_driver.device_class(device_class, SELECTOR)
+    obj["spec"]["extendedResourceName"] = resource
+    dc = DeviceClass(api, obj)
+    dc.create()
+    cls = GPUClass(
+        api,
+        objects.gpuclass(
+            f"{CLASS}-ext",
+            source={"dra": {"deviceClassName": device_class}},
+            vendor="nvidia",
+            model="A10",
+        ),
+    )
+    cls.create()
+    try:
+        assert dc.obj["spec"].get("extendedResourceName") == resource, (
+            "the API server dropped spec.extendedResourceName (DRA extended resources off)"
+        )
+        start_operator()
+
+        def resource_names() -> list[str]:
+            found = pykube.ConfigMap.objects(api, namespace=deployed.namespace).get(
+                name=names.POLICY_PARAMS_CONFIGMAP
+            )
+            return str((found.obj.get("data") or {}).get("resourceNames") or "").split(",")
+
+        wait_for(
+            f"the policy parameters to name {resource}", resource_names, lambda r: resource in r
+        )
+        ns = namespace
+        tenant = as_tenant(kubeconfig, api, ns)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "by-name", "namespace": ns},
+            "spec": {
+                "containers": [
+                    {"name": "c", "image": "busybox", "resources": {"limits": {resource: "1"}}}
+                ]
+            },
+        }
+        with refused(403) as by_name:
+            pykube.Pod(tenant, pod).create()
+        assert by_name[0].names(f"pod {ns}/by-name requests {resource}"), by_name[0].message
+    finally:
+        cls.delete()
+        dc.delete()
