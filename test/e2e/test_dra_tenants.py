@@ -6,7 +6,8 @@ ResourceClaim, so a DRA class's devices are handed out by the binder alone.
   naming the class's DeviceClass (``exactly`` or a ``firstAvailable`` alternative), with the
   field, the DeviceClass and what to do instead; so is a cluster administrator in her
   namespace; a claim or template of another DeviceClass is hers; a template's spec cannot be
-  changed afterwards to name the class's DeviceClass.
+  changed afterwards to name the class's DeviceClass; a template admitted before its
+  DeviceClass became a class's yields no claim (kube-controller-manager is refused too).
 * In the exempt hoster namespace a pod on a template for the class's DeviceClass is placed
   by kube-scheduler on a free device, never on one a hold has; the device it takes is
   counted as used (an order for it waits) and the class's ``DevicesHeldOutside`` condition
@@ -501,6 +502,64 @@ def test_a_dra_device_class_extended_resource_name_is_guarded_as_a_class_resourc
         with refused(403) as by_name:
             pykube.Pod(tenant, pod).create()
         assert by_name[0].names(f"pod {ns}/by-name requests {resource}"), by_name[0].message
+    finally:
+        cls.delete()
+        dc.delete()
+
+
+def test_a_template_admitted_before_its_device_class_was_a_class_yields_no_claim(
+    world: World,
+    start_operator: Start,
+    deployed: Deployed,
+    api: pykube.HTTPClient,
+    kubeconfig: Path,
+    namespace: str,
+) -> None:
+    """The control plane gets no pass outside the exempt namespaces: kube-controller-manager's
+    resource-claim controller is refused the claim of a template admitted before its
+    DeviceClass became a class's, the refusal is in its Event on the pod, and the pod stays
+    unscheduled with no ResourceClaim (kube-scheduler has nothing to allocate)."""
+    del world  # the module's node and driver, whose devices the DeviceClass selects
+    late = f"a10-tenants-late-{TAG}.example.com"
+    dc = DeviceClass(api, dra_driver.device_class(late, SELECTOR))
+    dc.create()
+    tenant = as_tenant(kubeconfig, api, namespace)
+    template_kind(tenant)(tenant, template(namespace, "early", request(late))).create()
+    cls = GPUClass(
+        api,
+        objects.gpuclass(
+            f"{CLASS}-late", source={"dra": {"deviceClassName": late}}, vendor="nvidia", model="A10"
+        ),
+    )
+    cls.create()
+    try:
+        start_operator()
+
+        def device_classes() -> list[str]:
+            found = pykube.ConfigMap.objects(api, namespace=deployed.namespace).get(
+                name=names.POLICY_PARAMS_CONFIGMAP
+            )
+            return str((found.obj.get("data") or {}).get("deviceClassNames") or "").split(",")
+
+        wait_for(f"the policy parameters to name {late}", device_classes, lambda d: late in d)
+        pod = pykube.Pod(tenant, pod_on_template(namespace, "on-early", "early"))
+        pod.create()
+        messages = wait_for(
+            "the resource-claim controller's refusal on the pod",
+            lambda: [
+                str(e.obj.get("message") or "")
+                for e in pykube.Event.objects(api, namespace=namespace).filter(
+                    field_selector={"involvedObject.name": "on-early"}
+                )
+            ],
+            lambda found: any(f"names DeviceClass {late}" in m for m in found),
+            timeout=TIMEOUT,
+        )
+        assert any("may not create such a ResourceClaim here" in m for m in messages), messages
+        assert list(ResourceClaim.objects(api, namespace=namespace)) == []
+        pod.reload()
+        assert not pod.obj["spec"].get("nodeName")
+        pod.delete()
     finally:
         cls.delete()
         dc.delete()
