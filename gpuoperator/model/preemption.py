@@ -33,7 +33,8 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpuoperator.model import claims, conditions, draining, objects
+from gpuoperator.model import binding, capacity, claims, conditions, draining, objects, orders
+from gpuoperator.model import classes as gpuclasses
 
 Key = claims.Key
 
@@ -156,3 +157,79 @@ def spot_holds(
             stamp = status.get("boundTime") if isinstance(status, Mapping) else None
             out.append(SpotHold(hold.key, hold.count, False, _since(stamp)))
     return out
+
+
+def spot_classes(cls: Mapping[str, Any], classes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The preemptible classes whose holds a claim of ``cls`` may take back: every
+    preemptible class on the same device-plugin resource, when ``cls`` itself is not
+    preemptible (a spot order takes nothing back); none for a DRA class (not built)."""
+    resource = gpuclasses.resource_name(dict(cls))
+    if not resource or gpuclasses.preemptible(dict(cls)):
+        return []
+    return sorted(
+        gpuclasses.name(dict(c))
+        for c in classes
+        if gpuclasses.preemptible(dict(c)) and gpuclasses.resource_name(dict(c)) == resource
+    )
+
+
+def take_back_for(
+    claim: Mapping[str, Any],
+    cls: Mapping[str, Any],
+    spot: Iterable[str],
+    nodes: Iterable[dict[str, Any]],
+    ledger: capacity.Ledger,
+    spot_claims: Iterable[Mapping[str, Any]],
+    vmis: Mapping[Key, Mapping[str, Any]],
+    policy: binding.Policy,
+    now: datetime.datetime,
+) -> TakeBack | None:
+    """What the guaranteed ``claim`` of ``cls`` takes back, and where (:func:`choose`),
+    among the nodes serving ``cls`` that it has not refused and that could hold it at all
+    (allocatable >= its count), in the placement policy's order. ``spot`` are the classes
+    it may take from (:func:`spot_classes`), ``spot_claims`` their claims as counted.
+
+    Only idle spot holds are candidates: stopping running spot VMs is not built, so a node
+    where only running VMs could make room is no candidate."""
+    spot = set(spot)
+    if not spot:
+        return None
+    need = orders.ordered_count(dict(claim))
+    if need < 1:
+        return None
+    resource = gpuclasses.resource_name(dict(cls))
+    refused = binding.unexpired_refusals(dict(claim), now)
+    names = [
+        n
+        for n in binding.serving_nodes(dict(cls), nodes, ledger)
+        if n not in refused and ledger.allocatable(n, resource) >= need
+    ]
+    ordered = binding.policy_order(((n, ledger.free(n, resource)) for n in names), policy)
+    claims_list = list(spot_claims)
+    layout = []
+    for name, free in ordered:
+        holds = [h for h in spot_holds(name, claims_list, vmis, spot) if not h.running]
+        layout.append((name, free, holds))
+    return choose(need, layout)
+
+
+def room(
+    cls: Mapping[str, Any],
+    spot: Iterable[str],
+    nodes: Iterable[dict[str, Any]],
+    ledger: capacity.Ledger,
+    spot_claims: Iterable[Mapping[str, Any]],
+) -> tuple[int, int]:
+    """``(reclaimable, most on one node)`` for a claim of ``cls``: the units of the idle
+    preemptible holds (of ``spot``) on the nodes serving ``cls``, and the most units one
+    claim can get on one of them, free and taken back together (class status; the order
+    webhook admits up to it)."""
+    spot = set(spot)
+    resource = gpuclasses.resource_name(dict(cls))
+    claims_list = list(spot_claims)
+    total, most = 0, 0
+    for name in binding.serving_nodes(dict(cls), nodes, ledger):
+        idle = reclaimable(h for h in spot_holds(name, claims_list, {}, spot) if not h.running)
+        total += idle
+        most = max(most, ledger.free(name, resource) + idle)
+    return total, most

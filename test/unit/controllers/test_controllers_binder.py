@@ -659,3 +659,76 @@ def test_a_pass_while_a_refusal_write_is_in_flight_does_not_bind_over_the_old_bi
     assert versions == [("Pending", "")], "the claim changed node without being released"
     world.reconcile("a10")
     assert versions == [("Pending", ""), ("Bound", "n-1")]
+
+
+# -- preemptible classes: a guaranteed order takes idle spot holds back -------------------------
+
+
+def spot_world(world: World) -> World:
+    """A guaranteed class and a preemptible one on one resource, a 4-unit node full of two
+    idle spot holds (``old`` bound first, ``new`` after)."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_class(objects.gpuclass("a10-spot", resource=RESOURCE, preemptible=True))
+    world.put_node(node("n1", {RESOURCE: 4}))
+    for name, second in (("old", 1), ("new", 2)):
+        world.put_claim(
+            claim(
+                name,
+                class_name="a10-spot",
+                count=2,
+                created=at(second),
+                phase="Bound",
+                node="n1",
+                status={"boundTime": at(second)},
+            )
+        )
+    return world
+
+
+def test_a_guaranteed_order_takes_back_the_newest_idle_spot_hold_and_binds_in_the_same_pass(
+    world: World,
+) -> None:
+    spot_world(world)
+    world.put_claim(claim("order", class_name="a10", count=2, created=at(3)))
+    world.reconcile("a10")
+    assert world.status("order")["phase"] == "Bound"
+    assert world.status("order")["nodeName"] == "n1"
+    taken = world.status("new")
+    assert taken["phase"] == "Pending" and "nodeName" not in taken
+    reason = next(c for c in taken["conditions"] if c["type"] == "Bound")["reason"]
+    assert reason == "Preempted"
+    assert world.status("old")["nodeName"] == "n1"
+    assert world.held("n1") == 4
+    # The hold taken back is written before the order's binding: never 6 units promised.
+    assert world.writes() == ["new", "order"]
+    preempted = [e for e in world.events.events if e["reason"] == "Preempted"]
+    assert [(e["name"], e["type"]) for e in preempted] == [("new", "Normal")]
+    assert "guaranteed claim tenant-a/order of class a10" in preempted[0]["message"]
+
+
+def test_a_take_back_whose_write_fails_binds_nothing_over_the_hold(world: World) -> None:
+    spot_world(world)
+    world.put_claim(claim("order", class_name="a10", count=2, created=at(3)))
+
+    def boom(_obj: Obj) -> None:
+        raise errors.ApiError(422, "Invalid", "status: Invalid value")
+
+    world.api.before.update(new=boom)
+    with pytest.raises(errors.ApiError):
+        world.reconcile("a10")
+    assert world.status("order").get("phase") != "Bound"
+    assert world.status("new")["phase"] == "Bound"
+    assert world.held("n1") == 4
+
+
+def test_a_spot_order_and_an_order_that_fits_take_nothing_back(world: World) -> None:
+    spot_world(world)
+    world.put_node(node("n2", {RESOURCE: 2}))
+    world.put_claim(claim("fits", class_name="a10", count=2, created=at(3)))
+    world.put_claim(claim("spot-order", class_name="a10-spot", count=2, created=at(4)))
+    world.reconcile("a10")
+    world.reconcile("a10-spot")
+    assert world.status("fits")["nodeName"] == "n2"
+    assert world.status("spot-order").get("phase") != "Bound"
+    assert world.status("new")["phase"] == world.status("old")["phase"] == "Bound"
+    assert not [e for e in world.events.events if e["reason"] == "Preempted"]

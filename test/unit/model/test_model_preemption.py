@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuoperator.model import preemption
+from gpuoperator.model import capacity, preemption
 from gpuoperator.model.preemption import SpotHold
 
 EPOCH = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -247,3 +247,99 @@ def test_spot_holds_are_the_preemptible_claims_on_the_node_with_their_vms() -> N
         SpotHold(("t", "spot-idle"), 2, False, at("2026-01-01T01:00:00+00:00")),
     ]
     assert preemption.spot_holds("n1", claims, vmis, []) == []
+
+
+# -- on objects: classes, nodes, the capacity ledger ------------------------------------------
+
+RES = "example.com/gpu"
+
+
+def _gpuclass(name: str, *, preemptible: bool = False, resource: str = RES) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "mode": "passthrough",
+        "source": {"devicePlugin": {"resourceName": resource}},
+    }
+    if preemptible:
+        spec["preemptible"] = True
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def _node(name: str, units: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {},
+        "status": {
+            "allocatable": {RES: str(units)},
+            "capacity": {RES: str(units)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def _bound(
+    name: str, cls: str, count: int, node: str, second: int, vmi: str = ""
+) -> dict[str, Any]:
+    found = claim(name, cls, bound=f"2026-01-01T00:00:{second:02d}Z", vmi=vmi)
+    found["spec"]["count"] = count
+    found["status"]["nodeName"] = node
+    return found
+
+
+def test_only_a_guaranteed_class_takes_back_and_only_from_spot_classes_on_its_resource() -> None:
+    classes = [
+        _gpuclass("a10"),
+        _gpuclass("a10-spot", preemptible=True),
+        _gpuclass("a10-cheap", preemptible=True),
+        _gpuclass("l40-spot", preemptible=True, resource="example.com/other"),
+    ]
+    assert preemption.spot_classes(classes[0], classes) == ["a10-cheap", "a10-spot"]
+    assert preemption.spot_classes(classes[1], classes) == []
+
+
+def _world() -> tuple[list[dict[str, Any]], capacity.Ledger, list[dict[str, Any]]]:
+    nodes = [_node("n1", 4), _node("n2", 2)]
+    spot = [
+        _bound("idle-n1", "a10-spot", 2, "n1", 1),
+        _bound("vm-n1", "a10-spot", 2, "n1", 2, vmi="vm"),
+        _bound("idle-n2", "a10-spot", 1, "n2", 3),
+    ]
+    ledger = capacity.Ledger()
+    for n in nodes:
+        ledger.set_node(n)
+    for c in spot:
+        ledger.set_claim(c, RES)
+    return nodes, ledger, spot
+
+
+def test_a_take_back_is_chosen_among_serving_nodes_from_idle_holds_only() -> None:
+    nodes, ledger, spot = _world()
+    order: dict[str, Any] = {
+        "metadata": {"name": "o", "namespace": "t"},
+        "spec": {"className": "a10", "count": 2},
+    }
+    found = preemption.take_back_for(
+        order, _gpuclass("a10"), ["a10-spot"], nodes, ledger, spot, {}, "binpack", EPOCH
+    )
+    # n2 has 1 free and a 1-unit idle hold: taking it back stops no VM and takes 1 unit.
+    assert found is not None
+    assert (found.node, names(found)) == ("n2", ["idle-n2"])
+    # Refused n2: n1, where only the idle hold may go (the VM's is never a candidate).
+    order["status"] = {"refusedNodes": [{"nodeName": "n2", "until": "2026-01-01T01:00:00Z"}]}
+    found = preemption.take_back_for(
+        order, _gpuclass("a10"), ["a10-spot"], nodes, ledger, spot, {}, "binpack", EPOCH
+    )
+    assert found is not None and (found.node, names(found)) == ("n1", ["idle-n1"])
+    # 4 units: n1 would need the running VM's units too: nothing is taken.
+    order["spec"]["count"] = 4
+    assert (
+        preemption.take_back_for(
+            order, _gpuclass("a10"), ["a10-spot"], nodes, ledger, spot, {}, "binpack", EPOCH
+        )
+        is None
+    )
+
+
+def test_room_counts_free_and_idle_spot_units_per_node() -> None:
+    nodes, ledger, spot = _world()
+    # n1: 0 free + 2 idle; n2: 1 free + 1 idle.
+    assert preemption.room(_gpuclass("a10"), ["a10-spot"], nodes, ledger, spot) == (3, 2)
