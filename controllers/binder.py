@@ -90,6 +90,7 @@ from gpuoperator.model import (
     dra_holds,
     gpu_hours,
     orders,
+    preemption,
 )
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
@@ -272,7 +273,7 @@ class Binder:
             message = claim_states.preempted_message(
                 found.node, by, gpuclasses.name(cls), orders.ordered_class(spot)
             )
-            status = claim_states.preempted(spot, message, now)
+            status = claim_states.preempted(spot, message, now, clear=(preemption.CONDITION,))
             intended.append((self.statuses.assume(spot, status), message))
         futures = [
             self._pool.submit(

@@ -637,14 +637,25 @@ class Ledger:
         vmis: Mapping[Key, Obj],
         policy: binding.Policy,
         now: datetime.datetime,
+        *,
+        running: bool = False,
     ) -> preemption.TakeBack | None:
         """What guaranteed ``claim`` takes back from ``spot_claims`` (:meth:`spot_claims`),
-        on the current figures (``model.preemption.take_back_for``); ``vmis`` are the VM
-        instances they serve by ``(namespace, name)``."""
+        on the current figures (``model.preemption.take_back_for``, running VMs too with
+        ``running``); ``vmis`` are the VM instances they serve by ``(namespace, name)``."""
         with self._lock:
             spot = preemption.spot_classes(cls, self._classes.values())
             return preemption.take_back_for(
-                claim, cls, spot, self._nodes.values(), self._ledger, spot_claims, vmis, policy, now
+                claim,
+                cls,
+                spot,
+                self._nodes.values(),
+                self._ledger,
+                spot_claims,
+                vmis,
+                policy,
+                now,
+                running=running,
             )
 
     def candidates(self, claim: Obj, cls: Obj, now: datetime.datetime) -> list[tuple[str, int]]:

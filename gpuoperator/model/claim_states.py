@@ -200,10 +200,19 @@ def preempted_message(node: str, by: str, by_class: str, spot_class: str) -> str
     )
 
 
-def preempted(claim: Mapping[str, Any], message: str, now: datetime.datetime) -> Obj:
+def preempted(
+    claim: Mapping[str, Any],
+    message: str,
+    now: datetime.datetime,
+    *,
+    clear: Iterable[str] = (),
+) -> Obj:
     """``claim`` (Bound, of a preemptible class, serving no VM) gives its units back:
-    ``Pending`` with reason :data:`PREEMPTED`, the open usage interval closed."""
+    ``Pending`` with reason :data:`PREEMPTED`, the open usage interval closed; the
+    conditions of the types in ``clear`` are removed."""
     status = _status(claim)
+    gone = set(clear)
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") not in gone]
     status["phase"] = gpuclaims.Phase.PENDING
     status.pop("nodeName", None)
     status.pop("boundTime", None)

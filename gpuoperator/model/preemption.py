@@ -31,12 +31,21 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from gpuoperator.model import binding, capacity, claims, conditions, draining, objects, orders
 from gpuoperator.model import classes as gpuclasses
 
 Key = claims.Key
+
+#: The condition on a preemptible claim whose running VM is to be stopped for a guaranteed
+#: order (True from the notice until the hold is taken back or no order needs it).
+CONDITION: Final = "Preempting"
+#: Its reason while the VM runs on borrowed time, and once it has been stopped.
+STOP_SCHEDULED: Final = "StopScheduled"
+VM_STOPPED: Final = "VMStopped"
+#: The Event reasons of a notice withdrawn, and of the VM stopped.
+CANCELLED: Final = "PreemptionCancelled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,14 +192,17 @@ def take_back_for(
     vmis: Mapping[Key, Mapping[str, Any]],
     policy: binding.Policy,
     now: datetime.datetime,
+    *,
+    running: bool = False,
 ) -> TakeBack | None:
     """What the guaranteed ``claim`` of ``cls`` takes back, and where (:func:`choose`),
     among the nodes serving ``cls`` that it has not refused and that could hold it at all
     (allocatable >= its count), in the placement policy's order. ``spot`` are the classes
     it may take from (:func:`spot_classes`), ``spot_claims`` their claims as counted.
 
-    Only idle spot holds are candidates: stopping running spot VMs is not built, so a node
-    where only running VMs could make room is no candidate."""
+    Without ``running`` only idle spot holds are candidates (what the binder takes back at
+    once); with it running spot VMs are too (what the preemption controller stops, after
+    the grace period, when idle holds are not enough)."""
     spot = set(spot)
     if not spot:
         return None
@@ -208,7 +220,7 @@ def take_back_for(
     claims_list = list(spot_claims)
     layout = []
     for name, free in ordered:
-        holds = [h for h in spot_holds(name, claims_list, vmis, spot) if not h.running]
+        holds = [h for h in spot_holds(name, claims_list, vmis, spot) if running or not h.running]
         layout.append((name, free, holds))
     return choose(need, layout)
 
@@ -220,16 +232,49 @@ def room(
     ledger: capacity.Ledger,
     spot_claims: Iterable[Mapping[str, Any]],
 ) -> tuple[int, int]:
-    """``(reclaimable, most on one node)`` for a claim of ``cls``: the units of the idle
-    preemptible holds (of ``spot``) on the nodes serving ``cls``, and the most units one
-    claim can get on one of them, free and taken back together (class status; the order
-    webhook admits up to it)."""
+    """``(reclaimable, most on one node)`` for a claim of ``cls``: the units of the
+    preemptible holds (of ``spot``, idle or running a VM) on the nodes serving ``cls``, and
+    the most units one claim can get on one of them, free and taken back together (class
+    status; the order webhook admits up to it)."""
     spot = set(spot)
     resource = gpuclasses.resource_name(dict(cls))
     claims_list = list(spot_claims)
     total, most = 0, 0
     for name in binding.serving_nodes(dict(cls), nodes, ledger):
-        idle = reclaimable(h for h in spot_holds(name, claims_list, {}, spot) if not h.running)
-        total += idle
-        most = max(most, ledger.free(name, resource) + idle)
+        units = reclaimable(spot_holds(name, claims_list, {}, spot))
+        total += units
+        most = max(most, ledger.free(name, resource) + units)
     return total, most
+
+
+def notice_message(vmi: str, order: str, order_class: str, node: str, at: datetime.datetime) -> str:
+    return (
+        f"VM {vmi} will be stopped at {conditions.stamp(at)} (preemptionGrace): guaranteed "
+        f"claim {order} of class {order_class} needs the units it uses on node {node}; stop "
+        "it before then to choose the moment yourself"
+    )
+
+
+def stopped_message(vmi: str, order: str) -> str:
+    return f"VM {vmi} was stopped: guaranteed claim {order} takes back the units it used"
+
+
+def cancelled_message() -> str:
+    return "no guaranteed order needs the units of this claim's VM any more; it keeps running"
+
+
+def notice(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The claim's :data:`CONDITION` when it is True."""
+    status = claim.get("status")
+    found = conditions.find(
+        status.get("conditions") if isinstance(status, Mapping) else None, CONDITION
+    )
+    return found if found is not None and found.get("status") == "True" else None
+
+
+def stop_at(claim: Mapping[str, Any], grace: float) -> datetime.datetime | None:
+    """When the VM on ``claim`` is to be stopped: ``grace`` seconds after the notice was
+    given (its condition's ``lastTransitionTime``); ``None`` without a notice."""
+    found = notice(claim)
+    since = conditions.parse_stamp(found.get("lastTransitionTime")) if found else None
+    return None if since is None else since + datetime.timedelta(seconds=grace)

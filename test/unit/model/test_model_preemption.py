@@ -7,6 +7,7 @@ The oracle of the property tests is plain arithmetic over the rules of docs/desi
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Any
 
 from hypothesis import given, settings
@@ -339,7 +340,53 @@ def test_a_take_back_is_chosen_among_serving_nodes_from_idle_holds_only() -> Non
     )
 
 
-def test_room_counts_free_and_idle_spot_units_per_node() -> None:
+def test_room_counts_free_and_every_spot_unit_per_node() -> None:
     nodes, ledger, spot = _world()
-    # n1: 0 free + 2 idle; n2: 1 free + 1 idle.
-    assert preemption.room(_gpuclass("a10"), ["a10-spot"], nodes, ledger, spot) == (3, 2)
+    # n1: 0 free + 2 idle + 2 under a running VM; n2: 1 free + 1 idle.
+    assert preemption.room(_gpuclass("a10"), ["a10-spot"], nodes, ledger, spot) == (5, 4)
+
+
+def test_with_running_vms_allowed_the_running_hold_is_taken_when_idle_ones_fall_short() -> None:
+    nodes, ledger, spot = _world()
+    order: dict[str, Any] = {
+        "metadata": {"name": "o", "namespace": "t"},
+        "spec": {"className": "a10", "count": 4},
+    }
+    take = functools.partial(
+        preemption.take_back_for,
+        order,
+        _gpuclass("a10"),
+        ["a10-spot"],
+        nodes,
+        ledger,
+        spot,
+        {},
+        "binpack",
+        EPOCH,
+    )
+    assert take() is None
+    found = take(running=True)
+    assert found is not None
+    assert (found.node, sorted(names(found)), found.running) == ("n1", ["idle-n1", "vm-n1"], 1)
+
+
+def test_a_notice_is_due_its_grace_after_it_was_given() -> None:
+    given = {
+        "status": {
+            "conditions": [
+                {
+                    "type": preemption.CONDITION,
+                    "status": "True",
+                    "reason": preemption.STOP_SCHEDULED,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+    }
+    assert preemption.notice(given) is not None
+    assert preemption.stop_at(given, 120) == EPOCH + datetime.timedelta(minutes=2)
+    withdrawn = {
+        "status": {"conditions": [{**given["status"]["conditions"][0], "status": "False"}]}
+    }
+    assert preemption.notice(withdrawn) is None and preemption.stop_at(withdrawn, 120) is None
+    assert preemption.stop_at({}, 120) is None
