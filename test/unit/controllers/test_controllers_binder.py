@@ -17,6 +17,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
@@ -732,3 +734,62 @@ def test_a_spot_order_and_an_order_that_fits_take_nothing_back(world: World) -> 
     assert world.status("spot-order").get("phase") != "Bound"
     assert world.status("new")["phase"] == world.status("old")["phase"] == "Bound"
     assert not [e for e in world.events.events if e["reason"] == "Preempted"]
+
+
+def _passes(world: World, names_: list[str], classes: tuple[str, ...], rounds: int) -> None:
+    """Binder passes over ``classes``, each followed by the watch delivering every claim."""
+    for _ in range(rounds):
+        for cls in classes:
+            world.reconcile(cls)
+            for name in names_:
+                world.sync(name)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spot_counts=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=5),
+    held_counts=st.lists(st.integers(min_value=1, max_value=3), max_size=3),
+    order_counts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=4),
+    nodes=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=3),
+)
+def test_take_backs_never_overfill_a_node_nor_release_a_guaranteed_hold(
+    spot_counts: list[int], held_counts: list[int], order_counts: list[int], nodes: list[int]
+) -> None:
+    """Spot and guaranteed holds bound first, then guaranteed orders: whatever the binder
+    takes back, the stored claims never hold more than a node has (summed here from what the
+    API double stores), no guaranteed claim once Bound is ever written otherwise, and every
+    claim written back to Pending is a spot one."""
+    world = World()
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_class(objects.gpuclass("a10-spot", resource=RESOURCE, preemptible=True))
+    sizes = {f"n{i}": units for i, units in enumerate(nodes)}
+    for name, units in sizes.items():
+        world.put_node(node(name, {RESOURCE: units}))
+    made: list[str] = []
+    second = 0
+    for prefix, cls, counts in (("s", "a10-spot", spot_counts), ("g", "a10", held_counts)):
+        for i, count in enumerate(counts):
+            second += 1
+            made.append(f"{prefix}{i}")
+            world.put_claim(claim(made[-1], class_name=cls, count=count, created=at(second)))
+    _passes(world, made, ("a10-spot", "a10"), 1)
+    for i, count in enumerate(order_counts):
+        second += 1
+        made.append(f"o{i}")
+        world.put_claim(claim(made[-1], class_name="a10", count=count, created=at(second)))
+    _passes(world, made, ("a10", "a10-spot"), 3)
+
+    for name, units in sizes.items():
+        assert world.held(name) <= units, f"{world.held(name)} units held on {name} ({units})"
+    bound_once: set[str] = set()
+    with world.api.lock:
+        for verb, _, name, payload in world.api.calls:
+            if verb != "replace_status" or name.startswith("s"):
+                continue
+            phase = (payload.get("status") or {}).get("phase")
+            assert not (name in bound_once and phase != "Bound"), f"guaranteed {name} released"
+            if phase == "Bound":
+                bound_once.add(name)
+    preempted = {e["name"] for e in world.events.events if e["reason"] == "Preempted"}
+    assert all(n.startswith("s") for n in preempted), preempted
+    event("some hold taken back" if preempted else "nothing taken back")
