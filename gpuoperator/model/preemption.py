@@ -182,6 +182,16 @@ def spot_classes(cls: Mapping[str, Any], classes: Iterable[Mapping[str, Any]]) -
     )
 
 
+def _by_node(found: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Bound claims by their node (each node's holds are then read once, not per node)."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for claim in found:
+        node = claims.node_name(claim)
+        if node and claims.is_bound(claim):
+            out.setdefault(node, []).append(claim)
+    return out
+
+
 def take_back_for(
     claim: Mapping[str, Any],
     cls: Mapping[str, Any],
@@ -217,10 +227,11 @@ def take_back_for(
         if n not in refused and ledger.allocatable(n, resource) >= need
     ]
     ordered = binding.policy_order(((n, ledger.free(n, resource)) for n in names), policy)
-    claims_list = list(spot_claims)
+    on_node = _by_node(spot_claims)
     layout = []
     for name, free in ordered:
-        holds = [h for h in spot_holds(name, claims_list, vmis, spot) if running or not h.running]
+        found = spot_holds(name, on_node.get(name, ()), vmis, spot)
+        holds = [h for h in found if running or not h.running]
         layout.append((name, free, holds))
     return choose(need, layout)
 
@@ -238,10 +249,10 @@ def room(
     status; the order webhook admits up to it)."""
     spot = set(spot)
     resource = gpuclasses.resource_name(dict(cls))
-    claims_list = list(spot_claims)
+    on_node = _by_node(spot_claims)
     total, most = 0, 0
     for name in binding.serving_nodes(dict(cls), nodes, ledger):
-        units = reclaimable(spot_holds(name, claims_list, {}, spot))
+        units = reclaimable(spot_holds(name, on_node.get(name, ()), {}, spot))
         total += units
         most = max(most, ledger.free(name, resource) + units)
     return total, most
