@@ -33,6 +33,7 @@ from gpuoperator.kinds import GPUClass
 from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import conditions, dra_holds
+from gpuoperator.model.capacity import ClassFigures
 from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -154,10 +155,11 @@ class ClassStatus:
                 observed_generation=generation,
             )
         desired = {
-            **status,
+            **{k: v for k, v in status.items() if k not in _RECLAIMABLE_FIELDS},
             "free": figures.free,
             "maxFreePerNode": figures.max_free_per_node,
             "nodes": figures.nodes,
+            **_reclaimable(figures),
             "observedGeneration": generation,
             "conditions": conds,
         }
@@ -167,8 +169,10 @@ class ClassStatus:
             # that grows (or a class turning Available) is published at once, or orders that
             # fit would be refused meanwhile. Shrinking figures may wait: the binder checks
             # the live ones.
-            grows = figures.max_free_per_node > int(status.get("maxFreePerNode") or 0) or (
-                was != figures.available
+            grows = (
+                figures.max_free_per_node > int(status.get("maxFreePerNode") or 0)
+                or figures.max_reclaimable_per_node > int(status.get("maxReclaimablePerNode") or 0)
+                or was != figures.available
             )
             wait = 0.0 if grows else self._pacer.delay(name)
             if wait > 0:
@@ -275,3 +279,17 @@ def register(
         ],
     )
     return controller
+
+
+_RECLAIMABLE_FIELDS = ("reclaimable", "maxReclaimablePerNode")
+
+
+def _reclaimable(figures: ClassFigures) -> Obj:
+    """``reclaimable`` and ``maxReclaimablePerNode``, on a class that may take preemptible
+    holds back (absent on any other: a figure that is always 0 would say nothing)."""
+    if not figures.max_reclaimable_per_node:
+        return {}
+    return {
+        "reclaimable": figures.reclaimable,
+        "maxReclaimablePerNode": figures.max_reclaimable_per_node,
+    }

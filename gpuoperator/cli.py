@@ -33,6 +33,7 @@ from controllers import (
     node_inventory,
     placement,
     policy_params,
+    preemption,
     quota_usage,
     template_claims,
     usage_records,
@@ -148,6 +149,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--exempt-namespaces", dest="exemptNamespaces")
     s.add_argument("--webhook-client-ca", dest="webhookClientCA")
     s.add_argument("--gpu-hours-series", dest="gpuHoursSeries", choices=("claim", "namespace"))
+    s.add_argument("--preemption-grace", dest="preemptionGrace")
     return p
 
 
@@ -448,6 +450,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, ledger, statuses, recorder, operator_settings)
+    # Running VMs on preemptible holds given notice, then stopped, for guaranteed orders.
+    preemption.register(manager, shared, ledger, statuses, recorder, operator_settings)
     # The admission policies' parameter: the classes' resource names and the settings.
     policy_params.register(manager, shared, operator_settings)
     return shared, ledger
