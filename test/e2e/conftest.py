@@ -65,7 +65,7 @@ OPERATOR = os.environ.get("E2E_OPERATOR", "process")
 if OPERATOR not in ("process", "deployed", "podman"):
     raise pytest.UsageError(f"E2E_OPERATOR={OPERATOR}: one of process, deployed, podman")
 #: ``E2E_OPERATOR=deployed`` (with ``E2E_KUBECONFIG``): use the operator deployed in the
-#: cluster instead of starting replicas (tests marked ``operator_process`` are skipped).
+#: cluster instead of starting replicas (tests marked ``operator_process`` are deselected).
 #: ``E2E_OPERATOR=podman``: the session's replicas of the image serve (the same for the
 #: tests: an operator the suite does not control process by process).
 IN_CLUSTER = OPERATOR != "process"
@@ -75,16 +75,34 @@ PROFILE = REPO / "hack" / "profiles" / "default.yaml"
 _timings: dict[str, float] = {}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(
-        reason=f"E2E_OPERATOR={OPERATOR}: the test starts or controls the operator's own "
-        "processes, and the suite uses replicas it does not control"
-    )
+#: Why tests marked ``operator_process`` are deselected under an in-cluster operator.
+DESELECTED_REASON = (
+    f"E2E_OPERATOR={OPERATOR}: deselected the tests marked operator_process (they start or "
+    "control the operator's own processes; the suite uses replicas it does not control)"
+)
+_deselected: list[pytest.Item] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the e2e tests; with an in-cluster operator, deselect (never skip) those that
+    must control the operator's process: they are not run, and the report says why."""
+    here = Path(__file__).parent
+    keep, drop = [], []
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+        if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.e2e)
             if IN_CLUSTER and item.get_closest_marker("operator_process"):
-                item.add_marker(skip)
+                drop.append(item)
+                continue
+        keep.append(item)
+    if drop:
+        _deselected.extend(drop)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_collectionfinish() -> list[str]:
+    return [f"{DESELECTED_REASON}: {len(_deselected)}"] if _deselected else []
 
 
 @pytest.fixture(scope="session")
