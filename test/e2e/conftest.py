@@ -22,8 +22,11 @@ an ``E2E_KUBECONFIG`` cluster (kind); ``podman`` runs ``E2E_REPLICAS`` (default 
 of the built image (``IMAGE``, as for ``make image``) as podman containers with the
 Deployment's settings against the local control plane, the webhooks pointed at a ready one
 (``harness.replicas``), wherever process mode would start the module's webhook-serving
-operator (``hooks``, ``harness.webhooks.webhook_operator``). In the last two, tests marked
-``operator_process`` are left out (``-m "not operator_process"``).
+operator (``hooks``, ``harness.webhooks.webhook_operator``). In ``deployed`` mode the
+cluster's Deployment is scaled to 0 with its webhooks removed, and scaled back (its rollout
+waited for) only where process mode would start that operator (``harness.scaled``), so the
+modules that assume no operator run without one there too. In the last two, tests marked
+``operator_process`` are deselected at collection (the reason is printed after it).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from harness.containers import Launcher, MissingPrerequisiteError, image_name, r
 from harness.fleet import Fleet
 from harness.operator import Deployed, ForbiddenRequests, OperatorProcess, Start
 from harness.replicas import RUNNING, Replicas
+from harness.scaled import ScaledDeployment
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
@@ -147,6 +151,16 @@ def deployed(
         kubectl_binary(), admin, rendered, tmp_path_factory.mktemp("operator") / "kubeconfig"
     )
     found = Deployed(rendered, admin, token, local_cluster, in_cluster=IN_CLUSTER)
+    if IN_CLUSTER and not PODMAN:
+        # Running only while a module asks for it, as in the other modes (harness.scaled);
+        # left with its replicas and webhooks at the end.
+        scaled = ScaledDeployment(admin, rendered, kubectl)
+        scaled.adopt()
+        try:
+            yield dataclasses.replace(found, scaled=scaled)
+        finally:
+            scaled.restore()
+        return
     if not PODMAN:
         yield found
         return
