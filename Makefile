@@ -57,14 +57,20 @@ tools: ## build the static-check tools (promtool, actionlint) once into the cach
 
 ##@ The local cluster
 
-up: venv ## start a local control plane with simulated GPU nodes and the product deployed on it
-	@PYTHONPATH=hack $(BIN)/python -m localcluster up
+# OPERATOR=process (default) runs the operator from this checkout; OPERATOR=image runs two
+# replicas of the built image (make image) under podman with the Deployment's settings, as
+# make e2e-image does; make down stops them too. CLUSTER names the cluster (default dev).
+OPERATOR ?= process
+CLUSTER  ?= dev
+
+up: venv $(if $(filter image,$(OPERATOR)),image) ## start a local control plane with simulated GPU nodes and the product deployed on it
+	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) up --operator=$(OPERATOR)
 
 down: venv ## stop the processes `make up` started, and only those
-	@PYTHONPATH=hack $(BIN)/python -m localcluster down
+	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) down
 
 status: venv ## which components of the local cluster run
-	@PYTHONPATH=hack $(BIN)/python -m localcluster status
+	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) status
 
 ##@ Checks and tests
 

@@ -82,12 +82,12 @@ class ScaledDeployment:
             f"deployment {self.name} has spec.replicas {self.replicas}: the suite needs the "
             "operator deployed with at least one replica (make e2e-kind deploys two)"
         )
-        self._absent()
+        self.absent()
 
     def restore(self) -> None:
         """Leave the Deployment as ``adopt`` found it (its replicas, webhooks registered)."""
         if self.users == 0:
-            self._present()
+            self.present()
 
     # ---- the blocks -------------------------------------------------------------------------
     @contextmanager
@@ -99,16 +99,17 @@ class ScaledDeployment:
             first = self.users == 1
         try:
             if first:
-                self._present()
+                self.present()
             yield
         finally:
             with self._lock:
                 self.users -= 1
                 last = self.users == 0
             if last:
-                self._absent()
+                self.absent()
 
-    def _present(self) -> None:
+    def present(self) -> None:
+        """Register the webhooks as rendered, scale to ``replicas``, wait for the rollout."""
         start = time.monotonic()
         docs = self.rendered.webhook_configurations
         self.run(
@@ -126,7 +127,8 @@ class ScaledDeployment:
         )
         self.changes.append(Change(self.replicas, time.monotonic() - start))
 
-    def _absent(self) -> None:
+    def absent(self) -> None:
+        """Remove the webhooks, scale to 0, wait until no pod of the Deployment is left."""
         start = time.monotonic()
         for config in self.rendered.webhook_configurations:
             self.run(

@@ -143,5 +143,5 @@ def test_the_session_leaves_the_deployment_as_it_found_it() -> None:
 
 def test_a_deployment_at_zero_replicas_cannot_be_adopted() -> None:
     fake = FakeCluster(replicas=0)
-    with pytest.raises(AssertionError, match="spec.replicas 0"):
+    with pytest.raises(AssertionError, match=r"spec\.replicas 0"):
         scaled(fake).adopt()
