@@ -112,15 +112,16 @@ class ScaledDeployment:
         """Register the webhooks as rendered, scale to ``replicas``, wait for the rollout."""
         start = time.monotonic()
         docs = self.rendered.webhook_configurations
-        self.run(
-            self.kubeconfig,
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            "-",
-            stdin=yaml.safe_dump_all(docs),
-        )
+        if docs:
+            self.run(
+                self.kubeconfig,
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                "-",
+                stdin=yaml.safe_dump_all(docs),
+            )
         self._kubectl("scale", f"deployment/{self.name}", f"--replicas={self.replicas}")
         self._kubectl(
             "rollout", "status", f"deployment/{self.name}", f"--timeout={self.timeout:.0f}s"

@@ -145,3 +145,13 @@ def test_a_deployment_at_zero_replicas_cannot_be_adopted() -> None:
     fake = FakeCluster(replicas=0)
     with pytest.raises(AssertionError, match=r"spec\.replicas 0"):
         scaled(fake).adopt()
+
+
+def test_a_rendering_without_webhooks_applies_none() -> None:
+    fake = FakeCluster()
+    only_deployment = deployment.Rendered(rendered().objects[:1])
+    s = ScaledDeployment(KUBECONFIG, only_deployment, fake, timeout=10)
+    s.adopt()
+    with s.serving():
+        assert fake.replicas == 2
+    assert not [c for c in fake.calls if c.startswith(("apply", "delete"))], fake.calls
