@@ -63,7 +63,12 @@ tools: ## build the static-check tools (promtool, actionlint) once into the cach
 OPERATOR ?= process
 CLUSTER  ?= dev
 
-up: venv $(if $(filter image,$(OPERATOR)),image) ## start a local control plane with simulated GPU nodes and the product deployed on it
+up: venv ## start a local control plane with simulated GPU nodes and the product deployed on it
+	@if [ "$(OPERATOR)" = image ]; then \
+		log=$(GPUOP_CACHE)/image-build.log; mkdir -p $(GPUOP_CACHE); \
+		hack/image/build.sh $(IMAGE) >$$log 2>&1 || { tail -n 40 $$log >&2; exit 1; }; \
+		echo "image $(IMAGE): $$(tail -n 1 $$log | sed 's/^make image: //') (log $$log)"; \
+	fi
 	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) up --operator=$(OPERATOR)
 
 down: venv ## stop the processes `make up` started, and only those
