@@ -131,7 +131,9 @@ e2e-image: venv binaries image ## the e2e suite against two replicas of the imag
 # create the kind cluster (kept for the next run; KIND_CLUSTER names it), load the image,
 # deploy config/overlays/kind, wait for both replicas, then run the e2e suite against the
 # deployed operator (E2E_OPERATOR=deployed) instead of processes it starts itself; tests that
-# must control the operator's process are deselected by their marker.
+# must control the operator's process are deselected by their marker. The session scales the
+# Deployment to 0 (webhooks removed) and back only around the modules that ask for the
+# operator (test/harness/scaled.py), and leaves it with its replicas at the end.
 e2e-kind: venv binaries ## image, kind cluster, config/overlays/kind, e2e against the deployment
 	$(MAKE) image IMAGE=$(KIND_IMAGE)
 	@command -v $(KIND) >/dev/null || { echo "make e2e-kind: $(KIND) is not installed (https://kind.sigs.k8s.io)" >&2; exit 1; }
