@@ -248,6 +248,7 @@ class LocalCluster:
         URL on loopback) and wait until it injected their caBundle. ``rendered``: the overlay
         as already deployed (by default it is rendered and deployed first)."""
         self.operator.stop()
+        self.stop_image_operator()  # one operator at a time: `make up` after OPERATOR=image
         if rendered is None:
             rendered = deployment.render(kubectl_binary())
             self.deploy(rendered, log)
@@ -326,6 +327,7 @@ class LocalCluster:
         Deployment's pods without a kubelet (``localcluster.image``), and wait until they
         are ready and the webhooks registered on one."""
         self.stop_image_operator()
+        self.operator.stop()  # one operator at a time: `make up OPERATOR=image` after `make up`
         logged = self.image_operator.log.stat().st_size if self.image_operator.log.exists() else 0
         self.image_operator.start(
             [
