@@ -57,14 +57,25 @@ tools: ## build the static-check tools (promtool, actionlint) once into the cach
 
 ##@ The local cluster
 
+# OPERATOR=process (default) runs the operator from this checkout; OPERATOR=image runs two
+# replicas of the built image (make image) under podman with the Deployment's settings, as
+# make e2e-image does; make down stops them too. CLUSTER names the cluster (default dev).
+OPERATOR ?= process
+CLUSTER  ?= dev
+
 up: venv ## start a local control plane with simulated GPU nodes and the product deployed on it
-	@PYTHONPATH=hack $(BIN)/python -m localcluster up
+	@if [ "$(OPERATOR)" = image ]; then \
+		log=$(GPUOP_CACHE)/image-build.log; mkdir -p $(GPUOP_CACHE); \
+		hack/image/build.sh $(IMAGE) >$$log 2>&1 || { tail -n 40 $$log >&2; exit 1; }; \
+		echo "image $(IMAGE): $$(tail -n 1 $$log | sed 's/^make image: //') (log $$log)"; \
+	fi
+	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) up --operator=$(OPERATOR)
 
 down: venv ## stop the processes `make up` started, and only those
-	@PYTHONPATH=hack $(BIN)/python -m localcluster down
+	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) down
 
 status: venv ## which components of the local cluster run
-	@PYTHONPATH=hack $(BIN)/python -m localcluster status
+	@PYTHONPATH=hack $(BIN)/python -m localcluster --name $(CLUSTER) status
 
 ##@ Checks and tests
 
@@ -120,7 +131,9 @@ e2e-image: venv binaries image ## the e2e suite against two replicas of the imag
 # create the kind cluster (kept for the next run; KIND_CLUSTER names it), load the image,
 # deploy config/overlays/kind, wait for both replicas, then run the e2e suite against the
 # deployed operator (E2E_OPERATOR=deployed) instead of processes it starts itself; tests that
-# must control the operator's process are deselected by their marker.
+# must control the operator's process are deselected by their marker. The session scales the
+# Deployment to 0 (webhooks removed) and back only around the modules that ask for the
+# operator (test/harness/scaled.py), and leaves it with its replicas at the end.
 e2e-kind: venv binaries ## image, kind cluster, config/overlays/kind, e2e against the deployment
 	$(MAKE) image IMAGE=$(KIND_IMAGE)
 	@command -v $(KIND) >/dev/null || { echo "make e2e-kind: $(KIND) is not installed (https://kind.sigs.k8s.io)" >&2; exit 1; }

@@ -26,6 +26,8 @@ def published_figures(cls: dict[str, object] | None) -> capacity.ClassFigures | 
         free=int(status.get("free") or 0),
         max_free_per_node=int(status.get("maxFreePerNode") or 0),
         nodes=int(status.get("nodes") or 0),
+        reclaimable=int(status.get("reclaimable") or 0),
+        max_reclaimable_per_node=int(status.get("maxReclaimablePerNode") or 0),
     )
 
 

@@ -9,6 +9,12 @@ binding is written to the claim's status with its resourceVersion as preconditio
 can pass the webhook together; template claims never met it). The class's nomination is
 logged when it changes; each waiting claim's ``Bound`` condition says why it waits.
 
+**Preemptible classes** (docs/design.md §5 "Preemptible classes"). When the oldest waiting
+claim of a guaranteed class fits nowhere, the idle preemptible holds ``model.preemption``
+chooses are written back to ``Pending`` (reason ``Preempted``, an Event on each), and once
+every write has landed the class is planned again in the same pass, still under the
+allocation lock, so the units freed go to that claim and to no other decision.
+
 A bound claim whose node is gone becomes ``Lost`` (an Event says so) and is planned again
 in the same pass: bound elsewhere, or back to ``Pending`` with the reason it waits on its
 ``Bound`` condition (docs/design.md §5). The ledger wakes the classes of a deleted node's
@@ -68,7 +74,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 import structlog
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuoperator import dra_hold_writes, names
 from gpuoperator.caches import BY_NAMESPACE, Caches, class_of_claim, own_key
@@ -76,7 +82,16 @@ from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.dra_hold_writes import HoldsAccess
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger, changed_classes
-from gpuoperator.model import binding, claim_states, conditions, dra_devices, dra_holds, orders
+from gpuoperator.model import (
+    binding,
+    claim_states,
+    conditions,
+    dra_devices,
+    dra_holds,
+    gpu_hours,
+    orders,
+    preemption,
+)
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import managing, protocols
@@ -101,6 +116,12 @@ class _Metrics:
             "gpuoperator_claim_bind_wait_seconds",
             "Seconds from a claim's creation to its binding",
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 86400),
+            registry=registry,
+        )
+        self.preemptions = Counter(
+            "gpuoperator_preemptions_total",
+            "Preemptible holds taken back for guaranteed orders, by the preemptible class",
+            ["gpuclass"],
             registry=registry,
         )
 
@@ -136,7 +157,7 @@ class Binder:
         with self.ledger.allocation_lock:
             return self._reconcile(key[1])
 
-    def _reconcile(self, class_name: str) -> Result | None:
+    def _reconcile(self, class_name: str, *, took_back: bool = False) -> Result | None:
         # The ledger's view: a claim bound (or lost) a moment ago reads as such even
         # while the claims cache still shows the version before.
         claims, unconfirmed = self.ledger.settled_claims_of_class(class_name)
@@ -183,6 +204,16 @@ class Binder:
         )
         self._log_nomination(class_name, plan.nomination)
         by_key = {gpuclaims.key(c): c for c in candidates}
+        # The oldest claim that fits nowhere may fit once preemptible holds give their units
+        # back: take them back, then plan again within this pass (the allocation lock is
+        # still held, so no other decision takes the units meanwhile).
+        if (
+            plan.nomination is not None
+            and not took_back
+            and devices is None
+            and self._take_back(cls, by_key[plan.nomination.claim], now)
+        ):
+            return self._reconcile(class_name, took_back=True)
         if devices is not None:
             self._bind_dra(cls, by_key, plan.bindings, devices, now)
         else:
@@ -198,6 +229,65 @@ class Binder:
         elif unconfirmed:
             looks.append(UNCONFIRMED_RECHECK)  # another controller's write is in flight
         return Result(requeue_after=min(looks)) if looks else None
+
+    def _take_back(self, cls: Obj, claim: Obj, now: datetime.datetime) -> bool:
+        """Take back the preemptible holds ``model.preemption`` chooses for ``claim``, each
+        written back to ``Pending`` (reason ``Preempted``, an Event on it); True when every
+        one was written, so a new plan finds their units free. Returns only once every
+        write has ended (as :meth:`_bind_all`)."""
+        spot_claims = self.ledger.spot_claims(cls)
+        if not spot_claims:
+            return False
+        vmis: dict[Key, Obj] = {}
+        for spot_claim in spot_claims:
+            vmi = self.caches.served_vmi(spot_claim)
+            if vmi is not None:
+                ns = spot_claim["metadata"]["namespace"]
+                vmis[(ns, gpu_hours.served_vmi_name(spot_claim))] = vmi
+        found = self.ledger.take_back(
+            claim, cls, spot_claims, vmis, self.settings.placement_policy, now
+        )
+        if found is None or not found.holds:
+            return False
+        by = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+        log.info(
+            "taking back preemptible holds",
+            reason=claim_states.PREEMPTED,
+            claim=by,
+            node=found.node,
+            units=found.units,
+            holds=[f"{h.key[0]}/{h.key[1]}" for h in found.holds],
+        )
+        spots = [self.ledger.claim(hold.key) for hold in found.holds]
+        if any(s is None or not gpuclaims.is_bound_to(s, found.node) for s in spots):
+            return False  # changed since the figures were read: decide again
+        intended = []
+        for spot in filter(None, spots):
+            message = claim_states.preempted_message(
+                found.node, by, gpuclasses.name(cls), orders.ordered_class(spot)
+            )
+            status = claim_states.preempted(spot, message, now, clear=(preemption.CONDITION,))
+            intended.append((self.statuses.assume(spot, status), message))
+        futures = [
+            self._pool.submit(
+                contextvars.copy_context().run,
+                self.statuses.send,
+                obj,
+                Announcement(
+                    "hold taken back",
+                    claim_states.PREEMPTED,
+                    message,
+                    fields={"node": found.node, "by": by},
+                ),
+            )
+            for obj, message in intended
+        ]
+        wait(futures)
+        written = [future.result() for future in futures]  # the first failure, none in flight
+        for (obj, _), outcome in zip(intended, written, strict=True):
+            if outcome.ok:
+                self._metrics.preemptions.labels(orders.ordered_class(obj)).inc()
+        return all(w.ok for w in written)
 
     def _log_nomination(self, class_name: str, nomination: binding.Nomination | None) -> None:
         """One line when the class's nomination changes (claim, node, or units missing): the

@@ -1,5 +1,9 @@
 """Class status: ``free``, ``maxFreePerNode``, ``nodes``, the ``Available`` condition and
-``observedGeneration`` of every GPUClass, and its protection finalizer.
+``observedGeneration`` of every GPUClass, and its protection finalizer; on a DRA class also
+the ``DevicesHeldOutside`` condition: True, naming the devices and their ResourceClaims,
+while allocations of ResourceClaims that are not the GPU claims' holds hold devices of the
+class (``model.dra_holds.held_outside``: a pod of an exempt namespace, another DeviceClass
+selecting the same devices), with a Warning Event when it turns True; False otherwise.
 
 The figures come from the ledger's catalog, which keeps them incrementally: a pod,
 claim or node event re-derives one node's contribution, and this controller only copies
@@ -28,7 +32,8 @@ from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.kinds import GPUClass
 from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import conditions
+from gpuoperator.model import conditions, dra_holds
+from gpuoperator.model.capacity import ClassFigures
 from gpuoperator.runtime import errors, managing, protocols
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
@@ -43,6 +48,7 @@ log = structlog.get_logger(__name__)
 
 NAME = "class-status"
 AVAILABLE = "Available"
+HELD_OUTSIDE = "DevicesHeldOutside"
 FINALIZER = names.CLASS_PROTECTION_FINALIZER
 
 
@@ -132,19 +138,30 @@ class ClassStatus:
                 f"no Ready, uncordoned node whose taints the class tolerates has "
                 f"allocatable {_resource(cls)}",
             )
+        conds = conditions.set_condition(
+            status.get("conditions"),
+            AVAILABLE,
+            *available,
+            now=self.clock.now(),
+            observed_generation=generation,
+        )
+        outside = self._held_outside(cls)
+        if outside is not None:
+            conds = conditions.set_condition(
+                conds,
+                HELD_OUTSIDE,
+                *outside,
+                now=self.clock.now(),
+                observed_generation=generation,
+            )
         desired = {
-            **status,
+            **{k: v for k, v in status.items() if k not in _RECLAIMABLE_FIELDS},
             "free": figures.free,
             "maxFreePerNode": figures.max_free_per_node,
             "nodes": figures.nodes,
+            **_reclaimable(figures),
             "observedGeneration": generation,
-            "conditions": conditions.set_condition(
-                status.get("conditions"),
-                AVAILABLE,
-                *available,
-                now=self.clock.now(),
-                observed_generation=generation,
-            ),
+            "conditions": conds,
         }
         if desired != status:
             was = conditions.is_true(status.get("conditions"), AVAILABLE)
@@ -152,8 +169,10 @@ class ClassStatus:
             # that grows (or a class turning Available) is published at once, or orders that
             # fit would be refused meanwhile. Shrinking figures may wait: the binder checks
             # the live ones.
-            grows = figures.max_free_per_node > int(status.get("maxFreePerNode") or 0) or (
-                was != figures.available
+            grows = (
+                figures.max_free_per_node > int(status.get("maxFreePerNode") or 0)
+                or figures.max_reclaimable_per_node > int(status.get("maxReclaimablePerNode") or 0)
+                or was != figures.available
             )
             wait = 0.0 if grows else self._pacer.delay(name)
             if wait > 0:
@@ -166,6 +185,8 @@ class ClassStatus:
                 self._written.forget(name)  # changed meanwhile: read the cache again
                 raise
             self._pacer.wrote(name)
+            if outside is not None:
+                self._tell_outside(cls, status, outside)
             if was != figures.available or "conditions" not in status:
                 log.info(
                     "class availability",
@@ -175,6 +196,25 @@ class ClassStatus:
                     nodes=figures.nodes,
                 )
         return None
+
+    def _held_outside(self, cls: Obj) -> tuple[bool, str, str] | None:
+        """A DRA class's ``DevicesHeldOutside`` condition, ``None`` for any other class."""
+        source = gpuclasses.dra(cls)
+        holds = self.ledger.dra_held_outside(cls["metadata"]["name"])
+        if source is None or holds is None:
+            return None
+        return dra_holds.outside_condition(source.device_class_name, holds)
+
+    def _tell_outside(self, cls: Obj, old: Obj, outside: tuple[bool, str, str]) -> None:
+        """One log line when the condition changes status; an Event when it turns True."""
+        held, reason, message = outside
+        before = conditions.find(old.get("conditions"), HELD_OUTSIDE)
+        if before is not None and (before.get("status") == "True") == held:
+            return
+        name = cls["metadata"]["name"]
+        log.info("class devices held outside", controller=NAME, key=name, reason=reason)
+        if held:
+            self.recorder.event(cls, "Warning", HELD_OUTSIDE, message, kind=names.GPU_CLASS)
 
     def _release(self, cls: Obj, finalizers: list[str]) -> Result | None:
         name = cls["metadata"]["name"]
@@ -239,3 +279,17 @@ def register(
         ],
     )
     return controller
+
+
+_RECLAIMABLE_FIELDS = ("reclaimable", "maxReclaimablePerNode")
+
+
+def _reclaimable(figures: ClassFigures) -> Obj:
+    """``reclaimable`` and ``maxReclaimablePerNode``, on a class that may take preemptible
+    holds back (absent on any other: a figure that is always 0 would say nothing)."""
+    if not figures.max_reclaimable_per_node:
+        return {}
+    return {
+        "reclaimable": figures.reclaimable,
+        "maxReclaimablePerNode": figures.max_reclaimable_per_node,
+    }

@@ -1,11 +1,13 @@
 """Policy parameters: the ConfigMap ``gpu-operator-policy-params`` in the operator's
 namespace holds what the admission policies of ``config/policy`` compare with, and this
 controller (leader only) keeps it current (``model.policy_params``): the sorted set of the
-classes' device-plugin resource names and the effective settings the policies read
-(operatorServiceAccount, kubevirtServiceAccount, exemptNamespaces).
+classes' resource names (device-plugin resources, and the extended resource name of a DRA
+class's DeviceClass), the DeviceClasses the DRA classes name, and the effective settings
+the policies read (operatorServiceAccount, kubevirtServiceAccount, exemptNamespaces).
 
-One key, the ConfigMap's; woken by every GPUClass event and by the ConfigMap itself (an
-informer by name, so a hand edit or a re-apply of the manifests is put right at once).
+One key, the ConfigMap's; woken by every GPUClass and DeviceClass event and by the
+ConfigMap itself (an informer by name, so a hand edit or a re-apply of the manifests is
+put right at once).
 
 Why the ConfigMap is never created here: it ships with the manifests (so the policies
 judge from the first apply, before any operator runs), and RBAC cannot restrict a create
@@ -67,8 +69,13 @@ class PolicyParams:
         self.settings = operator_settings
 
     def wanted(self) -> dict[str, str]:
+        device_classes = {
+            str((dc.get("metadata") or {}).get("name")): dc
+            for dc in self.caches.device_classes.store.values()
+        }
         return policy_params.data(
             self.caches.classes.store.values(),
+            device_classes=device_classes,
             operator_service_account=self.settings.operator_service_account,
             kubevirt_service_account=self.settings.kubevirt_service_account,
             exempt_namespaces=self.settings.exempt_namespaces,
@@ -125,6 +132,11 @@ def register(
         seed=lambda: [key],
     )
     manager.add_controller(
-        controller, [(caches.classes, lambda _o: [key]), (params, lambda _o: [key])]
+        controller,
+        [
+            (caches.classes, lambda _o: [key]),
+            (caches.device_classes, lambda _o: [key]),
+            (params, lambda _o: [key]),
+        ],
     )
     return controller

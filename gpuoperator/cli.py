@@ -34,6 +34,7 @@ from controllers import (
     node_inventory,
     placement,
     policy_params,
+    preemption,
     quota_usage,
     template_claims,
     usage_records,
@@ -149,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--exempt-namespaces", dest="exemptNamespaces")
     s.add_argument("--webhook-client-ca", dest="webhookClientCA")
     s.add_argument("--gpu-hours-series", dest="gpuHoursSeries", choices=("claim", "namespace"))
+    s.add_argument("--preemption-grace", dest="preemptionGrace")
     return p
 
 
@@ -451,6 +453,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     draining.register(manager, shared, ledger, statuses, recorder, operator_settings)
     # DRA holds moved off unhealthy devices (docs/design.md §5 "DRA classes").
     device_health.register(manager, shared, ledger, statuses, operator_settings)
+    # Running VMs on preemptible holds given notice, then stopped, for guaranteed orders.
+    preemption.register(manager, shared, ledger, statuses, recorder, operator_settings)
     # The admission policies' parameter: the classes' resource names and the settings.
     policy_params.register(manager, shared, operator_settings)
     return shared, ledger

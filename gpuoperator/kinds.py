@@ -38,6 +38,12 @@ class VirtualMachineInstance(NamespacedAPIObject):  # type: ignore[misc]
     kind = names.VMI_KIND
 
 
+class VirtualMachine(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.KUBEVIRT_API_VERSION
+    endpoint = names.VMS
+    kind = names.VM_KIND
+
+
 class KubeVirt(NamespacedAPIObject):  # type: ignore[misc]
     version = names.KUBEVIRT_API_VERSION
     endpoint = names.KUBEVIRTS

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ from gpuoperator.model import (
     dra_nodes,
     eligibility,
     hostdevices,
+    preemption,
 )
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
@@ -210,6 +211,9 @@ class Ledger:
             else:
                 self._assumed.forget(key)
                 changed = self._count(claim)
+            # A preemptible hold that starts or stops serving a VM changes what the
+            # guaranteed classes on its resource may take back, not the free units.
+            changed = (changed[0], changed[1] | self._taking_back_from(claim))
         self._notify(*changed)
 
     def delete_claim(self, claim: Obj) -> None:
@@ -349,6 +353,14 @@ class Ledger:
         that is unconfirmed (under the lock)."""
         nodes = self._ledger.set_claim(claim, self._resource(claim))
         return self._nodes_changed(nodes | self._count_released(key_of(claim)))
+
+    def _taking_back_from(self, claim: Obj) -> set[str]:
+        """The classes that may take back ``claim``'s hold (under the lock): every class on
+        its resource, when its class is preemptible."""
+        cls = self._classes.get(str((claim.get("spec") or {}).get("className") or ""))
+        if cls is None or not gpuclasses.preemptible(cls):
+            return set()
+        return self._catalog.classes_using(gpuclasses.resource_name(cls))
 
     def _resource(self, claim: Obj) -> str | None:
         cls = self._classes.get(str((claim.get("spec") or {}).get("className") or ""))
@@ -547,6 +559,16 @@ class Ledger:
                 )
             return dra_nodes.node_figures(name, per_class)
 
+    def dra_held_outside(self, class_name: str) -> tuple[dra_holds.OutsideHold, ...] | None:
+        """The DRA class's devices that allocations of ResourceClaims other than the holds
+        hold (``model.dra_holds.held_outside``); ``None`` for a class that is unknown or not
+        a DRA class."""
+        inventory = self.dra_inventory(class_name)
+        if inventory is None:
+            return None
+        with self._lock:
+            return dra_holds.held_outside(inventory, list(self._resource_claims.values()))
+
     # ---- queries ----------------------------------------------------------------------
     def gpu_resources(self) -> set[str]:
         """Resources the operator counts as GPUs: those named by a class or permitted as
@@ -603,7 +625,9 @@ class Ledger:
             return binding.dra_figures(self._classes[name], self._nodes.values(), inventory)
 
     def class_figures(self, name: str) -> capacity.ClassFigures:
-        """The class's status figures: the catalog's, or a DRA class's from its devices."""
+        """The class's status figures: the catalog's, or a DRA class's from its devices;
+        for a guaranteed class beside preemptible ones, what it could take back
+        (``model.preemption.room``)."""
         dra = self._dra_figures(name)
         if dra is not None:
             frees = dra[0]
@@ -613,7 +637,24 @@ class Ledger:
                 nodes=len(frees),
             )
         with self._lock:
-            return self._catalog.figures(name)
+            figures = self._catalog.figures(name)
+            cls = self._classes.get(name)
+            spot = preemption.spot_classes(cls, self._classes.values()) if cls else []
+            if not spot:
+                return figures
+            spot_claims = [
+                self._assumed.counted(k, c)
+                for s in spot
+                for k, c in self._claims_by_class.get(s, {}).items()
+            ]
+            reclaimable, most = preemption.room(
+                cls or {}, spot, self._nodes.values(), self._ledger, spot_claims
+            )
+            return dataclasses.replace(
+                figures,
+                reclaimable=reclaimable,
+                max_reclaimable_per_node=most,
+            )
 
     def class_allocatable(self, name: str) -> int:
         dra = self._dra_figures(name)
@@ -657,6 +698,47 @@ class Ledger:
         with self._lock:
             return binding.plan(
                 claims, cls, self._nodes.values(), self._ledger, policy, now, devices=devices
+            )
+
+    def spot_claims(self, cls: Obj) -> list[Obj]:
+        """The claims, as counted, of the preemptible classes a claim of ``cls`` may take
+        holds back from (``model.preemption.spot_classes``). A claim with a write in flight
+        (a VM being attached to it, say) is left out: it is decided once settled."""
+        with self._lock:
+            return [
+                self._assumed.counted(k, c)
+                for name in preemption.spot_classes(cls, self._classes.values())
+                for k, c in self._claims_by_class.get(name, {}).items()
+                if not self._assumed.unconfirmed(k)
+            ]
+
+    def take_back(
+        self,
+        claim: Obj,
+        cls: Obj,
+        spot_claims: list[Obj],
+        vmis: Mapping[Key, Obj],
+        policy: binding.Policy,
+        now: datetime.datetime,
+        *,
+        running: bool = False,
+    ) -> preemption.TakeBack | None:
+        """What guaranteed ``claim`` takes back from ``spot_claims`` (:meth:`spot_claims`),
+        on the current figures (``model.preemption.take_back_for``, running VMs too with
+        ``running``); ``vmis`` are the VM instances they serve by ``(namespace, name)``."""
+        with self._lock:
+            spot = preemption.spot_classes(cls, self._classes.values())
+            return preemption.take_back_for(
+                claim,
+                cls,
+                spot,
+                self._nodes.values(),
+                self._ledger,
+                spot_claims,
+                vmis,
+                policy,
+                now,
+                running=running,
             )
 
     def candidates(self, claim: Obj, cls: Obj, now: datetime.datetime) -> list[tuple[str, int]]:

@@ -93,6 +93,8 @@ KUBEVIRT_GROUP: Final = "kubevirt.io"
 KUBEVIRT_API_VERSION: Final = f"{KUBEVIRT_GROUP}/v1"
 VMI_KIND: Final = "VirtualMachineInstance"
 VMIS: Final = "virtualmachineinstances"
+VM_KIND: Final = "VirtualMachine"
+VMS: Final = "virtualmachines"
 #: KubeVirt's own configuration object (its CR lists the permitted host devices).
 KUBEVIRT_KIND: Final = "KubeVirt"
 KUBEVIRTS: Final = "kubevirts"

@@ -31,6 +31,7 @@ OVERRIDES = {
     "exemptNamespaces": ("GPUOP_EXEMPT_NAMESPACES", "exempt-namespaces"),
     "webhookClientCA": ("GPUOP_WEBHOOK_CLIENT_CA", "webhook-client-ca"),
     "gpuHoursSeries": ("GPUOP_GPU_HOURS_SERIES", "gpu-hours-series"),
+    "preemptionGrace": ("GPUOP_PREEMPTION_GRACE", "preemption-grace"),
 }
 
 
@@ -128,7 +129,14 @@ class Settings(BaseModel):
                 raise ValueError(f"{item!r} is not a namespace name (a DNS label)")
         return out
 
-    @field_validator("refusal_ttl", mode="before")
+    preemption_grace: float = Field(
+        120.0,
+        alias="preemptionGrace",
+        description="seconds a running VM on a preemptible hold is told before it is stopped "
+        "for a guaranteed order",
+    )
+
+    @field_validator("refusal_ttl", "preemption_grace", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         return parse_duration(value)

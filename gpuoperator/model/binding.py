@@ -62,7 +62,7 @@ import bisect
 import dataclasses
 import datetime
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
 from gpuoperator.model import capacity, claims, conditions, dra_devices, eligibility, orders
@@ -197,6 +197,27 @@ def _serving(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> dict[st
     }
 
 
+def serving_nodes(cls: Obj, nodes: Iterable[Obj], ledger: capacity.Ledger) -> list[str]:
+    """The names of the nodes that serve the class, sorted."""
+    return sorted(_serving(cls, nodes, ledger))
+
+
+def _preference(policy: Policy) -> Callable[[tuple[str, int]], tuple[int, str]]:
+    """How ``policy`` ranks ``(node, free units)``: ``binpack`` the least free first,
+    ``spread`` the most; ties by name."""
+    if policy == BINPACK:
+        return lambda c: (c[1], c[0])
+    if policy == SPREAD:
+        return lambda c: (-c[1], c[0])
+    raise ValueError(f"placementPolicy {policy!r}: binpack or spread are allowed")
+
+
+def policy_order(frees: Iterable[tuple[str, int]], policy: Policy) -> list[tuple[str, int]]:
+    """``(node, free units)`` in the order ``policy`` prefers them (:func:`choose` takes the
+    first)."""
+    return sorted(frees, key=_preference(policy))
+
+
 def dra_figures(
     cls: Obj, nodes: Iterable[Obj], devices: dra_devices.Inventory
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -281,12 +302,7 @@ def candidates(
 def choose(candidates: Iterable[tuple[str, int]], policy: Policy) -> str | None:
     """The node ``policy`` picks among ``candidates`` (``None`` when there are none):
     ``binpack`` the least free, ``spread`` the most free; ties to the smallest name."""
-    if policy == BINPACK:
-        best = min(candidates, key=lambda c: (c[1], c[0]), default=None)
-    elif policy == SPREAD:
-        best = min(candidates, key=lambda c: (-c[1], c[0]), default=None)
-    else:
-        raise ValueError(f"placementPolicy {policy!r}: binpack or spread are allowed")
+    best = min(candidates, key=_preference(policy), default=None)
     return None if best is None else best[0]
 
 

@@ -486,6 +486,16 @@ class ClassFigures:
     free: int
     max_free_per_node: int
     nodes: int
+    #: units of idle preemptible holds a claim of the class could take back there, and the
+    #: most units one claim can get on one node counting them (``model.preemption.room``;
+    #: 0 and 0 for a class that takes nothing back)
+    reclaimable: int = 0
+    max_reclaimable_per_node: int = 0
+
+    @property
+    def max_room(self) -> int:
+        """The largest order that fits on one node now, taking back what it may."""
+        return max(self.max_free_per_node, self.max_reclaimable_per_node)
 
     @property
     def available(self) -> bool:

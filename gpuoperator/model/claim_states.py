@@ -18,6 +18,10 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
   bound to that very node is also unbound: phase ``Pending``, no ``nodeName``,
   ``boundTime``, ``devices`` nor ``resourceClaimName``, ``Bound`` False with the caller's
   reason.
+* :func:`preempted` (a guaranteed order took a preemptible hold's units back): phase
+  ``Pending``, no ``nodeName``, ``boundTime``, ``devices`` nor ``resourceClaimName``,
+  ``Bound`` False with reason ``Preempted`` naming the node and the order, the usage
+  interval the hold had open closed in the same write.
 * :func:`lost` (a Bound claim's node is gone): phase ``Lost``, ``lostNode`` the node,
   ``Bound`` False with reason ``NodeLost``; ``nodeName`` and ``boundTime`` kept until it
   waits.
@@ -201,6 +205,43 @@ def refused(
         status.pop("boundTime", None)
         _drop_devices(status)
         status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
+    return status
+
+
+#: The ``Bound`` reason of a preemptible hold a guaranteed order took back.
+PREEMPTED: Final = "Preempted"
+
+
+def preempted_message(node: str, by: str, by_class: str, spot_class: str) -> str:
+    return (
+        f"units on node {node} were taken back for guaranteed claim {by} of class "
+        f"{by_class} (class {spot_class} is preemptible); the claim will be bound again "
+        "where room is"
+    )
+
+
+def preempted(
+    claim: Mapping[str, Any],
+    message: str,
+    now: datetime.datetime,
+    *,
+    clear: Iterable[str] = (),
+) -> Obj:
+    """``claim`` (Bound, of a preemptible class, serving no VM) gives its units back:
+    ``Pending`` with reason :data:`PREEMPTED`, the open usage interval closed; the
+    conditions of the types in ``clear`` are removed."""
+    status = _status(claim)
+    gone = set(clear)
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") not in gone]
+    status["phase"] = gpuclaims.Phase.PENDING
+    status.pop("nodeName", None)
+    status.pop("boundTime", None)
+    _drop_devices(status)
+    status["observedGeneration"] = _generation(claim)
+    status["conditions"] = _bound_condition(claim, status, False, PREEMPTED, message, now)
+    change = gpu_hours.transition({**claim, "status": status}, None, now)
+    if change is not None:
+        status["usage"] = gpu_hours.to_status(change[1])
     return status
 
 

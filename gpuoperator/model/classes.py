@@ -92,6 +92,12 @@ def mode(cls: Obj) -> str:
     return str(_spec(cls).get("mode") or "")
 
 
+def preemptible(cls: Obj) -> bool:
+    """Whether the class sells units a guaranteed order may take back
+    (``spec.preemptible``, immutable; docs/design.md §5 "Preemptible classes")."""
+    return _spec(cls).get("preemptible") is True
+
+
 def is_vgpu(cls: Obj) -> bool:
     """Whether ordering the class needs the namespace's vGPU entitlement (docs/design.md §3)."""
     return mode(cls) == VGPU

@@ -282,3 +282,79 @@ def assign(
             taken.update(chosen)
             out[key] = chosen
     return out
+
+
+# ---- devices held outside the catalog's holds ----------------------------------------------
+
+#: The devices a ``DevicesHeldOutside`` message names; the rest are counted ("and N more").
+MAX_NAMED_OUTSIDE: Final = 3
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class OutsideHold:
+    """A device of a DRA class that an allocation of a ResourceClaim no GPUClaim controls
+    holds (``holder``: the ResourceClaim's namespace and name)."""
+
+    device: dra_devices.DeviceRef
+    node: str
+    holder: objects.Key
+
+
+def is_hold(resource_claim: Mapping[str, Any]) -> bool:
+    """Whether ``resource_claim`` is one of the catalog's holds: controlled by a GPUClaim
+    (as ``config/policy/dra-holds.yaml`` recognises one, never by the hold label)."""
+    owners = objects.meta(resource_claim).get("ownerReferences")
+    return any(
+        isinstance(o, Mapping) and o.get("controller") is True and o.get("kind") == names.GPU_CLAIM
+        for o in (owners if isinstance(owners, list) else [])
+    )
+
+
+def held_outside(
+    inventory: dra_devices.Inventory, resource_claims: Iterable[Mapping[str, Any]]
+) -> tuple[OutsideHold, ...]:
+    """The class's devices (``inventory``, any node) that allocations of ResourceClaims that
+    are not holds (:func:`is_hold`) hold: a pod of an exempt namespace that kube-scheduler
+    allocated, or a claim of another DeviceClass selecting the same devices. The inventory
+    already counts them as used (any allocation holds a device); this says whose they are.
+    Sorted by device, then holder; a device two such claims hold appears twice."""
+    nodes = {d.ref: d.node for view in inventory.nodes.values() for d in view.devices}
+    found: set[OutsideHold] = set()
+    for claim in resource_claims:
+        if is_hold(claim):
+            continue
+        holder = objects.key(claim)
+        for ref in allocated(claim):
+            if ref in nodes:
+                found.add(OutsideHold(ref, nodes[ref], holder))
+    return tuple(sorted(found))
+
+
+def outside_condition(
+    device_class_name: str, holds: Iterable[OutsideHold]
+) -> tuple[bool, str, str]:
+    """The class's ``DevicesHeldOutside`` condition (status, reason, message) for
+    :func:`held_outside`'s answer: True naming up to :data:`MAX_NAMED_OUTSIDE` devices and
+    their ResourceClaims (and how many more), False when there are none."""
+    listed = list(holds)
+    if not listed:
+        return (
+            False,
+            "NoneHeldOutside",
+            f"no device of DeviceClass {device_class_name} is held by a ResourceClaim other "
+            "than the GPU claims' holds",
+        )
+    devices = {h.device for h in listed}
+    named = ", ".join(
+        f"{h.device.driver}/{h.device.pool}/{h.device.device} on node {h.node} by "
+        f"ResourceClaim {h.holder[0]}/{h.holder[1]}"
+        for h in listed[:MAX_NAMED_OUTSIDE]
+    )
+    more = f" and {len(listed) - MAX_NAMED_OUTSIDE} more" if len(listed) > MAX_NAMED_OUTSIDE else ""
+    return (
+        True,
+        "HeldByOtherClaims",
+        f"{len(devices)} device(s) of DeviceClass {device_class_name} are held by "
+        f"ResourceClaims that no GPUClaim controls, so they are counted as used and never "
+        f"allocated to a GPU claim: {named}{more}",
+    )

@@ -306,13 +306,19 @@ def order_refusals(
         too_many = max_count_refusal(cls, ordered)
         if too_many is not None:
             refusals.append(f"spec.count: {too_many}")
-        if figures is not None and ordered > figures.max_free_per_node:
+        if figures is not None and ordered > figures.max_room:
             most = figures.max_free_per_node
             room = (
                 "has no free GPU on any node"
                 if most <= 0
                 else f"has at most {_plural(most, 'free GPU', 'free GPUs')} on one node"
             )
+            if figures.max_reclaimable_per_node:
+                taking = figures.max_reclaimable_per_node
+                room += (
+                    f" ({_plural(taking, 'GPU', 'GPUs')} counting the idle preemptible holds"
+                    " it may take back)"
+                )
             refusals.append(f"spec.count: class {wanted} {room}, {_ordered(ordered)}")
     if bad_count is None:
         refusals.extend(budget_refusals(claim, quotas, namespace_claims))

@@ -38,8 +38,15 @@ def main(argv: list[str] | None = None) -> int:
         help="manifests to apply after the deployment (default: config/samples)",
     )
     up.add_argument(
+        "--operator",
+        choices=("process", "image"),
+        default="process",
+        help="how the operator runs: a process of this checkout (default) or two replicas of "
+        "the built image under podman with the Deployment's settings (make image first)",
+    )
+    up.add_argument(
         "--no-operator",
-        dest="operator",
+        dest="run_operator",
         action="store_false",
         help="deploy the overlay but run neither the operator nor the KubeVirt stand-in",
     )
@@ -54,18 +61,23 @@ def main(argv: list[str] | None = None) -> int:
             rendered = deployment.render(kubectl_binary())
             cluster.deploy(rendered)
             cluster.apply([], args.apply or [SAMPLES])
-            if args.operator:
+            operator_log = cluster.operator.log
+            if args.run_operator and args.operator == "image":
+                cluster.run_image_operator()
+                operator_log = cluster.image_operator.log
+                cluster.run_kubevirt_standin()
+            elif args.run_operator:
                 cluster.run_operator(rendered=rendered)
                 cluster.run_kubevirt_standin()
-                if profile.dra_nodes(profile.load(args.profile)):
-                    cluster.run_dra_standin(args.profile)
+            if args.run_operator and profile.dra_nodes(profile.load(args.profile)):
+                cluster.run_dra_standin(args.profile)
             print(
                 f"cluster {args.name!r} is up ({time.monotonic() - started:.1f}s); "
-                f"operator log: {cluster.operator.log}\n"
+                f"operator log: {operator_log}\n"
                 f"Point kubectl (the pinned one) at it with:\n"
                 f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.dir / 'bin'}:$PATH\n"
                 f"  kubectl get nodes,gpuclasses,gpunodes\n"
-                f"Stop it with: make down"
+                f"Stop it with: make down{'' if args.name == 'dev' else f' CLUSTER={args.name}'}"
             )
         elif args.command == "down":
             if not cluster.down():
@@ -74,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             states = {
                 **cluster.running(),
                 "gpuoperator": cluster.operator.running(),
+                "gpuoperator (image)": cluster.image_operator.running(),
                 "kubevirt-standin": cluster.kubevirt.running(),
                 "dra-standin": cluster.dra.running(),
             }

@@ -150,6 +150,10 @@ class LocalCluster:
         self.kubevirt = Process("kubevirt-standin", self.dir)
         #: The DRA driver stand-in (its ResourceSlices), for ``make up``.
         self.dra = Process("dra-standin", self.dir)
+        #: The operator as replicas of the built image under podman (``up --operator=image``,
+        #: ``localcluster.image``); the names of its containers in ``image_names``.
+        self.image_operator = Process("gpuoperator-image", self.dir)
+        self.image_names = self.dir / "image-replicas.json"
         self.audit_log = self.dir / "logs" / "audit.log"
         self.v = versions()
 
@@ -248,6 +252,7 @@ class LocalCluster:
         URL on loopback) and wait until it injected their caBundle. ``rendered``: the overlay
         as already deployed (by default it is rendered and deployed first)."""
         self.operator.stop()
+        self.stop_image_operator()  # one operator at a time: `make up` after OPERATOR=image
         if rendered is None:
             rendered = deployment.render(kubectl_binary())
             self.deploy(rendered, log)
@@ -346,8 +351,66 @@ class LocalCluster:
         )
         log(f"  dra driver stand-in: running (log {self.dra.log})")
 
+    def run_image_operator(self, replicas: int = 2, log: Any = print) -> None:
+        """(Re)start the operator as ``replicas`` podman containers of the built image, the
+        Deployment's pods without a kubelet (``localcluster.image``), and wait until they
+        are ready and the webhooks registered on one."""
+        self.stop_image_operator()
+        self.operator.stop()  # one operator at a time: `make up OPERATOR=image` after `make up`
+        logged = self.image_operator.log.stat().st_size if self.image_operator.log.exists() else 0
+        self.image_operator.start(
+            [
+                sys.executable,
+                "-m",
+                "localcluster.image",
+                f"--name={self.name}",
+                f"--replicas={replicas}",
+            ],
+            env={"PYTHONPATH": os.pathsep.join([str(HACK), str(REPO / "test"), str(REPO)])},
+            cwd=REPO,
+        )
+
+        def serving() -> str | None:
+            with self.image_operator.log.open("rb") as f:
+                f.seek(logged)
+                lines = f.read().decode(errors="replace").splitlines()
+            return next((line for line in lines if " serving: " in line), None)
+
+        took = wait_until(
+            "the image's replicas to serve", lambda: bool(serving()), 300, self.image_operator
+        )
+        line = (serving() or "").partition(" serving: ")[2]
+        log(f"  gpuoperator (image): {line} (log {self.image_operator.log}; {took:.1f}s)")
+
+    def stop_image_operator(self) -> list[str]:
+        """Stop the image's replicas (each given its grace period), then remove any container
+        of them still there (the supervisor killed, say); the names removed that way."""
+        self.image_operator.stop(timeout=150)
+        try:
+            names: list[str] = json.loads(self.image_names.read_text())
+        except (OSError, ValueError):
+            names = []
+        left = []
+        for name in names:
+            proc = subprocess.run(
+                [str(HACK / "image" / "podman.sh"), "rm", "--force", "--ignore", "--time=0", name],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
+            )
+            if proc.stdout.strip():
+                left.append(name)
+        self.image_names.unlink(missing_ok=True)
+        return left
+
     def down(self, quiet: bool = False) -> list[str]:
-        stopped = ["gpuoperator"] if self.operator.stop() else []
+        image_running = self.image_operator.running()
+        left = self.stop_image_operator()
+        stopped = ["gpuoperator (image)"] if image_running else []
+        if left and not quiet:
+            print(f"removed containers left running: {', '.join(left)}")
+        stopped += ["gpuoperator"] if self.operator.stop() else []
         stopped += ["kubevirt-standin"] if self.kubevirt.stop() else []
         stopped += ["dra-standin"] if self.dra.stop() else []
         stopped += [c for c in reversed(COMPONENTS) if self.procs[c].stop()]

@@ -33,10 +33,21 @@ def _start_time(pid: int) -> str | None:
         return None
     # The command name (field 2) may contain spaces: split after its closing parenthesis.
     fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # exited, not yet reaped: not running
+    if fields[0] == "Z" and not _other_threads(pid):  # exited, not yet reaped: not running
         _reap(pid)
         return None
+    # A zombie main thread whose other threads still run (a Go binary exiting while some
+    # of its threads finish writing, as kube-apiserver its audit log) is still running:
+    # not reapable yet, and stopped only once those threads are gone.
     return fields[19]
+
+
+def _other_threads(pid: int) -> bool:
+    """Whether a thread other than the main one of ``pid`` is still there."""
+    try:
+        return any(task.name != str(pid) for task in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -112,13 +123,15 @@ class Process:
         if pid is None:
             self.pidfile.unlink(missing_ok=True)
             return False
-        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.pid() == pid:
             _reap(pid)
             time.sleep(0.05)
         if self.pid() == pid:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             while self.pid() == pid:
                 _reap(pid)
                 time.sleep(0.05)

@@ -22,8 +22,11 @@ an ``E2E_KUBECONFIG`` cluster (kind); ``podman`` runs ``E2E_REPLICAS`` (default 
 of the built image (``IMAGE``, as for ``make image``) as podman containers with the
 Deployment's settings against the local control plane, the webhooks pointed at a ready one
 (``harness.replicas``), wherever process mode would start the module's webhook-serving
-operator (``hooks``, ``harness.webhooks.webhook_operator``). In the last two, tests marked
-``operator_process`` are left out (``-m "not operator_process"``).
+operator (``hooks``, ``harness.webhooks.webhook_operator``). In ``deployed`` mode the
+cluster's Deployment is scaled to 0 with its webhooks removed, and scaled back (its rollout
+waited for) only where process mode would start that operator (``harness.scaled``), so the
+modules that assume no operator run without one there too. In the last two, tests marked
+``operator_process`` are deselected at collection (the reason is printed after it).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from harness.containers import Launcher, MissingPrerequisiteError, image_name, r
 from harness.fleet import Fleet
 from harness.operator import Deployed, ForbiddenRequests, OperatorProcess, Start
 from harness.replicas import RUNNING, Replicas
+from harness.scaled import ScaledDeployment
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator, webhook_operator
 from localcluster import deployment
@@ -66,7 +70,7 @@ OPERATOR = os.environ.get("E2E_OPERATOR", "process")
 if OPERATOR not in ("process", "deployed", "podman"):
     raise pytest.UsageError(f"E2E_OPERATOR={OPERATOR}: one of process, deployed, podman")
 #: ``E2E_OPERATOR=deployed`` (with ``E2E_KUBECONFIG``): use the operator deployed in the
-#: cluster instead of starting replicas (tests marked ``operator_process`` are skipped).
+#: cluster instead of starting replicas (tests marked ``operator_process`` are deselected).
 #: ``E2E_OPERATOR=podman``: the session's replicas of the image serve (the same for the
 #: tests: an operator the suite does not control process by process).
 IN_CLUSTER = OPERATOR != "process"
@@ -76,16 +80,34 @@ PROFILE = REPO / "hack" / "profiles" / "default.yaml"
 _timings: dict[str, float] = {}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(
-        reason=f"E2E_OPERATOR={OPERATOR}: the test starts or controls the operator's own "
-        "processes, and the suite uses replicas it does not control"
-    )
+#: Why tests marked ``operator_process`` are deselected under an in-cluster operator.
+DESELECTED_REASON = (
+    f"E2E_OPERATOR={OPERATOR}: deselected the tests marked operator_process (they start or "
+    "control the operator's own processes; the suite uses replicas it does not control)"
+)
+_deselected: list[pytest.Item] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the e2e tests; with an in-cluster operator, deselect (never skip) those that
+    must control the operator's process: they are not run, and the report says why."""
+    here = Path(__file__).parent
+    keep, drop = [], []
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+        if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.e2e)
             if IN_CLUSTER and item.get_closest_marker("operator_process"):
-                item.add_marker(skip)
+                drop.append(item)
+                continue
+        keep.append(item)
+    if drop:
+        _deselected.extend(drop)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_collectionfinish() -> list[str]:
+    return [f"{DESELECTED_REASON}: {len(_deselected)}"] if _deselected else []
 
 
 @pytest.fixture(scope="session")
@@ -151,6 +173,16 @@ def deployed(
         kubectl_binary(), admin, rendered, tmp_path_factory.mktemp("operator") / "kubeconfig"
     )
     found = Deployed(rendered, admin, token, local_cluster, in_cluster=IN_CLUSTER)
+    if IN_CLUSTER and not PODMAN:
+        # Running only while a module asks for it, as in the other modes (harness.scaled);
+        # left with its replicas and webhooks at the end.
+        scaled = ScaledDeployment(admin, rendered, kubectl)
+        scaled.adopt()
+        try:
+            yield dataclasses.replace(found, scaled=scaled)
+        finally:
+            scaled.restore()
+        return
     if not PODMAN:
         yield found
         return

@@ -378,6 +378,7 @@ IMMUTABLE: list[tuple[str, Callable[[str], Obj], dict[str, Any], str]] = [
     ("mode", passthrough, {"mode": "vgpu", "profile": "A10-24Q"}, "spec.mode"),
     ("profile", vgpu, {"profile": "L40S-48Q"}, "spec.profile"),
     ("memory", passthrough, {"memory": "48Gi"}, "spec.memory"),
+    ("preemptible", passthrough, {"preemptible": True}, "spec.preemptible"),
     (
         "resource-name",
         passthrough,
@@ -424,6 +425,18 @@ def test_memory_can_be_neither_added_nor_removed(
     assert "spec.memory" in r[0].message and "immutable" in r[0].message, r[0].message
     cls.reload()
     assert cls.obj["spec"] == before, "a refused update must change nothing"
+
+
+def test_a_class_is_guaranteed_unless_it_says_it_is_preemptible(make: Make) -> None:
+    guaranteed = make(passthrough)
+    assert guaranteed.obj["spec"]["preemptible"] is False
+    spot = make(passthrough, preemptible=True)
+    del spot.obj["spec"]["preemptible"]
+    with refused() as r:
+        replace(spot)
+    assert "spec.preemptible is immutable" in r[0].message, r[0].message
+    spot.reload()
+    assert spot.obj["spec"]["preemptible"] is True
 
 
 def test_memory_respelled_as_the_same_quantity_is_not_a_change(make: Make) -> None:

@@ -221,7 +221,8 @@ def test_the_tenant_can_neither_delete_nor_edit_the_hold_but_her_own_claims_are_
     ]
 
     # The edit role may delete ResourceClaims: a claim of her own that holds nothing for a
-    # GPUClaim (even one that carries the hold label) is hers to delete.
+    # GPUClaim (even one that carries the hold label) is hers to delete. It names a
+    # DeviceClass no GPU class serves: one that does is refused her (test_dra_tenants.py).
     own = ResourceClaim(
         tenant,
         {
@@ -234,7 +235,9 @@ def test_the_tenant_can_neither_delete_nor_edit_the_hold_but_her_own_claims_are_
             },
             "spec": {
                 "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": f"other-{TAG}.example.com"}}
+                    ]
                 }
             },
         },

@@ -85,7 +85,7 @@ def launcher_pod(api: pykube.HTTPClient, ns: str) -> Obj:
 
 
 def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_it(
-    api: pykube.HTTPClient, dra_class: str, tenant: str
+    api: pykube.HTTPClient, dra_class: str, tenant: str, hoster_namespace: str
 ) -> None:
     create_claim(api, tenant, "hold", dra_class, 1)
     assert bound_node(api, tenant, "hold", timeout=TIMEOUT) == NODE
@@ -130,13 +130,14 @@ def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_
     )
     assert allocation(api, tenant, "hold") == held
 
-    # Meanwhile a pod asking for the DeviceClass does not get the held device.
+    # Meanwhile a pod asking for the DeviceClass does not get the held device. Only an exempt
+    # namespace may ask for it at all (config/policy/dra-claims.yaml): the hoster's.
     ResourceClaim(
         api,
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
-            "metadata": {"name": "mine", "namespace": tenant},
+            "metadata": {"name": "mine", "namespace": hoster_namespace},
             "spec": {
                 "devices": {
                     "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]
@@ -147,7 +148,7 @@ def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_
     pod = pykube.Pod(
         api,
         {
-            "metadata": {"name": "wants-the-gpu", "namespace": tenant},
+            "metadata": {"name": "wants-the-gpu", "namespace": hoster_namespace},
             "spec": {
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "mine"}],
                 "containers": [
@@ -166,7 +167,7 @@ def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_
     [scheduled] = [c for c in conditions if c.get("type") == "PodScheduled"]
     assert (scheduled["status"], scheduled.get("reason")) == ("False", "Unschedulable")
     assert not pod.obj["spec"].get("nodeName")
-    assert allocation(api, tenant, "mine") is None
+    assert allocation(api, hoster_namespace, "mine") is None
     assert allocation(api, tenant, "hold") == held
 
 

@@ -285,9 +285,13 @@ class Launcher:
         rendered: deployment.Rendered,
         work: Path,
         prefix: str = "gpuoperator",
+        record: Path | None = None,
     ) -> None:
         self.image = image
         self.prefix = prefix
+        #: A file kept holding the names of the containers started and not yet removed (a
+        #: JSON list), for whoever must remove them if this process cannot.
+        self.record = record
         self.rendered = rendered
         self.work = work
         self.pod = rendered.deployment["spec"]["template"]["spec"]
@@ -339,6 +343,7 @@ class Launcher:
         servers = set() if idle else deployment.servers(args)
         replica = Replica(name, proc, log, self.grace, servers)
         self.started.append(replica)
+        self._record()
         return replica
 
     def remove_all(self) -> None:
@@ -346,3 +351,8 @@ class Launcher:
             podman("rm", "--force", "--time=0", replica.name, check=False)
             replica.proc.wait(30)
         self.started.clear()
+        self._record()
+
+    def _record(self) -> None:
+        if self.record is not None:
+            self.record.write_text(json.dumps([r.name for r in self.started]))

@@ -30,6 +30,7 @@ from localcluster.cluster import LocalCluster
 
 if TYPE_CHECKING:
     from harness.replicas import Replicas
+    from harness.scaled import ScaledDeployment
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Deployed:
     #: ``E2E_OPERATOR=podman``: the session's replicas of the image (in_cluster is set too:
     #: the suite starts no process replica).
     replicas: Replicas | None = None
+    #: ``E2E_OPERATOR=deployed``: the cluster's Deployment, scaled up only while a module
+    #: asks for the operator (``harness.scaled``).
+    scaled: ScaledDeployment | None = None
 
     @property
     def namespace(self) -> str:

@@ -89,8 +89,9 @@ def webhook_operator(
 ) -> Iterator[WebhookOperator]:
     """A replica serving the webhooks, registered; with ``E2E_OPERATOR=podman``, replicas
     of the image serving for the block (``Replicas.serving``); with
-    ``E2E_OPERATOR=deployed``, the deployed operator's webhooks once their caBundle is
-    injected (``extra`` must be empty: those run with their Deployment's args)."""
+    ``E2E_OPERATOR=deployed``, the deployed operator scaled up for the block
+    (``ScaledDeployment.serving``) and its webhooks once their caBundle is injected
+    (``extra`` must be empty: those run with their Deployment's args)."""
     if deployed.replicas is not None:
         # E2E_OPERATOR=podman: replicas of the image serve for the block, the
         # configurations pointed at a ready one.
@@ -101,8 +102,11 @@ def webhook_operator(
         return
     if deployed.in_cluster:
         assert not extra, f"E2E_OPERATOR=deployed runs the Deployment's args, not {extra}"
-        wait_injected(api, deployed, deployed.rendered.webhook_configurations)
-        yield WebhookOperator(None, deployed.namespace)
+        assert deployed.scaled is not None, "E2E_OPERATOR=deployed: the Deployment is not adopted"
+        # The Deployment scaled up for the block, its webhooks registered (harness.scaled).
+        with deployed.scaled.serving():
+            wait_injected(api, deployed, deployed.rendered.webhook_configurations)
+            yield WebhookOperator(None, deployed.namespace)
         return
     op = OperatorProcess(deployed, f"webhooks-{uuid.uuid4().hex[:6]}", workdir, *extra)
     try:

@@ -48,6 +48,8 @@ HOLD_POLICIES = (
     "gpu-operator-vmi-gpus",
     "gpu-operator-claim-finalizer",
     "gpu-operator-dra-holds",
+    "gpu-operator-dra-claims",
+    "gpu-operator-dra-claim-templates",
 )
 
 #: What `kubectl apply -k config/default` installs: (kind, namespace, name).

@@ -17,6 +17,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from controllers import binder as bindermod
@@ -659,3 +661,135 @@ def test_a_pass_while_a_refusal_write_is_in_flight_does_not_bind_over_the_old_bi
     assert versions == [("Pending", "")], "the claim changed node without being released"
     world.reconcile("a10")
     assert versions == [("Pending", ""), ("Bound", "n-1")]
+
+
+# -- preemptible classes: a guaranteed order takes idle spot holds back -------------------------
+
+
+def spot_world(world: World) -> World:
+    """A guaranteed class and a preemptible one on one resource, a 4-unit node full of two
+    idle spot holds (``old`` bound first, ``new`` after)."""
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_class(objects.gpuclass("a10-spot", resource=RESOURCE, preemptible=True))
+    world.put_node(node("n1", {RESOURCE: 4}))
+    for name, second in (("old", 1), ("new", 2)):
+        world.put_claim(
+            claim(
+                name,
+                class_name="a10-spot",
+                count=2,
+                created=at(second),
+                phase="Bound",
+                node="n1",
+                status={"boundTime": at(second)},
+            )
+        )
+    return world
+
+
+def test_a_guaranteed_order_takes_back_the_newest_idle_spot_hold_and_binds_in_the_same_pass(
+    world: World,
+) -> None:
+    spot_world(world)
+    world.put_claim(claim("order", class_name="a10", count=2, created=at(3)))
+    world.reconcile("a10")
+    assert world.status("order")["phase"] == "Bound"
+    assert world.status("order")["nodeName"] == "n1"
+    taken = world.status("new")
+    assert taken["phase"] == "Pending" and "nodeName" not in taken
+    reason = next(c for c in taken["conditions"] if c["type"] == "Bound")["reason"]
+    assert reason == "Preempted"
+    assert world.status("old")["nodeName"] == "n1"
+    assert world.held("n1") == 4
+    # The hold taken back is written before the order's binding: never 6 units promised.
+    assert world.writes() == ["new", "order"]
+    preempted = [e for e in world.events.events if e["reason"] == "Preempted"]
+    assert [(e["name"], e["type"]) for e in preempted] == [("new", "Normal")]
+    assert "guaranteed claim tenant-a/order of class a10" in preempted[0]["message"]
+
+
+def test_a_take_back_whose_write_fails_binds_nothing_over_the_hold(world: World) -> None:
+    spot_world(world)
+    world.put_claim(claim("order", class_name="a10", count=2, created=at(3)))
+
+    def boom(_obj: Obj) -> None:
+        raise errors.ApiError(422, "Invalid", "status: Invalid value")
+
+    world.api.before.update(new=boom)
+    with pytest.raises(errors.ApiError):
+        world.reconcile("a10")
+    assert world.status("order").get("phase") != "Bound"
+    assert world.status("new")["phase"] == "Bound"
+    assert world.held("n1") == 4
+
+
+def test_a_spot_order_and_an_order_that_fits_take_nothing_back(world: World) -> None:
+    spot_world(world)
+    world.put_node(node("n2", {RESOURCE: 2}))
+    world.put_claim(claim("fits", class_name="a10", count=2, created=at(3)))
+    world.put_claim(claim("spot-order", class_name="a10-spot", count=2, created=at(4)))
+    world.reconcile("a10")
+    world.reconcile("a10-spot")
+    assert world.status("fits")["nodeName"] == "n2"
+    assert world.status("spot-order").get("phase") != "Bound"
+    assert world.status("new")["phase"] == world.status("old")["phase"] == "Bound"
+    assert not [e for e in world.events.events if e["reason"] == "Preempted"]
+
+
+def _passes(world: World, names_: list[str], classes: tuple[str, ...], rounds: int) -> None:
+    """Binder passes over ``classes``, each followed by the watch delivering every claim."""
+    for _ in range(rounds):
+        for cls in classes:
+            world.reconcile(cls)
+            for name in names_:
+                world.sync(name)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spot_counts=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=5),
+    held_counts=st.lists(st.integers(min_value=1, max_value=3), max_size=3),
+    order_counts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=4),
+    nodes=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=3),
+)
+def test_take_backs_never_overfill_a_node_nor_release_a_guaranteed_hold(
+    spot_counts: list[int], held_counts: list[int], order_counts: list[int], nodes: list[int]
+) -> None:
+    """Spot and guaranteed holds bound first, then guaranteed orders: whatever the binder
+    takes back, the stored claims never hold more than a node has (summed here from what the
+    API double stores), no guaranteed claim once Bound is ever written otherwise, and every
+    claim written back to Pending is a spot one."""
+    world = World()
+    world.put_class(objects.gpuclass("a10", resource=RESOURCE))
+    world.put_class(objects.gpuclass("a10-spot", resource=RESOURCE, preemptible=True))
+    sizes = {f"n{i}": units for i, units in enumerate(nodes)}
+    for name, units in sizes.items():
+        world.put_node(node(name, {RESOURCE: units}))
+    made: list[str] = []
+    second = 0
+    for prefix, cls, counts in (("s", "a10-spot", spot_counts), ("g", "a10", held_counts)):
+        for i, count in enumerate(counts):
+            second += 1
+            made.append(f"{prefix}{i}")
+            world.put_claim(claim(made[-1], class_name=cls, count=count, created=at(second)))
+    _passes(world, made, ("a10-spot", "a10"), 1)
+    for i, count in enumerate(order_counts):
+        second += 1
+        made.append(f"o{i}")
+        world.put_claim(claim(made[-1], class_name="a10", count=count, created=at(second)))
+    _passes(world, made, ("a10", "a10-spot"), 3)
+
+    for name, units in sizes.items():
+        assert world.held(name) <= units, f"{world.held(name)} units held on {name} ({units})"
+    bound_once: set[str] = set()
+    with world.api.lock:
+        for verb, _, name, payload in world.api.calls:
+            if verb != "replace_status" or name.startswith("s"):
+                continue
+            phase = (payload.get("status") or {}).get("phase")
+            assert not (name in bound_once and phase != "Bound"), f"guaranteed {name} released"
+            if phase == "Bound":
+                bound_once.add(name)
+    preempted = {e["name"] for e in world.events.events if e["reason"] == "Preempted"}
+    assert all(n.startswith("s") for n in preempted), preempted
+    event("some hold taken back" if preempted else "nothing taken back")

@@ -183,3 +183,37 @@ def test_class_status_is_woken_by_its_classes_their_claims_and_inventory_changes
         ("", "a10"),
         ("", "l40s"),
     ]
+
+
+def test_a_guaranteed_class_beside_a_spot_class_publishes_what_it_may_take_back(
+    world: World,
+) -> None:
+    world.put(world.caches.classes, objects.gpuclass(generation=1))
+    world.put(world.caches.classes, objects.gpuclass("a10-spot", generation=1, preemptible=True))
+    world.put(world.caches.nodes, objects.node("n1", 4))
+    world.put(
+        world.caches.claims,
+        objects.claim("idle", class_name="a10-spot", count=3, phase="Bound", node="n1"),
+    )
+    world.put(
+        world.caches.claims,
+        objects.claim(
+            "vm",
+            class_name="a10-spot",
+            count=1,
+            phase="Bound",
+            node="n1",
+            attached={"vmi": "vm1", "uid": "u1"},
+        ),
+    )
+    world.reconcile()
+    world.reconcile("a10-spot")
+    status = world.stored_class()["status"]
+    # Nothing free; the idle 3 may be taken back at once, the VM's unit after its notice.
+    assert (status["maxFreePerNode"], status["reclaimable"], status["maxReclaimablePerNode"]) == (
+        0,
+        4,
+        4,
+    )
+    spot = world.stored_class("a10-spot")["status"]
+    assert "reclaimable" not in spot and "maxReclaimablePerNode" not in spot

@@ -66,6 +66,7 @@ def test_a_stale_configmap_is_updated_under_its_resource_version_keeping_other_k
     assert written["metadata"]["resourceVersion"] == "7"
     assert written["data"] == {
         "resourceNames": "nvidia.com/A10,nvidia.com/L40S-24Q",
+        "deviceClassNames": "",
         "operatorServiceAccount": OPERATOR,
         "kubevirtServiceAccount": "system:serviceaccount:kubevirt:kubevirt-controller",
         "exemptNamespaces": "hoster,tools",
@@ -78,6 +79,7 @@ def test_a_current_configmap_is_not_written() -> None:
         configmap(
             {
                 "resourceNames": "nvidia.com/A10,nvidia.com/L40S-24Q",
+                "deviceClassNames": "",
                 "operatorServiceAccount": OPERATOR,
                 "kubevirtServiceAccount": "system:serviceaccount:kubevirt:kubevirt-controller",
                 "exemptNamespaces": "",
@@ -92,3 +94,30 @@ def test_a_missing_configmap_is_not_created() -> None:
     reconciler, writer = world(None)
     assert reconciler.reconcile(KEY) is None
     assert writer.replaced == []
+
+
+def test_dra_classes_publish_their_device_classes_and_an_extended_resource_name() -> None:
+    """A DRA class's DeviceClass is listed in deviceClassNames; when that DeviceClass has an
+    extendedResourceName, the name joins resourceNames (kube-scheduler would hand a pod
+    asking for it a device of the class)."""
+    reconciler, writer = world(configmap({}))
+    reconciler.caches.classes.store.put(
+        objects.gpuclass("h100", source={"dra": {"deviceClassName": "h100.example.com"}})
+    )
+    reconciler.caches.classes.store.put(
+        objects.gpuclass("b200", source={"dra": {"deviceClassName": "b200.example.com"}})
+    )
+    reconciler.caches.device_classes.store.put(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "h100.example.com"},
+            "spec": {"extendedResourceName": "example.com/h100"},
+        }
+    )
+    assert reconciler.reconcile(KEY) is None
+    [(_, written)] = writer.replaced
+    assert written["data"]["deviceClassNames"] == "b200.example.com,h100.example.com"
+    assert written["data"]["resourceNames"] == (
+        "example.com/h100,nvidia.com/A10,nvidia.com/L40S-24Q"
+    )

@@ -353,3 +353,21 @@ def test_a_dra_claim_that_waits_again_or_is_refused_by_its_node_names_no_devices
     assert "devices" not in refused and "resourceClaimName" not in refused
     elsewhere = claim_states.refused(bound, "n2", UNTIL, "RefusedByNode", "refused", NOW)
     assert elsewhere["devices"] == bound["status"]["devices"]
+
+
+def test_a_preempted_hold_waits_without_node_and_closes_its_usage_interval() -> None:
+    waiting = claim({})
+    held = {
+        **waiting,
+        "status": claim_states.bound(waiting, "n1", NOW - datetime.timedelta(hours=1)),
+    }
+    opened = gpu_hours.read(held)
+    message = claim_states.preempted_message("n1", "t/order", "a10", "a10-spot")
+    status = claim_states.preempted(held, message, NOW)
+    assert status["phase"] == "Pending"
+    assert "nodeName" not in status and "boundTime" not in status
+    bound = next(c for c in status["conditions"] if c["type"] == "Bound")
+    assert (bound["status"], bound["reason"], bound["message"]) == ("False", "Preempted", message)
+    closed = gpu_hours.read({**held, "status": status})
+    assert closed.state != opened.state
+    assert (closed.state, closed.idle, closed.since) == (None, 3600, NOW)  # 1 unit idle, 1 h

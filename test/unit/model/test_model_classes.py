@@ -92,3 +92,11 @@ def test_tolerations(spec: dict[str, Any], expected: list[dict[str, Any]]) -> No
 )
 def test_name(cls: dict[str, Any], expected: str) -> None:
     assert classes.name(cls) == expected
+
+
+def test_a_class_is_preemptible_only_when_it_says_so() -> None:
+    assert classes.preemptible({"spec": {"preemptible": True}})
+    assert not classes.preemptible({"spec": {"preemptible": False}})
+    assert not classes.preemptible({"spec": {}})
+    assert not classes.preemptible({"spec": {"preemptible": "true"}})
+    assert not classes.preemptible({})

@@ -749,3 +749,14 @@ def test_order_refusals_for_binding(
     target: Obj, namespace_claims: list[Obj], quotas: list[Obj], expected: list[str]
 ) -> None:
     assert orders.order_refusals_for_binding(target, quotas, namespace_claims) == expected
+
+
+def test_an_order_is_admitted_up_to_what_it_may_take_back_and_refused_above_it() -> None:
+    room = capacity.ClassFigures(
+        free=0, max_free_per_node=0, nodes=1, reclaimable=3, max_reclaimable_per_node=3
+    )
+    assert orders.order_refusals(claim(count=3), A10, namespace(), [], [], room) == []
+    assert orders.order_refusals(claim(count=4), A10, namespace(), [], [], room) == [
+        "spec.count: class a10 has no free GPU on any node (3 GPUs counting the idle "
+        "preemptible holds it may take back), 4 were ordered"
+    ]

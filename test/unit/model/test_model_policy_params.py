@@ -17,13 +17,26 @@ def device_plugin(name: str, resource: str) -> dict[str, Any]:
     }
 
 
-def dra(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"source": {"dra": {"deviceClassName": "gpu"}}}}
+def dra(name: str, device_class: str = "gpu") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"source": {"dra": {"deviceClassName": device_class}}},
+    }
 
 
-def data(classes: list[dict[str, Any]], exempt: tuple[str, ...] = ()) -> dict[str, str]:
+def device_class(name: str, extended: str | None = None) -> dict[str, Any]:
+    spec = {"extendedResourceName": extended} if extended is not None else {}
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def data(
+    classes: list[dict[str, Any]],
+    exempt: tuple[str, ...] = (),
+    device_classes: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, str]:
     return policy_params.data(
         classes,
+        device_classes=device_classes,
         operator_service_account=OPERATOR,
         kubevirt_service_account=KUBEVIRT,
         exempt_namespaces=exempt,
@@ -40,6 +53,7 @@ def test_resource_names_are_sorted_unique_and_comma_joined() -> None:
     ]
     assert data(classes) == {
         "resourceNames": "nvidia.com/GA102GL_A10,nvidia.com/L40S-24Q",
+        "deviceClassNames": "gpu",
         "operatorServiceAccount": OPERATOR,
         "kubevirtServiceAccount": KUBEVIRT,
         "exemptNamespaces": "",
@@ -49,7 +63,35 @@ def test_resource_names_are_sorted_unique_and_comma_joined() -> None:
 def test_no_class_gives_an_empty_list_and_every_key() -> None:
     got = data([])
     assert got["resourceNames"] == ""
+    assert got["deviceClassNames"] == ""
     assert set(got) == set(policy_params.KEYS)
+
+
+def test_device_class_names_are_the_dra_classes_sorted_and_unique() -> None:
+    classes = [
+        dra("h100", "h100.example.com"),
+        dra("b200", "b200.example.com"),
+        dra("h100-spot", "h100.example.com"),  # two classes may name one DeviceClass
+        device_plugin("a10", "nvidia.com/GA102GL_A10"),
+    ]
+    assert data(classes)["deviceClassNames"] == "b200.example.com,h100.example.com"
+
+
+def test_a_dra_device_classs_extended_resource_name_is_guarded_as_a_resource() -> None:
+    classes = [
+        dra("h100", "h100.example.com"),
+        dra("b200", "b200.example.com"),  # its DeviceClass sets none
+        dra("gone", "missing.example.com"),  # its DeviceClass is not there
+        device_plugin("a10", "nvidia.com/GA102GL_A10"),
+    ]
+    device_classes = {
+        "h100.example.com": device_class("h100.example.com", " example.com/h100 "),
+        "b200.example.com": device_class("b200.example.com"),
+        # A DeviceClass no DRA class names is not the catalog's: its name stays out.
+        "other.example.com": device_class("other.example.com", "example.com/other"),
+    }
+    got = data(classes, device_classes=device_classes)
+    assert got["resourceNames"] == "example.com/h100,nvidia.com/GA102GL_A10"
 
 
 def test_exempt_namespaces_are_sorted_and_blank_entries_dropped() -> None:
