@@ -102,13 +102,15 @@ def etcd(chaos_cluster: LocalCluster) -> store.Etcd:
 
 @pytest.fixture(scope="package")
 def history(etcd: store.Etcd) -> Iterator[historymod.ClaimHistory]:
-    """Every GPUClaim version from now on, from etcd (see ``chaos.store``)."""
+    """Every GPUClaim and ResourceClaim version from now on, from etcd (see
+    ``chaos.store``)."""
     record = historymod.ClaimHistory()
     watch = etcd.watch(
         "/registry/",
         etcd.revision() + 1,
         record.on_events,
-        wanted=lambda k: k.startswith(historymod.CLAIMS_PREFIX),
+        wanted=record.wanted,
+        decode=record.decode,
     )
     record.watch = watch
     try:

@@ -141,12 +141,18 @@ class Verdict:
     overheld: list[str]
     changes: dict[str, list[str]]
     gaps: int
+    #: A device in two allocations at a recorded revision (``allocations``).
+    twice: list[str]
+    #: Bound DRA claims whose hold does not match their status (``oracle.dra_mismatches``).
+    dra: list[str]
 
     def problems(self, history: ClaimHistory) -> list[str]:
         out = [f"stuck: {s}" for s in self.stuck[:10]]
         out += [f"over-allocated: {o}" for o in self.overallocated[:10]]
         out += [f"over budget: {o}" for o in self.overbudget[:10]]
         out += [f"over-held: {o}" for o in self.overheld[:10]]
+        out += [f"device allocated twice: {o}" for o in self.twice[:10]]
+        out += [f"DRA hold: {o}" for o in self.dra[:10]]
         for change in self.changes["unexplained"][:5]:
             claim = change.split(":")[0]
             out.append(f"node changed without Lost: {change}; {history.transitions(claim)}")
@@ -159,7 +165,8 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
     """Give the operator ``CONVERGE`` seconds to settle every claim, then judge."""
 
     def stuck() -> list[str]:
-        return oracle.stuck_claims(snapshot(api, tally))
+        snap = snapshot(api, tally)
+        return oracle.stuck_claims(snap) + oracle.dra_mismatches(snap)
 
     with contextlib.suppress(WaitTimeoutError):  # what is still stuck is reported
         wait_for("no stuck claim", stuck, until=lambda s: not s, timeout=CONVERGE)
@@ -172,4 +179,6 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
         overheld=list(history.overholds),
         changes=history.node_changes(),
         gaps=history.watch.gaps if history.watch is not None else 1,
+        twice=list(history.allocations.twice),
+        dra=oracle.dra_mismatches(final),
     )
