@@ -10,6 +10,8 @@ from typing import Any
 from chaos import allocations, oracle, protobuf, store
 from chaos import history as historymod
 
+from gpuoperator import names
+
 Obj = dict[str, Any]
 DRIVER = "gpu.example.com"
 DC = "gpus.example.com"
@@ -118,7 +120,7 @@ def rc(
             {"kind": "GPUClaim", "name": name, "uid": owner_uid, "controller": True}
         ]
     if hold:
-        meta["labels"] = {"gpu.cozystack.io/hold": "true"}
+        meta["labels"] = {names.DRA_HOLD_LABEL: "true"}
     status: Obj = {}
     if devices:
         status["allocation"] = {
