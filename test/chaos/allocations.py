@@ -94,6 +94,8 @@ class AllocationHistory:
         self.twice: list[str] = []
         #: Devices ever allocated (for the figures).
         self.allocated: set[Device] = set()
+        #: Stored values that could not be decoded (the record is then incomplete).
+        self.unreadable: list[str] = []
 
     def on_events(self, batch: list[store.Event]) -> None:
         with self._lock:

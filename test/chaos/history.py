@@ -116,11 +116,16 @@ class ClaimHistory:
         """The keys this record reads: GPUClaims and ResourceClaims."""
         return key.startswith((CLAIMS_PREFIX, allocations.PREFIX))
 
-    @staticmethod
-    def decode(key: str, value: bytes) -> Obj:
-        if key.startswith(allocations.PREFIX):
+    def decode(self, key: str, value: bytes) -> Obj:
+        """A stored value as JSON; a ResourceClaim that cannot be read is recorded as such
+        (a check then fails) and read as taking nothing, so the watch goes on."""
+        if not key.startswith(allocations.PREFIX):
+            return dict(json.loads(value))
+        try:
             return protobuf.resource_claim(value)
-        return dict(json.loads(value))
+        except ValueError as exc:
+            self.allocations.unreadable.append(f"{key}: {exc}")
+            return {"metadata": {}, "status": {}}
 
     def on_events(self, batch: list[store.Event]) -> None:
         held = [e for e in batch if e.key.startswith(allocations.PREFIX)]

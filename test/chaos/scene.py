@@ -235,6 +235,9 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
         overheld=list(history.overholds),
         changes=history.node_changes(),
         gaps=history.watch.gaps if history.watch is not None else 1,
-        twice=list(history.allocations.twice),
+        twice=[
+            *history.allocations.twice,
+            *(f"unreadable: {u}" for u in history.allocations.unreadable),
+        ],
         dra=oracle.dra_mismatches(final),
     )

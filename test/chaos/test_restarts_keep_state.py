@@ -197,7 +197,9 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     )
     assert not changed, changed
     assert _hold_uid(api, ns, "dra-held") == hold_uid, "the DRA hold was made again"
-    dra_bound = [o.name for o in burst if o.class_name == dra and after[o.name].get("devices")]
+    dra_bound = [
+        o.name for o in burst if o.class_name == dra and after.get(o.name, {}).get("devices")
+    ]
     assert len(dra_bound) == 4, after
     assert _vmi_status(api, ns, "vm-late").get("nodeName") == late_node
     assert started.get("nodeName") == spare

@@ -172,9 +172,14 @@ def test_the_record_routes_resource_claims_and_gpu_claims_and_decodes_both() -> 
     assert historymod.ClaimHistory.wanted(historymod.CLAIMS_PREFIX + "t/a")
     assert not historymod.ClaimHistory.wanted("/registry/pods/t/a")
     value = _encoded_claim(deleting=False, devices=[(DRIVER, "n1", "gpu-0")], node="n1")
-    decoded = historymod.ClaimHistory.decode(allocations.PREFIX + "t/hold-a", value)
-    assert allocations.devices_of(decoded) == ((DRIVER, "n1", "gpu-0"),)
     record = historymod.ClaimHistory()
+    decoded = record.decode(allocations.PREFIX + "t/hold-a", value)
+    assert allocations.devices_of(decoded) == ((DRIVER, "n1", "gpu-0"),)
+    assert record.decode(allocations.PREFIX + "t/bad", value[:-3]) == {
+        "metadata": {},
+        "status": {},
+    }
+    assert record.allocations.unreadable[0].startswith(allocations.PREFIX + "t/bad: protobuf")
     record.on_events(
         [
             _event(7, "t/a", rc("a", ["gpu-0"])),
