@@ -400,8 +400,10 @@ class Binder:
         devices: dra_devices.Inventory,
         now: datetime.datetime,
     ) -> None:
-        """The plan's DRA bindings, one after the other, each assumed before its first
-        write (module docstring); the first failure is raised after the last ended."""
+        """The plan's DRA bindings, each assumed before any is written (module docstring),
+        then written together as :meth:`_bind_all` writes device-plugin bindings (each
+        binding's three writes in order); the first failure is raised after the last
+        write ended, never before."""
         source = gpuclasses.dra(cls)
         assert source is not None
         chosen = dra_holds.assign(
@@ -421,14 +423,21 @@ class Binder:
                 self.caches.served_vmi(claim),
             )
             intended.append((claim, self.statuses.assume(claim, state), node))
-        failure: BaseException | None = None
-        for claim, obj, node in intended:
-            try:
-                self._hold_and_bind(claim, obj, node, source.device_class_name, now)
-            except Exception as exc:  # raised once every write has ended
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        futures: list[Future[None]] = [
+            self._pool.submit(
+                contextvars.copy_context().run,
+                self._hold_and_bind,
+                claim,
+                obj,
+                node,
+                source.device_class_name,
+                now,
+            )
+            for claim, obj, node in intended
+        ]
+        wait(futures)
+        for future in futures:
+            future.result()  # raises the first failure, now that none is in flight
 
     def _hold_and_bind(
         self, claim: Obj, intended: Obj, node: str, device_class: str, now: datetime.datetime

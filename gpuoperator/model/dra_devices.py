@@ -29,14 +29,21 @@ makes that device not match, and the inventory says so in :attr:`Inventory.reaso
 kube-scheduler is stricter (an evaluation error aborts the allocation attempt), so these
 figures are an upper bound on what it would allocate whenever a reason is given.
 
-Pure: no I/O; celpy parses and evaluates in memory.
+Pure: no I/O; celpy parses and evaluates in memory. Evaluating a selector costs about a
+millisecond per device (celpy interprets the parse tree), and the inventory is computed on
+every binder pass and class-status reconcile, so what the selectors made of a stored
+slice's devices is remembered by the slice's uid and ``resourceVersion`` and the
+selectors' expressions (:func:`_judged`): a stored version of an object never changes, so
+the result is the same as evaluating again, and a slice is judged once per version.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
@@ -254,6 +261,46 @@ def _matches(compiled: list[Selector], driver: str, device: Obj, failures: dict[
     return True
 
 
+#: What the selectors made of a stored slice's devices (:func:`_judged`), oldest first.
+_JUDGED: collections.OrderedDict[
+    tuple[tuple[str, ...], str, str], tuple[tuple[bool, ...], dict[int, str]]
+] = collections.OrderedDict()
+_JUDGED_LOCK = threading.Lock()
+#: Slice versions remembered: many more than a cluster's slices (one per node and driver).
+JUDGED_MAX: Final = 50_000
+
+
+def _judged(
+    compiled: list[Selector], driver: str, slice_: Obj, devices: list[Any]
+) -> tuple[tuple[bool, ...], dict[int, str]]:
+    """For each of the slice's ``devices``, whether every selector accepts it, and each
+    selector's first failure; remembered for a slice the API server stored (uid and
+    resourceVersion set), judged anew otherwise."""
+    meta = slice_.get("metadata") or {}
+    key = (
+        tuple(sel.expression for sel in compiled),
+        str(meta.get("uid") or ""),
+        str(meta.get("resourceVersion") or ""),
+    )
+    stored = bool(key[1] and key[2])
+    if stored:
+        with _JUDGED_LOCK:
+            hit = _JUDGED.get(key)
+            if hit is not None:
+                _JUDGED.move_to_end(key)
+                return hit
+    failures: dict[int, str] = {}
+    matched = tuple(
+        isinstance(d, dict) and _matches(compiled, driver, d, failures) for d in devices
+    )
+    if stored:
+        with _JUDGED_LOCK:
+            _JUDGED[key] = (matched, failures)
+            while len(_JUDGED) > JUDGED_MAX:
+                _JUDGED.popitem(last=False)
+    return matched, failures
+
+
 # ---- slices and allocations ----------------------------------------------------------------
 
 
@@ -348,8 +395,12 @@ def inventory(
             )
             continue
         pools.add((driver, pool))
-        for device in spec.get("devices") or []:
-            if not isinstance(device, dict) or not _matches(compiled, driver, device, failures):
+        devices = list(spec.get("devices") or [])
+        matched, failed = _judged(compiled, driver, s, devices)
+        for index, failure in failed.items():
+            failures.setdefault(index, failure)
+        for device, accepted in zip(devices, matched, strict=True):
+            if not accepted:
                 continue
             ref = DeviceRef(driver, pool, str(device.get("name")))
             per_node.setdefault(node, []).append(

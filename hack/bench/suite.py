@@ -54,6 +54,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import class_status as p5bench
+import dra as drabench
 import vm_start as p6bench
 from claims import histogram_quantiles
 
@@ -1233,6 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
         (bool(only & {"P1", "P2", "P3", "P6"}), run_small),
         ("P4" in only, run_big),
         ("P5" in only, lambda a, r, _n: run_p5(a, r)),
+        (bool(only & drabench.ROWS), drabench.run),  # beside P1 and P4 (hack/bench/dra.py)
     ]
     for wanted, phase in phases:
         if not wanted:

@@ -29,7 +29,7 @@ import pytest
 from chaos import history as historymod
 from chaos import store
 from chaos.replicas import Replicas
-from harness import kube
+from harness import dra_driver, kube
 from localcluster.cluster import KUBEVIRT_CRDS, LocalCluster
 
 PROFILE = Path(__file__).parent / "cluster.yaml"
@@ -102,13 +102,15 @@ def etcd(chaos_cluster: LocalCluster) -> store.Etcd:
 
 @pytest.fixture(scope="package")
 def history(etcd: store.Etcd) -> Iterator[historymod.ClaimHistory]:
-    """Every GPUClaim version from now on, from etcd (see ``chaos.store``)."""
+    """Every GPUClaim and ResourceClaim version from now on, from etcd (see
+    ``chaos.store``)."""
     record = historymod.ClaimHistory()
     watch = etcd.watch(
         "/registry/",
         etcd.revision() + 1,
         record.on_events,
-        wanted=lambda k: k.startswith(historymod.CLAIMS_PREFIX),
+        wanted=record.wanted,
+        decode=record.decode,
     )
     record.watch = watch
     try:
@@ -130,6 +132,18 @@ def replicas(
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture(scope="package")
+def dra_driver_client(api: pykube.HTTPClient) -> Iterator[pykube.HTTPClient]:
+    """A client acting as a DRA driver's ServiceAccount (it may manage ResourceSlices and
+    nothing else), for the package: the slices a test publishes stay until the end, as its
+    nodes and claims do."""
+    namespace = "chaos-dra-driver"
+    pykube.Namespace(api, {"metadata": {"name": namespace}}).create()
+    dra_driver.install_account(api, namespace)
+    yield dra_driver.driver_client(api, namespace)
+    dra_driver.uninstall_account(api, namespace)
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,9 @@
 whole history rather than one snapshot.
 
 Fed by :class:`store.Watch` from etcd (see ``store``), so no version is missed even while
-the API server restarts. Two checks run on it, with their own arithmetic (docs/design.md §5),
-nothing taken from the product:
+the API server restarts; the same watch feeds the ResourceClaims' record (``allocations``:
+no device allocated twice at any revision). Two checks run on it, with their own
+arithmetic (docs/design.md §5), nothing taken from the product:
 
 * **Holds never exceed capacity, at any revision.** After each etcd revision the units of
   Bound claims per (node, resource) are compared with the capacity a test registered for
@@ -26,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from chaos import store
+from chaos import allocations, protobuf, store
 
 Obj = dict[str, Any]
 CLAIMS_PREFIX = "/registry/cozystack.io/gpuclaims/"
@@ -104,11 +105,35 @@ class ClaimHistory:
         self._current: dict[str, Version] = {}
         self.overholds: list[str] = []
         self.revisions = 0
+        #: The ResourceClaims' allocations, fed by the same watch (``allocations``).
+        self.allocations = allocations.AllocationHistory()
         #: The etcd watch feeding this record (set by whoever starts it).
         self.watch: store.Watch | None = None
 
     # ---- feeding -----------------------------------------------------------------------
+    @staticmethod
+    def wanted(key: str) -> bool:
+        """The keys this record reads: GPUClaims and ResourceClaims."""
+        return key.startswith((CLAIMS_PREFIX, allocations.PREFIX))
+
+    def decode(self, key: str, value: bytes) -> Obj:
+        """A stored value as JSON; a ResourceClaim that cannot be read is recorded as such
+        (a check then fails) and read as taking nothing, so the watch goes on."""
+        if not key.startswith(allocations.PREFIX):
+            return dict(json.loads(value))
+        try:
+            return protobuf.resource_claim(value)
+        except ValueError as exc:
+            self.allocations.unreadable.append(f"{key}: {exc}")
+            return {"metadata": {}, "status": {}}
+
     def on_events(self, batch: list[store.Event]) -> None:
+        held = [e for e in batch if e.key.startswith(allocations.PREFIX)]
+        if held:
+            self.allocations.on_events(held)
+        batch = [e for e in batch if e.key.startswith(CLAIMS_PREFIX)]
+        if not batch:
+            return
         with self._lock:
             touched: set[tuple[str, str]] = set()
             for event in batch:

@@ -1,9 +1,9 @@
 """The chaos suite's checks on one consistent snapshot of the cluster, written from
 docs/design.md §5 with their own plain arithmetic (none of the product's model is used).
 
-A snapshot is read at one etcd revision: claims are listed first, then pods, nodes and
-classes with ``resourceVersion=<that revision>&resourceVersionMatch=Exact``, so all four
-describe the same instant.
+A snapshot is read at one etcd revision: claims are listed first, then pods, nodes,
+classes and the rest with ``resourceVersion=<that revision>&resourceVersionMatch=Exact``,
+so all of them describe the same instant.
 
 * **Over-allocation**: for every node and resource, the units of Bound claims plus the units
   other pods request there are at most the node's allocatable. A pod's units follow
@@ -12,6 +12,15 @@ describe the same instant.
   not on a node use nothing. A virt-launcher pod controlled by a VMI is accounted by that
   VMI's claims bound on the pod's node (attached held claims, owned template claims), up to
   the units they hold; anything beyond counts like any pod's.
+* **DRA devices** (classes with ``spec.source.dra``; see "DRA classes" below): a DRA
+  class's units on a node are the devices its DeviceClass selects in the ResourceSlices
+  published for that node; its Bound claims count against them as above. Besides, no device
+  is in two ResourceClaims' allocations or named by two Bound claims, and no allocation
+  takes a device published on another node than the allocation's; once converged, every
+  Bound claim of a DRA class holds exactly its devices through the ResourceClaim its status
+  names, controlled by it and allocated on its node, and no allocated hold is left without
+  its claim (``dra_mismatches``). ResourceClaims, ResourceSlices and DeviceClasses are read
+  at the same revision as the rest.
 * **Over-budget**: for every ResourceQuota and each of its GPU keys, the units of the
   namespace's Bound claims it charges (a claim being deleted included, until it is gone) are
   at most its hard limit.
@@ -30,13 +39,15 @@ describe the same instant.
 from __future__ import annotations
 
 import datetime
+import re
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykube
 
+from chaos import allocations
 from gpuoperator import names
 from harness import ledger
 
@@ -53,6 +64,9 @@ class Snapshot:
     nodes: list[Obj]
     classes: list[Obj]
     quotas: list[Obj]
+    resource_claims: list[Obj] = field(default_factory=list)
+    resource_slices: list[Obj] = field(default_factory=list)
+    device_classes: list[Obj] = field(default_factory=list)
 
 
 def _list(
@@ -71,7 +85,10 @@ def snapshot(api: pykube.HTTPClient) -> Snapshot:
     _, nodes = _list(api, "v1", "nodes", rv)
     _, classes = _list(api, names.API_VERSION, names.GPU_CLASSES, rv)
     _, quotas = _list(api, "v1", "resourcequotas", rv)
-    return Snapshot(rv, claims, pods, nodes, classes, quotas)
+    _, held = _list(api, names.DRA_API_VERSION, names.RESOURCE_CLAIMS, rv)
+    _, slices = _list(api, names.DRA_API_VERSION, names.RESOURCE_SLICES, rv)
+    _, device_classes = _list(api, names.DRA_API_VERSION, names.DEVICE_CLASSES, rv)
+    return Snapshot(rv, claims, pods, nodes, classes, quotas, held, slices, device_classes)
 
 
 # ---- quantities and pods ---------------------------------------------------------------
@@ -154,12 +171,12 @@ def key(obj: Obj) -> str:
 
 
 def resource_of(cls: Obj) -> str:
-    return str(
-        (((cls.get("spec") or {}).get("source") or {}).get("devicePlugin") or {}).get(
-            "resourceName"
-        )
-        or ""
-    )
+    """The resource a class's units are counted in: a device-plugin class's extended
+    resource, ``dra:<deviceClassName>`` for a DRA class (its devices, see below)."""
+    source = (cls.get("spec") or {}).get("source") or {}
+    if source.get("dra"):
+        return DRA_PREFIX + str(source["dra"].get("deviceClassName") or "")
+    return str((source.get("devicePlugin") or {}).get("resourceName") or "")
 
 
 def bound_condition(claim: Obj) -> Obj:
@@ -213,12 +230,202 @@ def allocatable(node: Obj, resource: str) -> int:
     return units(((node.get("status") or {}).get("allocatable") or {}).get(resource))
 
 
+def capacity(snap: Snapshot) -> dict[Spot, int]:
+    """Units per (node, resource): extended resources' allocatable, and for each DRA
+    class's DeviceClass the devices published on the node (``dra_capacity``)."""
+    out: dict[Spot, int] = {}
+    for node in snap.nodes:
+        for res in (node.get("status") or {}).get("allocatable") or {}:
+            if "/" in res:
+                out[(node["metadata"]["name"], res)] = allocatable(node, res)
+    out.update(dra_capacity(snap))
+    return out
+
+
 def overallocations(snap: Snapshot) -> list[str]:
-    nodes = {n["metadata"]["name"]: n for n in snap.nodes}
+    """Units used beyond capacity per node, and every DRA device sold twice
+    (``dra_double_allocations``)."""
+    nodes = {n["metadata"]["name"] for n in snap.nodes}
+    cap = capacity(snap)
+    judged = dra_drivers(snap)
     out = []
     for (node, res), n in sorted(used_units(snap).items()):
-        if node in nodes and n > allocatable(nodes[node], res):
-            out.append(f"{node} {res}: {n} used of {allocatable(nodes[node], res)}")
+        if res.startswith(DRA_PREFIX) and res not in judged:
+            continue  # a DeviceClass the oracle does not read (see "DRA classes")
+        if node in nodes and n > cap.get((node, res), 0):
+            out.append(f"{node} {res}: {n} used of {cap.get((node, res), 0)}")
+    return out + dra_double_allocations(snap)
+
+
+# ---- DRA classes -------------------------------------------------------------------------
+#
+# A DRA class's units are the devices its DeviceClass selects in the drivers' ResourceSlices
+# (docs/design.md §5 "DRA classes"). The oracle evaluates no CEL: it reads the one selector
+# form the chaos suite writes, ``device.driver == "<driver>"`` (every device of that
+# driver); a class whose DeviceClass says anything else is not judged on devices. A pool
+# counts at its newest generation; a device is used when an allocation (not admin access)
+# takes it or a Bound claim's ``status.devices`` names it, and free when unused and without
+# a NoSchedule or NoExecute device taint.
+
+DRA_PREFIX = "dra:"
+_DRIVER_SELECTOR = re.compile(r'device\.driver == "([^"]+)"')
+Device = tuple[str, str, str]
+
+
+def driver_of(device_class: Obj) -> str:
+    """The driver a DeviceClass selects every device of, or "" (see above)."""
+    selectors = (device_class.get("spec") or {}).get("selectors") or []
+    if len(selectors) != 1:
+        return ""
+    found = _DRIVER_SELECTOR.fullmatch(str((selectors[0].get("cel") or {}).get("expression")))
+    return found.group(1) if found else ""
+
+
+def dra_drivers(snap: Snapshot) -> dict[str, str]:
+    """DRA resource (``dra:<deviceClassName>``) -> the driver it counts."""
+    by_name = {d["metadata"]["name"]: driver_of(d) for d in snap.device_classes}
+    out = {}
+    for cls in snap.classes:
+        res = resource_of(cls)
+        if res.startswith(DRA_PREFIX) and by_name.get(res.removeprefix(DRA_PREFIX)):
+            out[res] = by_name[res.removeprefix(DRA_PREFIX)]
+    return out
+
+
+def published_devices(snap: Snapshot) -> dict[Device, tuple[str, bool]]:
+    """Every device of a node-local slice at its pool's newest generation, with its node and
+    whether a NoSchedule or NoExecute taint is on it."""
+
+    def pool_of(spec: Obj) -> tuple[str, str, int]:
+        pool = spec.get("pool") or {}
+        return str(spec.get("driver")), str(pool.get("name")), int(pool.get("generation") or 0)
+
+    newest: dict[tuple[str, str], int] = {}
+    for sl in snap.resource_slices:
+        driver, pool, gen = pool_of(sl.get("spec") or {})
+        newest[(driver, pool)] = max(newest.get((driver, pool), gen), gen)
+    out: dict[Device, tuple[str, bool]] = {}
+    for sl in snap.resource_slices:
+        spec = sl.get("spec") or {}
+        driver, pool, gen = pool_of(spec)
+        if not spec.get("nodeName") or gen != newest[(driver, pool)]:
+            continue
+        for d in spec.get("devices") or []:
+            tainted = any(
+                t.get("effect") in ("NoSchedule", "NoExecute") for t in d.get("taints") or []
+            )
+            out[(driver, pool, str(d.get("name")))] = (str(spec["nodeName"]), tainted)
+    return out
+
+
+def dra_capacity(snap: Snapshot) -> dict[Spot, int]:
+    drivers = dra_drivers(snap)
+    out: dict[Spot, int] = defaultdict(int)
+    for (driver, _pool, _device), (node, _tainted) in published_devices(snap).items():
+        for res, of in drivers.items():
+            if of == driver:
+                out[(node, res)] += 1
+    return dict(out)
+
+
+def allocated_devices(snap: Snapshot) -> dict[Device, list[str]]:
+    """Each device in an allocation of a ResourceClaim, with those allocations."""
+    out: dict[Device, list[str]] = defaultdict(list)
+    for rc in snap.resource_claims:
+        for device in allocations.devices_of(rc):
+            out[device].append(key(rc))
+    return dict(out)
+
+
+def named_devices(snap: Snapshot) -> dict[Device, list[str]]:
+    """Each device a Bound claim's ``status.devices`` names, with those claims."""
+    out: dict[Device, list[str]] = defaultdict(list)
+    for claim in snap.claims:
+        if holds(claim):
+            for d in _status(claim).get("devices") or []:
+                out[(str(d.get("driver")), str(d.get("pool")), str(d.get("device")))].append(
+                    key(claim)
+                )
+    return dict(out)
+
+
+def dra_free(snap: Snapshot) -> dict[Spot, int]:
+    drivers = dra_drivers(snap)
+    used = set(allocated_devices(snap)) | set(named_devices(snap))
+    out: dict[Spot, int] = defaultdict(int)
+    for device, (node, tainted) in published_devices(snap).items():
+        for res, of in drivers.items():
+            if of == device[0]:
+                out[(node, res)] += 0 if tainted or device in used else 1
+    return dict(out)
+
+
+def dra_double_allocations(snap: Snapshot) -> list[str]:
+    """A device in two allocations, or named by two Bound claims; an allocation of a
+    device its driver publishes on another node than the allocation's."""
+    out = [
+        f"{'/'.join(d)} allocated in {', '.join(sorted(holders))}"
+        for d, holders in sorted(allocated_devices(snap).items())
+        if len(holders) > 1
+    ]
+    out += [
+        f"{'/'.join(d)} named by Bound claims {', '.join(sorted(holders))}"
+        for d, holders in sorted(named_devices(snap).items())
+        if len(holders) > 1
+    ]
+    published = published_devices(snap)
+    for rc in snap.resource_claims:
+        node = allocations.node_of(((rc.get("status") or {}).get("allocation")) or {})
+        for device in allocations.devices_of(rc):
+            where = published.get(device)
+            if where is not None and where[0] != node:
+                out.append(f"{key(rc)}: {'/'.join(device)} is on {where[0]}, allocated on {node}")
+    return out
+
+
+def dra_mismatches(snap: Snapshot) -> list[str]:
+    """Once converged: every Bound claim of a DRA class holds its ``count`` devices through
+    the ResourceClaim named in its status, controlled by it, allocated on its node with the
+    devices its status names; a waiting claim names no devices; an allocated ResourceClaim
+    carrying the hold label belongs to a claim that is Bound with its devices."""
+    dra = {c["metadata"]["name"] for c in snap.classes if resource_of(c).startswith(DRA_PREFIX)}
+    held = {key(rc): rc for rc in snap.resource_claims}
+    out = []
+    holding: set[str] = set()
+    for claim in snap.claims:
+        if str(claim["spec"]["className"]) not in dra:
+            continue
+        k, status = key(claim), _status(claim)
+        named = sorted(
+            (str(d.get("driver")), str(d.get("pool")), str(d.get("device")))
+            for d in status.get("devices") or []
+        )
+        if not holds(claim):
+            if named and not _deleting(claim):
+                out.append(f"{k}: {phase(claim) or 'no phase'} and names devices {named}")
+            continue
+        rc_key = f"{claim['metadata']['namespace']}/{status.get('resourceClaimName')}"
+        rc = held.get(rc_key)
+        holding.add(rc_key)
+        if rc is None:
+            out.append(f"{k}: Bound, its ResourceClaim {rc_key} does not exist")
+            continue
+        if _controller_uid(rc, names.GPU_CLAIM) != claim["metadata"].get("uid"):
+            out.append(f"{k}: Bound, its ResourceClaim {rc_key} is not controlled by it")
+        allocation = (rc.get("status") or {}).get("allocation") or {}
+        devices = sorted(allocations.devices_of(rc))
+        if devices != named or len(named) != int(claim["spec"]["count"]):
+            out.append(f"{k}: count {claim['spec']['count']}, names {named}, allocated {devices}")
+        if allocations.node_of(allocation) != status.get("nodeName"):
+            out.append(
+                f"{k}: Bound on {status.get('nodeName')}, allocated on "
+                f"{allocations.node_of(allocation) or 'no node'}"
+            )
+    for k, rc in sorted(held.items()):
+        labels = (rc.get("metadata") or {}).get("labels") or {}
+        held_alone = labels.get(names.DRA_HOLD_LABEL) == "true" and k not in holding
+        if held_alone and allocations.devices_of(rc):
+            out.append(f"{k}: a hold allocated with no Bound claim holding it")
     return out
 
 
@@ -327,6 +534,7 @@ def free_units(snap: Snapshot) -> dict[Spot, int]:
             if "/" in res:
                 name = node["metadata"]["name"]
                 out[(name, res)] = allocatable(node, res) - used.get((name, res), 0)
+    out.update(dra_free(snap))
     return out
 
 
@@ -399,10 +607,13 @@ def nearest_node(claim: Obj, snap: Snapshot, free: dict[Spot, int], now: datetim
     res = resource_of(cls)
     need = int(claim["spec"]["count"])
     refused = refused_now(claim, now)
+    cap = capacity(snap)
     reachable = sorted(
         (need - max(0, free.get((n["metadata"]["name"], res), 0)), n["metadata"]["name"])
         for n in snap.nodes
-        if eligible(n, cls) and n["metadata"]["name"] not in refused and allocatable(n, res) >= need
+        if eligible(n, cls)
+        and n["metadata"]["name"] not in refused
+        and cap.get((n["metadata"]["name"], res), 0) >= need
     )
     return reachable[0][1] if reachable else ""
 

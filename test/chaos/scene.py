@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykube
@@ -13,9 +14,11 @@ import pykube
 from chaos import load, oracle
 from chaos.history import ClaimHistory
 from gpuoperator import names
-from gpuoperator.kinds import GPUClass, GPUNode
+from gpuoperator.kinds import DeviceClass, GPUClass, GPUNode
+from harness import dra_driver
 from harness.fleet import Fleet
 from harness.waiting import WaitTimeoutError, wait_for
+from localcluster import profile
 
 CONVERGE = 120.0
 Obj = dict[str, Any]
@@ -66,6 +69,59 @@ def other_pod(api: pykube.HTTPClient, node: str, resource: str, units: int) -> N
             },
         },
     ).create()
+
+
+@dataclass
+class DraFleet:
+    """Simulated nodes whose GPUs a DRA driver of their own publishes, and the DeviceClass
+    selecting every device of that driver (the one selector form the oracle reads)."""
+
+    driver: dra_driver.DraDriver
+    device_class: str
+    #: What the oracle and the record count a DRA class's units in.
+    resource: str
+    devices: int
+    nodes: list[str] = field(default_factory=list)
+
+
+def dra_fleet(
+    api: pykube.HTTPClient, driver_client: pykube.HTTPClient, nodes: int, devices: int
+) -> DraFleet:
+    """``nodes`` nodes of ``devices`` GPUs each over two PCIe roots, published as one pool
+    per node by a driver named after a fresh tag, acting as the driver's ServiceAccount."""
+    tag = uuid.uuid4().hex[:6]
+    driver = dra_driver.DraDriver(driver_client, driver=f"gpu-{tag}.example.com")
+    device_class = f"gpus-{tag}.example.com"
+    DeviceClass(
+        api, dra_driver.device_class(device_class, f'device.driver == "{driver.driver}"')
+    ).create()
+    fleet = DraFleet(driver, device_class, oracle.DRA_PREFIX + device_class, devices)
+    gpus = [dra_driver.GpuGroup(model="A10", count=devices, pcieRoots=2)]
+    for i in range(nodes):
+        name = f"dra-{tag}-{i}"
+        pykube.Node(api, profile.node_manifest(name, profile.NodeGroup(name=name))).create()
+        driver.publish(name, dra_driver.gpus_of(name, gpus))
+        fleet.nodes.append(name)
+    return fleet
+
+
+def dra_class(api: pykube.HTTPClient, fleet: DraFleet, history: ClaimHistory, **spec: Any) -> str:
+    """A DRA class of the fleet's devices (PCIe roots as its topology), registered with the
+    record: its holds count against each node's devices."""
+    name = f"c-{fleet.device_class.split('.')[0]}"
+    source = {"dra": {"deviceClassName": fleet.device_class, "topologyAttribute": "pcieRoot"}}
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.GPU_CLASS,
+        "metadata": {"name": name},
+        "spec": {"vendor": "example", "model": "A10", "mode": "passthrough", "source": source}
+        | spec,
+    }
+    GPUClass(api, body).create()
+    history.classes[name] = fleet.resource
+    for node in fleet.nodes:
+        history.capacity[(node, fleet.resource)] = fleet.devices
+    return name
 
 
 def control_plane_caught_up(api: pykube.HTTPClient) -> float:
@@ -141,12 +197,18 @@ class Verdict:
     overheld: list[str]
     changes: dict[str, list[str]]
     gaps: int
+    #: A device in two allocations at a recorded revision (``allocations``).
+    twice: list[str]
+    #: Bound DRA claims whose hold does not match their status (``oracle.dra_mismatches``).
+    dra: list[str]
 
     def problems(self, history: ClaimHistory) -> list[str]:
         out = [f"stuck: {s}" for s in self.stuck[:10]]
         out += [f"over-allocated: {o}" for o in self.overallocated[:10]]
         out += [f"over budget: {o}" for o in self.overbudget[:10]]
         out += [f"over-held: {o}" for o in self.overheld[:10]]
+        out += [f"device allocated twice: {o}" for o in self.twice[:10]]
+        out += [f"DRA hold: {o}" for o in self.dra[:10]]
         for change in self.changes["unexplained"][:5]:
             claim = change.split(":")[0]
             out.append(f"node changed without Lost: {change}; {history.transitions(claim)}")
@@ -159,7 +221,8 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
     """Give the operator ``CONVERGE`` seconds to settle every claim, then judge."""
 
     def stuck() -> list[str]:
-        return oracle.stuck_claims(snapshot(api, tally))
+        snap = snapshot(api, tally)
+        return oracle.stuck_claims(snap) + oracle.dra_mismatches(snap)
 
     with contextlib.suppress(WaitTimeoutError):  # what is still stuck is reported
         wait_for("no stuck claim", stuck, until=lambda s: not s, timeout=CONVERGE)
@@ -172,4 +235,9 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
         overheld=list(history.overholds),
         changes=history.node_changes(),
         gaps=history.watch.gaps if history.watch is not None else 1,
+        twice=[
+            *history.allocations.twice,
+            *(f"unreadable: {u}" for u in history.allocations.unreadable),
+        ],
+        dra=oracle.dra_mismatches(final),
     )

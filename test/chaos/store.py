@@ -6,8 +6,9 @@ The chaos suite records every version of every GPUClaim from etcd rather than fr
 server: etcd's watch serves any revision not yet compacted and stays connected while
 kube-apiserver restarts, so the record has no gap however the API server is treated (an API
 server watch would be cut and answered 410 itself). Custom resources are stored as JSON
-under ``/registry/<group>/<resource>/<namespace>/<name>``, so no protobuf decoding is
-needed.
+under ``/registry/<group>/<resource>/<namespace>/<name>``; built-in kinds (ResourceClaims)
+as protobuf under ``/registry/<resource>/<namespace>/<name>``, which ``chaos.protobuf``
+reads.
 """
 
 from __future__ import annotations
@@ -81,15 +82,17 @@ class Etcd:
         start_revision: int,
         on_events: Callable[[list[Event]], None],
         wanted: Callable[[str], bool] = lambda _key: True,
+        decode: Callable[[str, bytes], Obj] = lambda _key, value: dict(json.loads(value)),
     ) -> Watch:
-        return Watch(self, prefix, start_revision, on_events, wanted)
+        return Watch(self, prefix, start_revision, on_events, wanted, decode)
 
 
 class Watch:
     """A watch of every key under ``prefix`` from ``start_revision``, in a thread.
 
     ``on_events`` is called with the events of one etcd revision at a time, in revision
-    order, for the keys ``wanted`` accepts (only those values are decoded). Watching a wide
+    order, for the keys ``wanted`` accepts (only those values are decoded, by ``decode``:
+    JSON unless told otherwise, since built-in kinds are stored as protobuf). Watching a wide
     prefix (``/registry/``) keeps the revision known to be delivered moving even while no
     wanted key changes, which :meth:`caught_up` relies on. A watch that etcd cancels (its
     start revision was compacted) or whose connection breaks is resumed from the next
@@ -104,9 +107,11 @@ class Watch:
         start_revision: int,
         on_events: Callable[[list[Event]], None],
         wanted: Callable[[str], bool],
+        decode: Callable[[str, bytes], Obj],
     ) -> None:
         self._etcd = etcd
         self._wanted = wanted
+        self._decode = decode
         self._prefix = prefix
         self._next = start_revision
         self._on_events = on_events
@@ -195,7 +200,7 @@ class Watch:
                 continue
             obj = None
             if ev.get("type") != "DELETE":
-                obj = json.loads(base64.b64decode(kv.get("value", "")))
+                obj = self._decode(key, base64.b64decode(kv.get("value", "")))
             batch.append(Event(revision, key, obj, now))
         if batch:
             self._on_events(batch)

@@ -1,6 +1,8 @@
 """R1: orders racing past the webhook and VMs started and stopped while the leader is
 SIGKILLed again and again; no unit is ever sold twice, no hold moves without its node being
-lost, every order that fits is bound and every other one says why.
+lost, every order that fits is bound and every other one says why. A DRA class is in the
+load beside the device-plugin ones: no device is in two ResourceClaims' allocations at any
+etcd revision, and every Bound claim of it holds its devices through its own.
 
 The fault schedule: each leader is SIGKILLed a while after it took the Lease — between a
 fifth of ``kill_interval`` (10 s) and all of it, drawn from a seeded generator, so some die
@@ -49,6 +51,7 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     history: ClaimHistory,
     kubevirt: object,
     sizes: Sizes,
+    dra_driver_client: pykube.HTTPClient,
 ) -> None:
     rng = random.Random(SEED)  # noqa: S311 - a reproducible load, not a secret
     replicas.renew()  # a fresh pair: what an earlier test left behind is judged there
@@ -69,9 +72,12 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
         history.capacity[(node, vgpus.resource)] = 4
     for node in vm_nodes:
         history.capacity[(node, vms.resource)] = 4
+    # A DRA class beside them: its holds are allocated ResourceClaims (4 nodes x 4 devices).
+    devices = scene.dra_fleet(api, dra_driver_client, nodes=4, devices=4)
+    dra = scene.dra_class(api, devices, history, maxCount=2)
     scene.other_pod(api, gpu_nodes[0], gpus.resource, 2)
     history.capacity[(gpu_nodes[0], gpus.resource)] = 6
-    for cls, n in ((small, 8), (large, 8), (vgpu, 2), (vm_class, 2)):
+    for cls, n in ((small, 8), (large, 8), (vgpu, 2), (vm_class, 2), (dra, 4)):
         scene.published(api, cls, n)
     scene.operator_counts(api, gpu_nodes[0], gpus.resource, allocated=2)
 
@@ -88,8 +94,8 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     )
 
     def an_order(i: int) -> load.Outcome:
-        cls = rng.choices([small, large, vgpu], weights=[5, 3, 2])[0]
-        most = {small: 2, large: 4, vgpu: 1}[cls]
+        cls = rng.choices([small, large, vgpu, dra], weights=[5, 3, 2, 3])[0]
+        most = {small: 2, large: 4, vgpu: 1, dra: 2}[cls]
         count = (
             rng.choice([*range(1, most + 1), most + 1])
             if rng.random() < 0.1
@@ -208,6 +214,9 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     ]
     never_lost = sorted(set(on_lost_node) - set(lost_ok) - set(gone_before))
     overallocated = len(history.overholds) + len(phase_overallocations) + len(over)
+    dra_orders = [o for o in orders if o.class_name == dra]
+    dra_bound = sum(1 for o in dra_orders if states.get(f"{o.namespace}/{o.name}") == "Bound")
+    dra_phase_twice = [o for o in phase_overallocations if "allocated in" in o or "named by" in o]
     recorded = sum(len(v) for v in history.snapshot().values())
     reasons = Counter(oracle.refusal_kind(o.refusal, history.classes) for o in refused)
     assert replicas.webhooks is not None
@@ -252,6 +261,13 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
             f"R1: last phase, every hold given back ({drained}): waiting orders bound "
             f"{bound_after_drain}; stuck claims {len(after_drain.stuck)}; over-allocation "
             f"{len(after_drain.overallocated) + len(after_drain.overheld)}",
+            f"R1 DRA: orders {len(dra_orders)} (placed {sum(1 for o in dra_orders if o.placed)}"
+            f", Bound at the end {dra_bound}); devices ever allocated "
+            f"{len(history.allocations.allocated)} of {4 * 4}; devices allocated twice "
+            f"{len(history.allocations.twice) + len(dra_phase_twice)} (at any etcd revision "
+            f"{len(history.allocations.twice)}, snapshots after each phase "
+            f"{len(dra_phase_twice)}); holds not matching their claim at the end "
+            f"{len(verdict.dra) + len(after_drain.dra)}",
         ]
     )
     assert not failures, failures
@@ -263,6 +279,8 @@ def test_orders_and_vms_under_leader_kills_never_sell_a_unit_twice(
     assert not undecided, [(o.name, o.refusal) for o in undecided[:5]]
     assert not vm_problems, vm_problems[:5]
     assert node_deleted, "the node-loss fault did not happen"
+    assert any(o.placed for o in dra_orders), "no order of the DRA class got in"
+    assert history.allocations.allocated, "the record saw no ResourceClaim allocated"
     assert kills >= (sizes.kills or 1)
 
 

@@ -2,7 +2,8 @@
 replica — no memory survives — changes nothing that was decided: holds (node and boundTime),
 refusedNodes, and attachments are the same after it; a VM whose launcher pod was created but
 not yet pinned when the operator died is pinned to its claim's node after it; orders whose
-binds were in flight are bound once, without any hold moving."""
+binds were in flight are bound once, without any hold moving. A DRA claim keeps its devices
+and the very ResourceClaim that holds them, and DRA orders in flight are bound once."""
 
 from __future__ import annotations
 
@@ -17,14 +18,23 @@ from chaos.conftest import FIGURES
 from chaos.history import ClaimHistory
 from chaos.replicas import Replicas
 from gpuoperator import names
-from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, ResourceClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.waiting import wait_for
 
 Obj = dict[str, Any]
 CONVERGE = scene.CONVERGE
-#: The fields of a claim's status that are decisions (conditions' timestamps may be rewritten).
-KEPT = ("phase", "nodeName", "boundTime", "refusedNodes", "attachment")
+#: The fields of a claim's status that are decisions (conditions' timestamps may be rewritten);
+#: a DRA claim's devices and its ResourceClaim's name besides.
+KEPT = (
+    "phase",
+    "nodeName",
+    "boundTime",
+    "refusedNodes",
+    "attachment",
+    "devices",
+    "resourceClaimName",
+)
 
 
 def _claim(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
@@ -59,6 +69,7 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     replicas: Replicas,
     history: ClaimHistory,
     kubevirt: object,
+    dra_driver_client: pykube.HTTPClient,
 ) -> None:
     fleet = Fleet(api)
     cls = fleet.gpu_class(maxCount=8)
@@ -69,6 +80,9 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     for node, units in ((small, 4), (big, 4), (spare, 8)):
         history.capacity[(node, fleet.resource)] = units
     scene.published(api, cls, 3)
+    devices = scene.dra_fleet(api, dra_driver_client, nodes=2, devices=4)
+    dra = scene.dra_class(api, devices, history, maxCount=4)
+    scene.published(api, dra, 2)
     ns = scene.tenant(api, "chaos-r6", False, {})
     wait_for(
         "the default ServiceAccount",
@@ -109,11 +123,21 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     )
     # The operator dies right after a VM's launcher pod is created (gated, not yet pinned)
     # and right after a burst of orders passed the webhook (binds in flight).
+    # A DRA claim Bound to devices: its hold (the ResourceClaim) must be the same object after.
+    load.place(api, load.Outcome(ns, "dra-held", dra, 2), tally)
+    wait_for(
+        "dra-held Bound to devices",
+        lambda: _status_of(api, ns, "dra-held"),
+        until=lambda s: s.get("phase") == "Bound" and bool(s.get("devices")),
+        timeout=CONVERGE,
+    )
+    hold_uid = _hold_uid(api, ns, "dra-held")
     load.place(api, load.Outcome(ns, "late", cls, 1), tally)
     wait_for(
         "late Bound", lambda: _status_of(api, ns, "late"), until=lambda s: bool(s.get("nodeName"))
     )
     burst = [load.Outcome(ns, f"burst-{i:02d}", cls, 1) for i in range(6)]
+    burst += [load.Outcome(ns, f"dra-burst-{i:02d}", dra, 1) for i in range(4)]
     load.burst(load.Clients(api), burst, tally, parallel=6)
     # A VM that waits at start: its template claim (8 units) fits on no node yet, so its
     # launcher pod stays gated, through the restart too.
@@ -137,6 +161,12 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
         timeout=CONVERGE,
     )
     assert _gated(_launcher(api, ns, "vm-gated")), "a VM that does not fit waits, gated"
+    wait_for(
+        "the DRA orders in flight Bound to devices",
+        lambda: [_status_of(api, ns, o.name) for o in burst if o.class_name == dra],
+        until=lambda all_: all(s.get("phase") == "Bound" and s.get("devices") for s in all_),
+        timeout=CONVERGE,
+    )
     after = _decisions(api, ns)
     changed = {
         name: (was, after.get(name))
@@ -159,10 +189,18 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     FIGURES.append(
         f"R6: claims compared across a restart of both replicas {len(before)} "
         f"(Bound before {sum(1 for d in before.values() if d.get('phase') == 'Bound')}); "
-        f"decisions changed {len(changed)}; stuck claims {len(verdict.stuck)}; "
+        f"decisions changed {len(changed)}; DRA claims Bound to devices "
+        f"{sum(1 for d in after.values() if d.get('devices'))} (devices allocated twice "
+        f"{len(verdict.twice)}, holds not matching their claim {len(verdict.dra)}); "
+        f"stuck claims {len(verdict.stuck)}; "
         f"the new pair ready and leading {restarted_in:.1f}s after the kill"
     )
     assert not changed, changed
+    assert _hold_uid(api, ns, "dra-held") == hold_uid, "the DRA hold was made again"
+    dra_bound = [
+        o.name for o in burst if o.class_name == dra and after.get(o.name, {}).get("devices")
+    ]
+    assert len(dra_bound) == 4, after
     assert _vmi_status(api, ns, "vm-late").get("nodeName") == late_node
     assert started.get("nodeName") == spare
     assert (after["late"].get("attachment") or {}).get("vmi") == "vm-late"
@@ -170,6 +208,11 @@ def test_a_restart_of_every_replica_keeps_holds_refusals_and_attachments(
     assert after["refused"]["refusedNodes"] == before["refused"]["refusedNodes"]
     assert [r["nodeName"] for r in after["refused"]["refusedNodes"]] == [small]
     assert not verdict.problems(history), verdict.problems(history)
+
+
+def _hold_uid(api: pykube.HTTPClient, ns: str, name: str) -> str:
+    found = ResourceClaim.objects(api, namespace=ns).get_or_none(name=name)
+    return str(found.obj["metadata"]["uid"]) if found is not None else ""
 
 
 def _launcher(api: pykube.HTTPClient, ns: str, vmi: str) -> Obj | None:
@@ -186,10 +229,11 @@ def _gated(pod: Obj | None) -> bool:
 
 
 def _changed(was: Obj, now: Obj) -> bool:
-    """A decision changed: the hold (node, boundTime), refusals, or a recorded attachment.
+    """A decision changed: the hold (node, boundTime, a DRA claim's devices and
+    ResourceClaim), refusals, or a recorded attachment.
     The attachments controller records an attachment once its VMI exists (the webhooks write
     nothing), so one not recorded yet may appear, and one without a uid may only gain it."""
-    for field in ("phase", "nodeName", "boundTime", "refusedNodes"):
+    for field in ("phase", "nodeName", "boundTime", "refusedNodes", "devices", "resourceClaimName"):
         if was.get(field) != now.get(field):
             return True
     attached, still = was.get("attachment") or {}, now.get("attachment") or {}

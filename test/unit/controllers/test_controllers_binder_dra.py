@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import threading
 from typing import Any
 
 import pytest
@@ -277,3 +278,45 @@ def test_a_hold_on_a_node_that_refused_the_claim_is_not_adopted_but_deleted(worl
     world.reconcile()
     status = world.status("one")
     assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
+
+
+class MeetingApi(DraApi):
+    """Each ResourceClaim create waits until ``parties`` of them are in flight at once."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.meeting = threading.Barrier(parties, timeout=5)
+
+    def create(self, kind: Kind, obj: Obj, **kw: Any) -> Obj:
+        if kind.kind == ResourceClaim.kind:
+            self.meeting.wait()
+        return super().create(kind, obj, **kw)
+
+
+def test_a_passs_dra_bindings_are_written_together_and_all_end_before_it_does(
+    world: World,
+) -> None:
+    """Three round trips per DRA binding, one binding after the other, bound a class at a
+    few claims per second (docs/benchmarks.md, P1-DRA): a pass writes its bindings together,
+    as it does device-plugin ones, and returns once every write has ended."""
+    api = MeetingApi(parties=3)
+    world.api = api
+    world.statuses = ClaimStatus(api, world.ledger, FakeRecorder(), registry=CollectorRegistry())
+    world.binder = bindermod.Binder(
+        world.caches,
+        world.ledger,
+        world.statuses,
+        Settings.model_validate({}),
+        clock=world.clock,
+        registry=CollectorRegistry(),
+        holds=api,
+    )
+    for name in ("a", "b", "c"):
+        world.put_claim(claim(name, count=1))
+    world.reconcile()
+    assert not api.meeting.broken
+    assert {n: world.status(n).get("phase") for n in ("a", "b", "c")} == dict.fromkeys(
+        "abc", "Bound"
+    )
+    held = [d for devices in world.allocations().values() for d in devices]
+    assert len(held) == len(set(held)) == 3

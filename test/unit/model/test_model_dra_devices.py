@@ -224,3 +224,49 @@ def test_free_is_the_matching_devices_less_the_held_and_tainted(
             expected[node] = sum(1 for _, held, tainted in matching if not held and not tainted)
     inv = dra_devices.inventory(slices, device_class(A10_SELECTOR), claims)
     assert free_counts(inv) == expected
+
+
+def test_a_stored_slice_version_is_judged_by_the_selectors_once_and_a_new_one_again(
+    monkeypatch: Any,
+) -> None:
+    """Evaluating CEL is the inventory's cost (about a millisecond per device), and the
+    inventory is computed on every binder pass: a slice version the API server stored (uid
+    and resourceVersion) is judged once per DeviceClass's expressions, with the same
+    figures; a new version, other expressions or an unstored slice are judged anew."""
+    evaluated: list[str] = []
+    real = dra_devices._matches
+
+    def counting(compiled: Any, driver: str, dev: Obj, failures: dict[int, str]) -> bool:
+        evaluated.append(str(dev.get("name")))
+        return real(compiled, driver, dev, failures)
+
+    monkeypatch.setattr(dra_devices, "_matches", counting)
+    stored = slice_of("n1", [device("gpu-0"), device("gpu-1", "T4")])
+    stored["metadata"] |= {"uid": "uid-judged-once", "resourceVersion": "7"}
+    a10 = device_class(A10_SELECTOR)
+    first = dra_devices.inventory([stored], a10, [])
+    assert evaluated == ["gpu-0", "gpu-1"]
+    assert dra_devices.inventory([stored], a10, []) == first
+    assert evaluated == ["gpu-0", "gpu-1"]  # not evaluated again
+    assert [d.ref.device for d in first.nodes["n1"].devices] == ["gpu-0"]
+
+    newer = {**stored, "metadata": {**stored["metadata"], "resourceVersion": "8"}}
+    newer["spec"] = {**stored["spec"], "devices": [device("gpu-0", "T4"), device("gpu-1")]}
+    assert [d.ref.device for d in dra_devices.inventory([newer], a10, []).nodes["n1"].devices] == [
+        "gpu-1"
+    ]
+    dra_devices.inventory([stored], device_class(f'device.driver == "{DRIVER}"'), [])
+    unstored = slice_of("n1", [device("gpu-0")])
+    dra_devices.inventory([unstored], a10, [])
+    dra_devices.inventory([unstored], a10, [])
+    assert evaluated[2:] == ["gpu-0", "gpu-1", "gpu-0", "gpu-1", "gpu-0", "gpu-0"]
+
+
+def test_a_remembered_failure_still_gives_its_reason() -> None:
+    stored = slice_of("n1", [device("gpu-0")])
+    stored["metadata"] |= {"uid": "uid-failing", "resourceVersion": "3"}
+    failing = device_class('device.attributes["gpu.example.com"].nothere == "x"')
+    first = dra_devices.inventory([stored], failing, [])
+    again = dra_devices.inventory([stored], failing, [])
+    assert first.reasons and again.reasons == first.reasons
+    assert "gpu.example.com/gpu-0" in first.reasons[0]
