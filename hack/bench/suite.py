@@ -53,6 +53,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import class_status as p5bench
+import latency
 import vm_start as p6bench
 import webhook_floor
 from claims import histogram_quantiles
@@ -129,6 +130,8 @@ class Row:
     lower_is_better: bool
     #: the ratio's target; None for a row shown for what it explains (no target)
     limit: float | None
+    #: a target on this project's figure itself (in ``unit``) rather than on the ratio
+    absolute: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -136,6 +139,8 @@ class Row:
 
     @property
     def met(self) -> bool | None:
+        if self.absolute is not None:
+            return self.ours <= self.absolute
         if self.limit is None:
             return None
         return self.ratio <= self.limit if self.lower_is_better else self.ratio >= self.limit
@@ -604,37 +609,34 @@ def p1_steady(cluster: LocalCluster, client: Client, orders: int) -> tuple[Watch
     return watch, {r: n for r, n in writes.items() if n}
 
 
-def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, float]:
-    ns = "bench-peer"
-    ensure_namespace(client, ns)
-    tolerations = [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": POOL, "operator": "Exists", "effect": "NoSchedule"},
-    ]
+def peer_pod(name: str, ns: str) -> dict[str, Any]:
+    """A pod for the peer scheduler: one A10 unit on the peer pool (P1's shape)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "schedulerName": PEER_SCHEDULER,
+            "nodeSelector": {POOL: "peer"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": POOL, "operator": "Exists", "effect": "NoSchedule"},
+            ],
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "bench",
+                    "resources": {"requests": {A10: "1"}, "limits": {A10: "1"}},
+                }
+            ],
+        },
+    }
 
-    def pod(i: int) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"peer-{i:05d}", "namespace": ns},
-            "spec": {
-                "schedulerName": PEER_SCHEDULER,
-                "nodeSelector": {POOL: "peer"},
-                "tolerations": tolerations,
-                "automountServiceAccountToken": False,
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "bench",
-                        "resources": {"requests": {A10: "1"}, "limits": {A10: "1"}},
-                    }
-                ],
-            },
-        }
 
-    log(f"P1 peer: creating {pods} pods for the second scheduler (not started yet)")
-    parallel(pods, 8, lambda: lambda i: client.create(pykube.Pod, pod(i)))
-    watch = Watch(client, pykube.Pod, ns, lambda p: bool((p.get("spec") or {}).get("nodeName")))
+def start_peer_scheduler(cluster: LocalCluster) -> Process:
+    """A second kube-scheduler with the operator's client QPS/burst, scheduling only the
+    pods that name it."""
     qps, burst = operator_defaults()
     config = cluster.dir / "bench-peer-scheduler.yaml"
     config.write_text(
@@ -655,8 +657,6 @@ def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, fl
     binary = cache_root() / "bin" / f"kube-scheduler-{versions()['KUBE_VERSION']}"
     (port,) = free_ports(1)
     proc = Process("bench-peer-scheduler", cluster.dir)
-    api_before = apiserver_cpu(cluster)
-    started = time.monotonic()
     proc.start(
         [
             str(binary),
@@ -667,15 +667,146 @@ def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, fl
             "--bind-address=127.0.0.1",
         ]
     )
+    return proc
+
+
+class CpuSampler:
+    """Samples a process's CPU seconds every 50 ms, to read what it had used at a moment
+    known only afterwards (the peer's first binding: its start is not binding work)."""
+
+    def __init__(self, pid: Callable[[], int | None]) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._pid, self._stop = pid, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):  # the sampling period
+            self.samples.append((time.monotonic(), cpu_seconds(self._pid())))
+
+    def at(self, moment: float) -> float:
+        """CPU seconds at the last sample before ``moment``."""
+        before = [cpu for t, cpu in self.samples if t <= moment]
+        return before[-1] if before else 0.0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, float]:
+    ns = "bench-peer"
+    ensure_namespace(client, ns)
+    log(f"P1 peer: creating {pods} pods for the second scheduler (not started yet)")
+    parallel(pods, 8, lambda: lambda i: client.create(pykube.Pod, peer_pod(f"peer-{i:05d}", ns)))
+    watch = Watch(client, pykube.Pod, ns, lambda p: bool((p.get("spec") or {}).get("nodeName")))
+    api_before = apiserver_cpu(cluster)
+    started = time.monotonic()
+    proc = start_peer_scheduler(cluster)
+    sampler = CpuSampler(proc.pid)
     try:
         if not watch.wait(pods, 900):
             log(f"P1 peer: only {len(watch.at)} of {pods} scheduled within 900 s")
         CPU["peer"] = (cpu_seconds(proc.pid()), apiserver_cpu(cluster) - api_before)
+        sampler.stop()
+        if watch.at:
+            CPU["peer from its first binding"] = (
+                CPU["peer"][0] - sampler.at(min(watch.at.values())),
+                0.0,
+            )
     finally:
+        sampler.stop()
         proc.stop()
         watch.stop()
     first = min(watch.at.values()) if watch.at else started
     return watch, first - started
+
+
+def p_stream(
+    cluster: LocalCluster,
+    client: Client,
+    args: argparse.Namespace,
+    rows: list[Row],
+    notes: list[str],
+) -> None:
+    """Latency under a steady stream (hack/bench/latency.py): orders at ``--stream-rate``
+    for ``--stream-seconds`` while the operator leads, then as many pods of the same shape
+    for the peer scheduler, at the same rate."""
+    total = int(args.stream_rate * args.stream_seconds)
+    log("stream: freeing the pools (the earlier phases' claims and pods)")
+    for ns in ("bench-orders", "bench-live", "bench-peer"):
+        delete_namespace(client, ns)
+    orders_ns, pods_ns = "bench-stream-orders", "bench-stream-pods"
+    ensure_namespace(client, orders_ns)
+    ensure_namespace(client, pods_ns)
+
+    def bound(c: dict[str, Any]) -> bool:
+        return (c.get("status") or {}).get("phase") == "Bound"
+
+    def scheduled(p: dict[str, Any]) -> bool:
+        return bool((p.get("spec") or {}).get("nodeName"))
+
+    log(f"stream: {total} orders at {args.stream_rate:g}/s while the operator leads")
+    watch = Watch(client, GPUClaim, orders_ns, bound)
+    cpu0 = cpu_seconds(cluster.operator.pid())
+
+    def order(i: int) -> str:
+        name = f"s-{i:05d}"
+        client.create(GPUClaim, claim_body(name, orders_ns))
+        return name
+
+    try:
+        created = latency.stream(total, args.stream_rate, order)
+        watch.wait(total, 120)
+        op_cpu = cpu_seconds(cluster.operator.pid()) - cpu0
+    finally:
+        watch.stop()
+    ours = latency.latencies(created, watch.at)
+    ours_rate = latency.achieved_rate(created)
+
+    proc = start_peer_scheduler(cluster)
+    peer_watch = Watch(client, pykube.Pod, pods_ns, scheduled)
+    try:
+        # the scheduler's caches synced: a first pod scheduled before the stream starts
+        client.create(pykube.Pod, peer_pod("warm", pods_ns))
+        if not peer_watch.wait(1, 120):
+            raise TimeoutError("the peer scheduler scheduled no pod within 120 s")
+        log(f"stream: {total} pods at {args.stream_rate:g}/s for the peer scheduler")
+        sched0 = cpu_seconds(proc.pid())
+
+        def pod(i: int) -> str:
+            name = f"s-{i:05d}"
+            client.create(pykube.Pod, peer_pod(name, pods_ns))
+            return name
+
+        peer_created = latency.stream(total, args.stream_rate, pod)
+        peer_watch.wait(total + 1, 120)
+        peer_cpu = cpu_seconds(proc.pid()) - sched0
+    finally:
+        proc.stop()
+        peer_watch.stop()
+    peer = latency.latencies(peer_created, peer_watch.at)
+    peer_rate = latency.achieved_rate(peer_created)
+    label = f"{args.stream_rate:g}/s for {args.stream_seconds:g}s"
+    for q, limit in ((0.5, None), (0.99, 1.0)):
+        rows.append(
+            Row(
+                f"order -> Bound p{int(q * 100)} vs pod -> scheduled ({label})",
+                quantile(ours, q) * 1e3,
+                quantile(peer, q) * 1e3,
+                "ms",
+                "<= 1.0" if limit else "-",
+                True,
+                limit,
+            )
+        )
+    notes.append(
+        f"stream: {len(ours)}/{total} orders bound (created at {ours_rate:.1f}/s), "
+        f"{len(peer)}/{total} pods scheduled (created at {peer_rate:.1f}/s); CPU during the "
+        f"stream: operator {op_cpu:.1f}s, peer scheduler {peer_cpu:.1f}s"
+    )
+    for ns in (orders_ns, pods_ns):
+        delete_namespace(client, ns)
 
 
 def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None:
@@ -752,12 +883,7 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
             )
             notes.append(f"P1 (waiting orders) writes per bound claim: {_per_claim(writes, bound)}")
             if "operator" in CPU and "peer" in CPU:
-                (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
-                notes.append(
-                    f"P1 CPU while binding: operator {op_cpu:.1f}s + API server/etcd {op_api:.1f}s "
-                    f"for {bound} claims; peer scheduler {peer_cpu:.1f}s (with its start) + API "
-                    f"server/etcd {peer_api:.1f}s for {len(peer.at)} pods"
-                )
+                p1_cpu_rows(args, bound, len(peer.at), rows, notes)
             live = max(1, args.orders // 5)
             log(f"steady path: {live} orders created live while the operator leads")
             steady, steady_writes = p1_steady(cluster, client, live)
@@ -799,9 +925,40 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
                         1.5,
                     )
                 )
+
+        if "LAT" in args.only_set:
+            p_stream(cluster, client, args, rows, notes)
     finally:
         if not args.keep:
             cluster.down(quiet=True)
+
+
+def p1_cpu_rows(
+    args: argparse.Namespace, bound: int, scheduled: int, rows: list[Row], notes: list[str]
+) -> None:
+    """CPU per bound claim (the operator, from the Lease's release to the last binding)
+    beside CPU per scheduled pod (the peer scheduler, from its first binding to its last:
+    its start and cache sync are not binding work, as the operator's are done before)."""
+    (op_cpu, op_api), (peer_cpu, peer_api) = CPU["operator"], CPU["peer"]
+    peer_binding = CPU.get("peer from its first binding", (peer_cpu, 0.0))[0]
+    rows.append(
+        Row(
+            f"P1 CPU per bound claim vs per pod scheduled ({args.nodes}x8)",
+            op_cpu / max(1, bound) * 1e3,
+            peer_binding / max(1, scheduled) * 1e3,
+            "ms",
+            "<= 2 ms",
+            True,
+            None,
+            absolute=2.0,
+        )
+    )
+    notes.append(
+        f"P1 CPU while binding: operator {op_cpu:.1f}s + API server/etcd {op_api:.1f}s "
+        f"for {bound} claims; peer scheduler {peer_binding:.1f}s from its first binding "
+        f"({peer_cpu:.1f}s with its start) + API server/etcd {peer_api:.1f}s for "
+        f"{scheduled} pods"
+    )
 
 
 def _per_claim(writes: dict[str, float], bound: int) -> str:
@@ -1165,7 +1322,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the full sizes (P1 1,000 x 8 nodes / 5,000 claims; P4 5,000 nodes)",
     )
-    p.add_argument("--only", default="P1,P2,P3,P4,P5,P6", help="which figures (comma list)")
+    p.add_argument(
+        "--only",
+        default="P1,P2,P3,P4,P5,P6,LAT",
+        help="which figures (comma list; LAT: latency under a stream)",
+    )
+    p.add_argument("--stream-rate", type=float, help="LAT: orders (and pods) per second (20, 50)")
+    p.add_argument("--stream-seconds", type=float, help="LAT: seconds of stream (20, full 60)")
     p.add_argument("--nodes", type=int, help="P1: nodes per pool (quick 100, full 1000)")
     p.add_argument("--orders", type=int, help="P1: orders and peer pods (quick 500, full 5000)")
     p.add_argument("--raw-writes", type=int, help="P2: raw status writes (default: --orders)")
@@ -1195,6 +1358,8 @@ def main(argv: list[str] | None = None) -> int:
     args.orders = args.orders or (5000 if full else 500)
     args.raw_writes = args.raw_writes or args.orders
     args.p3_orders = args.p3_orders or (100 if full else 50)
+    args.stream_rate = args.stream_rate or (50.0 if full else 20.0)
+    args.stream_seconds = args.stream_seconds or (60.0 if full else 20.0)
     args.p3_rounds = args.p3_rounds or (10 if full else 6)
     args.vms = args.vms if args.vms is not None else (100 if full else 20)
     args.big_nodes = args.big_nodes or (5000 if full else 500)
@@ -1206,6 +1371,11 @@ def main(argv: list[str] | None = None) -> int:
             f"--orders {args.orders} (and {args.orders // 5} live ones) and --vms {args.vms} "
             f"need more than the {room} units of {args.nodes} x 8 nodes"
         )
+    if args.stream_rate * args.stream_seconds + args.vms > room:
+        p.error(
+            f"--stream-rate {args.stream_rate:g} for --stream-seconds {args.stream_seconds:g} "
+            f"and --vms {args.vms} need more than the {room} units of {args.nodes} x 8 nodes"
+        )
     only = {x.strip().upper() for x in args.only.split(",")}
     args.only_set = only
     rows: list[Row] = []
@@ -1215,7 +1385,7 @@ def main(argv: list[str] | None = None) -> int:
     if "P6" not in only:
         args.vms = 0
     phases = [
-        (bool(only & {"P1", "P2", "P3", "P6"}), run_small),
+        (bool(only & {"P1", "P2", "P3", "P6", "LAT"}), run_small),
         ("P4" in only, run_big),
         ("P5" in only, lambda a, r, _n: run_p5(a, r)),
     ]
