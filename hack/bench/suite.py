@@ -431,6 +431,7 @@ def p3_floor(
             return True
         return False
 
+    before = scrape(metrics_port)
     floor = webhook_floor.run(
         cluster,
         name,
@@ -478,6 +479,34 @@ def p3_floor(
         f"P3: our webhook's decision (server side, bucket bounds) p50 <= {p50 * 1e3:.1f} ms, "
         f"p99 <= {p99 * 1e3:.1f} ms"
     )
+    notes.append(
+        f"P3: where our webhook's time goes, server side: {p3_server_side(metrics_port, before)}"
+    )
+
+
+def p3_server_side(metrics_port: int, before: str) -> str:
+    """Our server's own figures over P3 (bucket bounds): answers on kept-alive and fresh
+    connections, TLS handshakes, and the collector's pauses meanwhile."""
+    after = scrape(metrics_port)
+    parts = []
+    for label in ("kept-alive", "fresh"):
+        n, p50, p99 = webhook_floor.delta_quantiles(
+            before,
+            after,
+            "gpuoperator_http_request_duration_seconds",
+            {"server": "webhooks", "connection": label},
+        )
+        parts.append(f"{n:.0f} answers {label} p50 <= {p50 * 1e3:.2f} ms p99 <= {p99 * 1e3:.2f} ms")
+    n, p50, p99 = webhook_floor.delta_quantiles(
+        before, after, "gpuoperator_http_handshake_duration_seconds", {"server": "webhooks"}
+    )
+    parts.append(f"{n:.0f} TLS handshakes p50 <= {p50 * 1e3:.2f} ms")
+    for generation in ("0", "1", "2"):
+        n, _p50, p99 = webhook_floor.delta_quantiles(
+            before, after, "gpuoperator_gc_pause_seconds", {"generation": generation}
+        )
+        parts.append(f"{n:.0f} gen-{generation} GC pauses p99 <= {p99 * 1e3:.2f} ms")
+    return "; ".join(parts)
 
 
 def p2_raw_writes(kubeconfig: Path, client: Client, writes: int) -> float:

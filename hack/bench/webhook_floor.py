@@ -251,3 +251,38 @@ def run(
     for setup in SETUPS:
         delete_namespace(namespace(setup))
     return Floor(latencies, reviews, rounds)
+
+
+def buckets(text: str, name: str, labels: dict[str, str]) -> dict[float, float]:
+    """A Prometheus histogram's cumulative bucket counts (``le`` to count) for the series
+    whose labels include ``labels``, summed over the others."""
+    out: dict[float, float] = {}
+    prefix = f"{name}_bucket{{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        body = line[len(prefix) : line.index("}")]
+        got = dict(part.split("=", 1) for part in body.split(","))
+        got = {k: v.strip('"') for k, v in got.items()}
+        if any(got.get(k) != v for k, v in labels.items()):
+            continue
+        le = float("inf") if got["le"] == "+Inf" else float(got["le"])
+        out[le] = out.get(le, 0.0) + float(line.split()[-1])
+    return out
+
+
+def delta_quantiles(
+    before: str, after: str, name: str, labels: dict[str, str]
+) -> tuple[float, float, float]:
+    """What a histogram observed between two scrapes: (count, p50 bound, p99 bound); the
+    bounds are bucket upper bounds (NaN when nothing was observed)."""
+    b, a = buckets(before, name, labels), buckets(after, name, labels)
+    delta = {le: a[le] - b.get(le, 0.0) for le in a}
+    total = delta.get(float("inf"), 0.0)
+    if not total:
+        return 0.0, float("nan"), float("nan")
+
+    def at(q: float) -> float:
+        return next(le for le, n in sorted(delta.items()) if n >= q * total)
+
+    return total, at(0.5), at(0.99)

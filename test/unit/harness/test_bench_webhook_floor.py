@@ -99,3 +99,33 @@ def test_quantile_of_nothing_is_nan() -> None:
     assert math.isnan(q)
     assert wf.quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert wf.quantile([float(i) for i in range(100)], 0.99) == 99.0
+
+
+BEFORE = """# HELP h x
+h_bucket{server="webhooks",connection="kept-alive",le="0.001"} 10.0
+h_bucket{server="webhooks",connection="kept-alive",le="0.01"} 12.0
+h_bucket{server="webhooks",connection="kept-alive",le="+Inf"} 12.0
+h_bucket{server="webhooks",connection="fresh",le="0.001"} 0.0
+h_bucket{server="webhooks",connection="fresh",le="0.01"} 1.0
+h_bucket{server="webhooks",connection="fresh",le="+Inf"} 1.0
+h_count{server="webhooks",connection="kept-alive"} 12.0
+"""
+AFTER = """h_bucket{server="webhooks",connection="kept-alive",le="0.001"} 108.0
+h_bucket{server="webhooks",connection="kept-alive",le="0.01"} 111.0
+h_bucket{server="webhooks",connection="kept-alive",le="+Inf"} 112.0
+h_bucket{server="webhooks",connection="fresh",le="0.001"} 0.0
+h_bucket{server="webhooks",connection="fresh",le="0.01"} 3.0
+h_bucket{server="webhooks",connection="fresh",le="+Inf"} 3.0
+"""
+
+
+def test_what_a_histogram_observed_between_two_scrapes() -> None:
+    # kept-alive: 100 new, 98 within 1 ms, 99 within 10 ms, one beyond
+    count, p50, p99 = wf.delta_quantiles(BEFORE, AFTER, "h", {"connection": "kept-alive"})
+    assert (count, p50, p99) == (100.0, 0.001, 0.01)
+    count, p50, p99 = wf.delta_quantiles(BEFORE, AFTER, "h", {"connection": "fresh"})
+    assert (count, p50, p99) == (2.0, 0.01, 0.01)
+    # both connections together
+    assert wf.delta_quantiles(BEFORE, AFTER, "h", {})[0] == 102.0
+    count, p50, _ = wf.delta_quantiles(AFTER, AFTER, "h", {})
+    assert count == 0 and math.isnan(p50)
