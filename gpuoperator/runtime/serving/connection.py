@@ -326,9 +326,11 @@ class Connections:
         )
         data = (data or b"") + (conn.send(h11.Data(data=response.body)) or b"")
         data += conn.send(h11.EndOfMessage()) or b""
+        writer.write(data)
+        if not writer.transport.get_write_buffer_size():
+            return  # all of it handed to the kernel: nothing to wait for
         try:
             async with asyncio.timeout(self.limits.write_timeout):
-                writer.write(data)
                 await writer.drain()
         except TimeoutError:
             raise DropError("WriteTimeout") from None
