@@ -86,6 +86,10 @@ A10 = "nvidia.com/GA102GL_A10"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 POOL = "bench.gpuoperator.local/pool"
 PEER_SCHEDULER = "bench-peer"
+#: Where the peer's pods run: the dev overlay's hoster namespace, exempt from the admission
+#: policies that let only KubeVirt's controller create pods requesting a class's resource
+#: (plain GPU jobs, as a hoster runs in its own namespaces).
+PEER_NS = "gpu-hoster"
 HOLDER = "bench-suite-holds-the-lease"
 #: As many threads as the binder writes a plan's bindings with (controllers/binder.py).
 BINDER_WRITERS = 16
@@ -747,8 +751,29 @@ class CpuSampler:
         self._thread.join()
 
 
+def delete_pods(client: Client, ns: str, prefix: str) -> None:
+    """Delete the pods of ``ns`` named ``prefix...`` and wait until they are gone."""
+    items, _ = client.list(pykube.Pod, ns)
+    doomed = [p["metadata"]["name"] for p in items if p["metadata"]["name"].startswith(prefix)]
+
+    def one() -> Callable[[int], None]:
+        def delete(i: int) -> None:
+            with contextlib.suppress(errors.NotFoundError):
+                client.delete(pykube.Pod, doomed[i], ns)
+
+        return delete
+
+    parallel(len(doomed), 8, one)
+
+    def gone() -> bool:
+        left, _ = client.list(pykube.Pod, ns)
+        return not any(p["metadata"]["name"].startswith(prefix) for p in left)
+
+    wait_until(f"the pods {ns}/{prefix}* to be gone", gone, 600, interval=0.5)
+
+
 def p1_peer(cluster: LocalCluster, client: Client, pods: int) -> tuple[Watch, float]:
-    ns = "bench-peer"
+    ns = PEER_NS
     ensure_namespace(client, ns)
     log(f"P1 peer: creating {pods} pods for the second scheduler (not started yet)")
     parallel(pods, 8, lambda: lambda i: client.create(pykube.Pod, peer_pod(f"peer-{i:05d}", ns)))
@@ -787,11 +812,11 @@ def p_stream(
     for the peer scheduler, at the same rate."""
     total = int(args.stream_rate * args.stream_seconds)
     log("stream: freeing the pools (the earlier phases' claims and pods)")
-    for ns in ("bench-orders", "bench-live", "bench-peer"):
+    for ns in ("bench-orders", "bench-live"):
         delete_namespace(client, ns)
-    orders_ns, pods_ns = "bench-stream-orders", "bench-stream-pods"
+    delete_pods(client, PEER_NS, "peer-")
+    orders_ns, pods_ns = "bench-stream-orders", PEER_NS
     ensure_namespace(client, orders_ns)
-    ensure_namespace(client, pods_ns)
 
     def bound(c: dict[str, Any]) -> bool:
         return (c.get("status") or {}).get("phase") == "Bound"
@@ -810,7 +835,13 @@ def p_stream(
 
     try:
         created = latency.stream(total, args.stream_rate, order)
-        watch.wait(total, 120)
+        with contextlib.suppress(ClusterError):
+            wait_until(
+                "the streamed orders to be bound",
+                lambda: all(n in watch.at for n in created),
+                120,
+                interval=0.1,
+            )
         op_cpu = cpu_seconds(cluster.operator.pid()) - cpu0
     finally:
         watch.stop()
@@ -833,7 +864,13 @@ def p_stream(
             return name
 
         peer_created = latency.stream(total, args.stream_rate, pod)
-        peer_watch.wait(total + 1, 120)
+        with contextlib.suppress(ClusterError):
+            wait_until(
+                "the streamed pods to be scheduled",
+                lambda: all(n in peer_watch.at for n in peer_created),
+                120,
+                interval=0.1,
+            )
         peer_cpu = cpu_seconds(proc.pid()) - sched0
     finally:
         proc.stop()
@@ -858,8 +895,9 @@ def p_stream(
         f"{len(peer)}/{total} pods scheduled (created at {peer_rate:.1f}/s); CPU during the "
         f"stream: operator {op_cpu:.1f}s, peer scheduler {peer_cpu:.1f}s"
     )
-    for ns in (orders_ns, pods_ns):
-        delete_namespace(client, ns)
+    delete_namespace(client, orders_ns)
+    delete_pods(client, PEER_NS, "s-")
+    delete_pods(client, PEER_NS, "warm")
 
 
 def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None:
