@@ -46,7 +46,8 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def namespace(api: pykube.HTTPClient, name: str) -> None:
-    pykube.Namespace(api, {"metadata": {"name": name}}).create()
+    if pykube.Namespace.objects(api).get_or_none(name=name) is None:
+        pykube.Namespace(api, {"metadata": {"name": name}}).create()
     deadline = time.monotonic() + 60
     while pykube.ServiceAccount.objects(api, namespace=name).get_or_none(name="default") is None:
         if time.monotonic() > deadline:
