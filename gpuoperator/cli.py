@@ -44,7 +44,7 @@ from gpuoperator import __version__, caches, claim_status, names, report, settin
 from gpuoperator.kinds import GPUClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import certificates
-from gpuoperator.runtime import admitting, errors, leading, logs, servercerts, serving
+from gpuoperator.runtime import admitting, errors, gcpauses, leading, logs, servercerts, serving
 from gpuoperator.runtime.client import Client
 from gpuoperator.runtime.kubeconfig import load_config
 from gpuoperator.runtime.managing import Manager, ManagerOptions
@@ -320,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
             metrics_insecure=args.metrics_insecure,
         ),
     )
+    gcpauses.install(manager.registry)
     shared, ledger = wire(manager, operator_settings)
     if args.webhook_address:
         routes = admitting.app(

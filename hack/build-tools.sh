@@ -4,6 +4,7 @@
 #
 #   hack/build-tools.sh promtool      # Prometheus' rule checker and rule unit-test runner
 #   hack/build-tools.sh actionlint    # the GitHub Actions workflow linter
+#   hack/build-tools.sh nullwebhook   # the benchmarks' webhook that allows every review
 #
 # Binaries land in $GPUOP_CACHE/bin/<name>-<version> (GPUOP_CACHE defaults to
 # ${XDG_CACHE_HOME:-~/.cache}/gpuoperator, shared with hack/build-binaries.sh); a cached
@@ -11,7 +12,9 @@
 #
 # promtool is built with `go build` inside a small wrapper module that requires the
 # Prometheus module: that works for every release, also those whose go.mod carries replace
-# directives (`go install module@version` refuses those).
+# directives (`go install module@version` refuses those). nullwebhook is this repository's
+# own Go source (hack/bench/nullwebhook, standard library only); its binary is named after a
+# hash of that source, so an edit builds a new one.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -65,8 +68,24 @@ build_actionlint() {
   echo "$target"
 }
 
+build_nullwebhook() {
+  local src="$here/bench/nullwebhook"
+  local digest
+  digest=$(cat "$src/go.mod" "$src/main.go" | sha256sum | cut -c1-12)
+  local target="$bindir/nullwebhook-$digest"
+  if [ ! -x "$target" ]; then
+    say "nullwebhook $digest: building from hack/bench/nullwebhook (standard library only)"
+    (cd "$src" && GOFLAGS=-mod=mod go build -trimpath -ldflags '-s -w' -o "$target.tmp" .) \
+      || die "building nullwebhook failed"
+    mv "$target.tmp" "$target"
+    say "nullwebhook $digest: built"
+  fi
+  echo "$target"
+}
+
 case "${1:-}" in
   promtool) build_promtool ;;
   actionlint) build_actionlint ;;
-  *) die "usage: $0 promtool|actionlint" ;;
+  nullwebhook) build_nullwebhook ;;
+  *) die "usage: $0 promtool|actionlint|nullwebhook" ;;
 esac

@@ -79,11 +79,14 @@ class Connections:
         body_limits: Mapping[str, int],
         dispatcher: Dispatcher,
         turns: TakeTurn,
+        answered: Callable[[bool, float], None] = lambda _fresh, _seconds: None,
     ) -> None:
         self.limits = limits
         self.body_limits = body_limits
         self._dispatcher = dispatcher
         self._turns = turns
+        #: Called with (first request of its connection, seconds) once an answer is written.
+        self._answered = answered
         self._buffered = 0
         self._budget = asyncio.Condition()
 
@@ -110,11 +113,14 @@ class Connections:
                 if not data:
                     return
                 conn.receive_data(data)
+            first_bytes = loop.time()
             if served:
-                start = loop.time()
+                start = first_bytes
             head_deadline = start + limits.header_timeout
             async with self._turns(state.source, "request", head_deadline):
-                if not await self._exchange(conn, reader, writer, state, head_deadline, served):
+                if not await self._exchange(
+                    conn, reader, writer, state, head_deadline, served, first_bytes
+                ):
                     return
             served += 1
             try:
@@ -130,9 +136,10 @@ class Connections:
         state: Slot,
         head_deadline: float,
         served: int,
+        first_bytes: float,
     ) -> bool:
         """One request read, answered and its answer written; False when the connection
-        ends with it (or before it)."""
+        ends with it (or before it). ``first_bytes``: when its first bytes were read."""
         limits = self.limits
         loop = asyncio.get_running_loop()
         request = await self._read_head(conn, reader, head_deadline, seen_bytes=True)
@@ -154,6 +161,7 @@ class Connections:
             await self._release(held.taken)
         keep = served + 1 < limits.max_requests and conn.our_state is h11.SEND_RESPONSE
         await self._send(conn, writer, response, close=not keep)
+        self._answered(served == 0, loop.time() - first_bytes)
         state.busy = False
         return conn.our_state is not h11.MUST_CLOSE and keep
 
@@ -318,9 +326,11 @@ class Connections:
         )
         data = (data or b"") + (conn.send(h11.Data(data=response.body)) or b"")
         data += conn.send(h11.EndOfMessage()) or b""
+        writer.write(data)
+        if not writer.transport.get_write_buffer_size():
+            return  # all of it handed to the kernel: nothing to wait for
         try:
             async with asyncio.timeout(self.limits.write_timeout):
-                writer.write(data)
                 await writer.drain()
         except TimeoutError:
             raise DropError("WriteTimeout") from None

@@ -66,7 +66,7 @@ class Server:
         self._log = log.bind(server=name)
         self._dispatcher = Dispatcher(name, handler, self.limits, inline, self._meters, self._log)
         self._connections = connection.Connections(
-            self.limits, self.body_limits, self._dispatcher, self.turn
+            self.limits, self.body_limits, self._dispatcher, self.turn, self._observe_answer
         )
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -326,6 +326,9 @@ class Server:
                 self._log.debug("connection closed", peer=source, reason=reason)
                 self._forget(state)
 
+    def _observe_answer(self, fresh: bool, seconds: float) -> None:
+        self._meters.answered.labels(self.name, "fresh" if fresh else "kept-alive").observe(seconds)
+
     async def _handshake(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -342,12 +345,14 @@ class Server:
             async with asyncio.timeout_at(deadline):
                 await _readable(loop, conn)
                 async with self.turn(peer, "handshake"):
+                    began = loop.time()
                     transport, _ = await loop.connect_accepted_socket(
                         lambda: protocol,
                         conn,
                         ssl=self.certificates.context(),
                         ssl_handshake_timeout=max(0.001, deadline - loop.time()),
                     )
+                    self._meters.handshakes.labels(self.name).observe(loop.time() - began)
         except TimeoutError:
             raise connection.DropError("HandshakeTimeout") from None
         except ssl.SSLError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
 from gpuoperator.runtime.metrics import per_registry
@@ -18,6 +18,15 @@ class Metrics:
     throttled: PromCounter
     queued: Gauge
     waited: PromCounter
+    answered: Histogram
+    handshakes: Histogram
+
+
+#: Bounds fine enough for a webhook answered in a fraction of a millisecond.
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
+    0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
 
 
 @per_registry
@@ -59,6 +68,22 @@ def metrics(registry: CollectorRegistry) -> Metrics:
             "Handshakes and requests that waited for a turn of their source (as many of its "
             "connections were handshaking or being answered as it may have), by phase",
             ["server", "phase"],
+            registry=registry,
+        ),
+        answered=Histogram(
+            "gpuoperator_http_request_duration_seconds",
+            "From a request's first bytes read to its answer written, by connection "
+            "(fresh: the first request after the accept and handshake; kept-alive: a later "
+            "one)",
+            ["server", "connection"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        handshakes=Histogram(
+            "gpuoperator_http_handshake_duration_seconds",
+            "TLS handshakes, from the peer's first byte to the connection set up",
+            ["server"],
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         ),
     )

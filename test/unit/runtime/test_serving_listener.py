@@ -344,3 +344,78 @@ def test_a_client_ca_file_that_holds_no_certificate_is_a_clear_startup_error(
         servercerts.ClientCA(tmp_path / "ca.crt")
     with pytest.raises(FileNotFoundError):
         servercerts.ClientCA(tmp_path / "missing.crt")
+
+
+def test_answers_and_handshakes_are_timed_by_connection(tmp_path: Path) -> None:
+    """Each answer written is one observation, labelled fresh for the first request after
+    a handshake and kept-alive for a later one on the same connection; each handshake
+    one more; and the gate held open makes the timed answer at least that long."""
+    ca, ca_key = pki.new_ca("test-ca")
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert, cert_key = pki.issue(ca, ca_key, "one", server=True, ips=("127.0.0.1",))
+    pki.write_pair(cert, cert_key, crt, key)
+    registry = CollectorRegistry()
+    held = threading.Event()
+
+    def slow(_r: serving.Request) -> serving.Response:
+        held.wait(0.2)  # never set: the answer takes at least 0.2 s
+        return serving.text(200, "slow")
+
+    server = serving.Server(
+        "test",
+        "127.0.0.1:0",
+        serving.app({"/": lambda _r: serving.text(200, "ok"), "/slow": slow}),
+        tls=(crt, key),
+        registry=registry,
+    )
+    server.start()
+    client = ssl.create_default_context()
+    client.load_verify_locations(cadata=ca.public_bytes(serialization.Encoding.PEM).decode())
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+            client.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            for path in ("/", "/slow", "/"):
+                tls.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert _read_answer(tls).startswith(b"HTTP/1.1 200")
+
+        def count(name: str, labels: dict[str, str]) -> float:
+            return registry.get_sample_value(name, labels) or 0.0
+
+        answered = "gpuoperator_http_request_duration_seconds"
+        fresh = {"server": "test", "connection": "fresh"}
+        kept = {"server": "test", "connection": "kept-alive"}
+        wait_for(
+            "three answers timed",
+            lambda: count(f"{answered}_count", fresh) + count(f"{answered}_count", kept),
+            until=lambda n: n == 3,
+        )
+        assert count(f"{answered}_count", fresh) == 1
+        assert count(f"{answered}_count", kept) == 2
+        assert count(f"{answered}_sum", kept) >= 0.2
+        assert count(f"{answered}_sum", fresh) < 0.2
+        handshakes = "gpuoperator_http_handshake_duration_seconds_count"
+        assert count(handshakes, {"server": "test"}) == 1
+    finally:
+        server.stop()
+
+
+def _read_answer(tls: ssl.SSLSocket) -> bytes:
+    """One HTTP answer with a Content-Length body, read whole."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = tls.recv(65536)
+        assert chunk, "closed before the head"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = tls.recv(65536)
+        assert chunk, "closed before the body"
+        body += chunk
+    return head + b"\r\n\r\n" + body

@@ -1,0 +1,3 @@
+module gpuoperator.local/nullwebhook
+
+go 1.26.0
