@@ -88,7 +88,6 @@ from gpuoperator.model import (
     conditions,
     dra_devices,
     dra_holds,
-    gpu_hours,
     orders,
     preemption,
 )
@@ -238,12 +237,7 @@ class Binder:
         spot_claims = self.ledger.spot_claims(cls)
         if not spot_claims:
             return False
-        vmis: dict[Key, Obj] = {}
-        for spot_claim in spot_claims:
-            vmi = self.caches.served_vmi(spot_claim)
-            if vmi is not None:
-                ns = spot_claim["metadata"]["namespace"]
-                vmis[(ns, gpu_hours.served_vmi_name(spot_claim))] = vmi
+        vmis = self.caches.served_vmis(spot_claims)
         found = self.ledger.take_back(
             claim, cls, spot_claims, vmis, self.settings.placement_policy, now
         )

@@ -47,7 +47,6 @@ from gpuoperator.model import (
     dra_devices,
     dra_health,
     dra_holds,
-    gpu_hours,
 )
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
@@ -109,7 +108,7 @@ class DeviceHealth:
             if inventory is None:
                 return None
             claims, unconfirmed = self.ledger.settled_claims_of_class(key[1])
-            sick = dra_health.sick_holds(claims, inventory, self._vmis(claims))
+            sick = dra_health.sick_holds(claims, inventory, self.caches.served_vmis(claims))
             retry = unconfirmed
             reported: set[Key] = set()
             for s in sick:
@@ -215,18 +214,6 @@ class DeviceHealth:
                 fields={"node": sick.node, "vmi": sick.vmi or None},
             ),
         ).ok
-
-    def _vmis(self, claims: list[Obj]) -> dict[Key, Obj]:
-        out: dict[Key, Obj] = {}
-        for claim in claims:
-            served = gpu_hours.served_vmi_name(claim)
-            if not served:
-                continue
-            key = (str((claim.get("metadata") or {}).get("namespace") or ""), served)
-            vmi = self.caches.vmis.store.get(key)
-            if vmi is not None:
-                out[key] = vmi
-        return out
 
 
 def flagged(claim: Obj) -> bool:

@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import binding, claim_states, conditions, draining, gpu_hours
+from gpuoperator.model import binding, claim_states, conditions, draining
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
@@ -113,7 +113,7 @@ class Draining:
             return None
         with self.ledger.allocation_lock:
             claims = self._claims_on(name)
-            holds = draining.holds_on(name, claims, self._vmis(claims))
+            holds = draining.holds_on(name, claims, self.caches.served_vmis(claims))
             moves = self.settings.drain_moves
             retry = False
             for h in holds:
@@ -125,7 +125,7 @@ class Draining:
         fresh = draining.holds_on(
             name,
             [self.ledger.claim(h.key) or {} for h in holds],
-            self._vmis(claims),
+            self.caches.served_vmis(claims),
         )
         self._report(node or {}, name, fresh)
         return Result(requeue_after=RETRY) if retry else None
@@ -238,18 +238,6 @@ class Draining:
         message = f"VMs block the drain of node {name} (GPU VMs cannot live-migrate): {text}"
         log.info("drain blocked", reason=DRAIN_BLOCKED, node=name, blocking=text)
         self.recorder.event(node, "Warning", DRAIN_BLOCKED, message, kind="Node", api_version="v1")
-
-    def _vmis(self, claims: list[Obj]) -> dict[Key, Obj]:
-        out: dict[Key, Obj] = {}
-        for claim in claims:
-            served = gpu_hours.served_vmi_name(claim)
-            if not served:
-                continue
-            key = (str((claim.get("metadata") or {}).get("namespace") or ""), served)
-            vmi = self.caches.vmis.store.get(key)
-            if vmi is not None:
-                out[key] = vmi
-        return out
 
 
 def flagged(claim: Obj) -> bool:

@@ -116,13 +116,7 @@ class Preemption:
         if self.ledger.candidates(order, cls, now):
             return  # it fits as it is: the binder binds it
         spot_claims = self.ledger.spot_claims(cls)
-        vmis: dict[Key, Obj] = {}
-        for spot_claim in spot_claims:
-            vmi = self.caches.served_vmi(spot_claim)
-            if vmi is not None:
-                vmis[
-                    (spot_claim["metadata"]["namespace"], gpu_hours.served_vmi_name(spot_claim))
-                ] = vmi
+        vmis = self.caches.served_vmis(spot_claims)
         policy = self.settings.placement_policy
         if self.ledger.take_back(order, cls, spot_claims, vmis, policy, now) is not None:
             return  # idle holds are enough: the binder takes them back

@@ -5,6 +5,7 @@ Controllers and webhooks read these, never the API server, on their hot paths.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,16 @@ class Caches:
         namespace = str((claim.get("metadata") or {}).get("namespace") or "")
         name = gpu_hours.served_vmi_name(claim)
         return self.vmis.store.get((namespace, name)) if name else None
+
+    def served_vmis(self, claims: Iterable[dict[str, Any]]) -> dict[indexing.Key, dict[str, Any]]:
+        """The cached VM instances ``claims`` serve, by ``(namespace, name)``."""
+        out: dict[indexing.Key, dict[str, Any]] = {}
+        for claim in claims:
+            vmi = self.served_vmi(claim)
+            if vmi is not None:
+                namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+                out[(namespace, gpu_hours.served_vmi_name(claim))] = vmi
+        return out
 
 
 #: Every kind cached whole is cached without its managedFields. Tenants write VMIs and claims:
