@@ -198,15 +198,17 @@ def vmi_gone(api: pykube.HTTPClient, ns: str, name: str) -> bool:
     return VirtualMachineInstance.objects(api, namespace=ns).get_or_none(name=name) is None
 
 
-@pytest.mark.operator_process  # the module's replica runs with a short preemptionGrace
-def test_a_running_spot_vm_is_told_then_stopped_and_its_hold_goes_to_the_order(
-    api: pykube.HTTPClient, fleet: Fleet, tenant: str
-) -> None:
+def spot_vm_filling_a_node(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str, units: int
+) -> tuple[str, str]:
+    """A guaranteed class and a spot one on a node of ``units``, all of them held by the
+    spot claim ``spot-vm`` that VM ``vm-1`` runs on; the guaranteed class counting them as
+    what it may take back. Returns the guaranteed class and the node."""
     guaranteed = fleet.gpu_class()
     spot = fleet.gpu_class("-spot", preemptible=True)
-    node = fleet.node(2)
-    published(api, spot, 2)
-    create_claim(api, tenant, "spot-vm", spot, 2)
+    node = fleet.node(units)
+    published(api, spot, units)
+    create_claim(api, tenant, "spot-vm", spot, units)
     assert bound_node(api, tenant, "spot-vm") == node
     start_vm(api, tenant, "vm-1", "spot-vm")
     wait_for(
@@ -214,10 +216,18 @@ def test_a_running_spot_vm_is_told_then_stopped_and_its_hold_goes_to_the_order(
         partial(class_status, api, guaranteed),
         until=lambda s: (
             (s.get("maxFreePerNode"), s.get("reclaimable"), s.get("maxReclaimablePerNode"))
-            == (0, 2, 2)
+            == (0, units, units)
         ),
         timeout=CONVERGE,
     )
+    return guaranteed, node
+
+
+@pytest.mark.operator_process  # the module's replica runs with a short preemptionGrace
+def test_a_running_spot_vm_is_told_then_stopped_and_its_hold_goes_to_the_order(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str
+) -> None:
+    guaranteed, node = spot_vm_filling_a_node(api, fleet, tenant, 2)
 
     create_claim(api, tenant, "order", guaranteed, 2)
     notice = wait_for(
@@ -248,19 +258,7 @@ def test_a_running_spot_vm_is_told_then_stopped_and_its_hold_goes_to_the_order(
 def test_a_notice_is_withdrawn_when_the_order_goes_and_the_vm_keeps_running(
     api: pykube.HTTPClient, fleet: Fleet, tenant: str
 ) -> None:
-    guaranteed = fleet.gpu_class()
-    spot = fleet.gpu_class("-spot", preemptible=True)
-    node = fleet.node(1)
-    published(api, spot, 1)
-    create_claim(api, tenant, "spot-vm", spot, 1)
-    assert bound_node(api, tenant, "spot-vm") == node
-    start_vm(api, tenant, "vm-1", "spot-vm")
-    wait_for(
-        f"class {guaranteed} counting the running VM's unit",
-        partial(class_status, api, guaranteed),
-        until=lambda s: s.get("maxReclaimablePerNode") == 1,
-        timeout=CONVERGE,
-    )
+    guaranteed, node = spot_vm_filling_a_node(api, fleet, tenant, 1)
     order = create_claim(api, tenant, "order", guaranteed, 1)
     wait_for(
         "the notice on spot-vm",
