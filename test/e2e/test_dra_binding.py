@@ -22,8 +22,9 @@ from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim
 from gpuoperator.model import dra_holds
 from harness import dra_driver, objects
 from harness.claims import create_claim
+from harness.dra_claims import DraClaims
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
-from harness.kube import Obj, refused
+from harness.kube import refused
 from harness.operator import Start
 from harness.tenancy import as_tenant
 from harness.waiting import wait_for
@@ -45,33 +46,9 @@ CLASS = f"dra-bind-{TAG}"
 TIMEOUT = 60.0
 
 
-class World:
+class World(DraClaims):
     def __init__(self, api: pykube.HTTPClient, namespace: str) -> None:
-        self.api = api
-        self.namespace = namespace
-
-    def claim(self, name: str) -> Obj | None:
-        found = GPUClaim.objects(self.api, namespace=self.namespace).get_or_none(name=name)
-        return found.obj if found is not None else None
-
-    def bound(self, name: str) -> Obj:
-        """The claim once Bound, with the devices its status names."""
-        claim = wait_for(
-            f"claim {name} to be bound to devices",
-            lambda: self.claim(name),
-            lambda c: (
-                c is not None
-                and (c.get("status") or {}).get("phase") == "Bound"
-                and bool(c["status"].get("devices"))
-            ),
-            timeout=TIMEOUT,
-        )
-        assert claim is not None
-        return claim
-
-    def hold(self, name: str) -> Obj | None:
-        found = ResourceClaim.objects(self.api, namespace=self.namespace).get_or_none(name=name)
-        return found.obj if found is not None else None
+        super().__init__(api, namespace, TIMEOUT)
 
     def allocations(self) -> list[tuple[str, str, str]]:
         """Every device the ResourceClaims of the namespace hold, once per holder."""

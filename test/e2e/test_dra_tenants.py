@@ -37,6 +37,7 @@ from gpuoperator.model import dra_holds
 from gpuoperator.runtime.kinds import ValidatingAdmissionPolicy
 from harness import dra_driver, kube, objects
 from harness.claims import create_claim
+from harness.dra_claims import DraClaims
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
 from harness.kube import Obj, refused
 from harness.operator import Deployed, Start
@@ -59,43 +60,9 @@ TIMEOUT = 90.0
 RESOURCE_CLAIM_TEMPLATE = "ResourceClaimTemplate"
 
 
-class World:
+class World(DraClaims):
     def __init__(self, api: pykube.HTTPClient, namespace: str) -> None:
-        self.api = api
-        self.namespace = namespace
-
-    def claim(self, name: str) -> Obj | None:
-        found = GPUClaim.objects(self.api, namespace=self.namespace).get_or_none(name=name)
-        return found.obj if found is not None else None
-
-    def bound(self, name: str) -> Obj:
-        claim = wait_for(
-            f"claim {name} to be bound to devices",
-            lambda: self.claim(name),
-            lambda c: (
-                c is not None
-                and (c.get("status") or {}).get("phase") == "Bound"
-                and bool(c["status"].get("devices"))
-            ),
-            timeout=TIMEOUT,
-        )
-        assert claim is not None
-        return claim
-
-    def waiting(self, name: str) -> Obj:
-        """The claim once the binder has said it waits for capacity."""
-        claim = wait_for(
-            f"claim {name} to wait for a device",
-            lambda: self.claim(name),
-            lambda c: c is not None and bound_reason(c) == "NoCapacity",
-            timeout=TIMEOUT,
-        )
-        assert claim is not None
-        return claim
-
-    def hold(self, name: str) -> Obj | None:
-        found = ResourceClaim.objects(self.api, namespace=self.namespace).get_or_none(name=name)
-        return found.obj if found is not None else None
+        super().__init__(api, namespace, TIMEOUT)
 
     def allocations(self, *namespaces: str) -> dict[tuple[str, str], list[str]]:
         """The devices of this module's node that each ResourceClaim of ``namespaces`` (the
@@ -111,13 +78,6 @@ class World:
     def gpu_class(self) -> Obj:
         obj: Obj = GPUClass.objects(self.api).get(name=CLASS).obj
         return obj
-
-
-def bound_reason(claim: Obj) -> str | None:
-    for c in (claim.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Bound":
-            return str(c.get("reason"))
-    return None
 
 
 def held_outside(cls: Obj) -> Obj | None:
