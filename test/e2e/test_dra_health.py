@@ -9,9 +9,6 @@ driver's published devices and the ResourceClaims the API server holds, never th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +19,7 @@ import pytest
 from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim, VirtualMachineInstance
 from gpuoperator.model import dra_holds
 from harness import dra_driver, objects
-from harness.claims import bound_node, create_claim, create_vmi
+from harness.claims import bound_node, create_claim, create_vmi, node_report
 from harness.dra_driver import DRIVER, DraNodeGroup, GpuGroup
 from harness.kube import Obj
 from harness.tenancy import as_tenant
@@ -212,22 +209,7 @@ def test_a_running_vms_hold_is_reported_not_moved_and_moves_once_the_vm_stops(
         timeout=TIMEOUT,
     )
     assert warned[0]["type"] == "Warning"
-    report = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from gpuoperator.cli import main; sys.exit(main(sys.argv[1:]))",
-            "status",
-            f"--kubeconfig={kubeconfig}",
-            f"--node={node}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    ).stdout
+    report = node_report(kubeconfig, node)
     assert "HOLDS ON UNHEALTHY DEVICES" in report
     [row] = [
         line

@@ -4,16 +4,21 @@ that fits nowhere; the suite's over-allocation check closes every test."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import pykube
 import pytest
 
-from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
-from harness.claims import bound_node, claim_status, create_claim, create_vmi
+from gpuoperator.kinds import GPUClaim
+from harness.claims import (
+    bound_node,
+    claim_status,
+    create_claim,
+    event_messages,
+    node_report,
+    start_vm,
+)
 from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.waiting import wait_for
@@ -33,44 +38,9 @@ def order(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> s
     return bound_node(api, ns, name)
 
 
-def start_vm(api: pykube.HTTPClient, ns: str, name: str, claim: str) -> None:
-    create_vmi(api, ns, name, [{"claim": claim}])
-    wait_for(
-        f"VM {name} running",
-        lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,
-        until=lambda v: (v.get("status") or {}).get("phase") == "Scheduled",
-        timeout=CONVERGE,
-    )
-
-
 def cordon(api: pykube.HTTPClient, node: str) -> None:
     obj = pykube.Node.objects(api).get(name=node)
     obj.patch({"spec": {"unschedulable": True}})
-
-
-def events(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> list[str]:
-    found = pykube.Event.objects(api, namespace=ns).filter(
-        field_selector={"involvedObject.name": name, "reason": reason}
-    )
-    return [str(e.obj.get("message")) for e in found]
-
-
-def node_status(kubeconfig: Path, node: str) -> str:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuoperator.cli",
-            "status",
-            f"--kubeconfig={kubeconfig}",
-            f"--node={node}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return proc.stdout
 
 
 def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
@@ -81,14 +51,14 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
     published(api, cls, 4)
     # Binpack puts all three on the first node (least free that fits, ties by name).
     assert [order(api, tenant, n, cls, 1) for n in ("idle-1", "idle-2", "run")] == [first] * 3
-    start_vm(api, tenant, "vm-1", "run")
+    start_vm(api, tenant, "vm-1", "run", timeout=CONVERGE)
 
     cordon(api, first)
     for name in ("idle-1", "idle-2"):
         bound_node(api, tenant, name, other)
         moved = wait_for(
             f"the Moved event on {name}",
-            partial(events, api, tenant, name, "Moved"),
+            partial(event_messages, api, tenant, name, "Moved"),
             timeout=CONVERGE,
         )
         assert moved == [f"moved from {first} to {other}: node cordoned"]
@@ -96,11 +66,11 @@ def test_cordoning_moves_idle_holds_and_reports_the_running_vm(
 
     blocked = wait_for(
         "the DrainBlocked event on the node",
-        lambda: events(api, "default", first, "DrainBlocked"),
+        lambda: event_messages(api, "default", first, "DrainBlocked"),
         timeout=CONVERGE,
     )
     assert f"{tenant}/vm-1 (running; claim run, 1 unit(s))" in blocked[0]
-    report = node_status(kubeconfig, first)
+    report = node_report(kubeconfig, first)
     assert f"NODE {first}: cordoned" in report
     row = next(line.split() for line in report.splitlines() if line.startswith(tenant))
     assert row[:5] == [tenant, "run", cls, "1", "vm-1"]
@@ -134,8 +104,8 @@ def test_a_hold_that_fits_nowhere_stays_and_says_why_then_moves_when_room_frees(
         f"node {first} is cordoned and no other eligible node has 3 free units" in stuck["message"]
     )
     assert claim_status(api, tenant, "big")["nodeName"] == first
-    assert "fits on no other eligible node now" in node_status(kubeconfig, first)
-    assert events(api, tenant, "big", "CannotMove")
+    assert "fits on no other eligible node now" in node_report(kubeconfig, first)
+    assert event_messages(api, tenant, "big", "CannotMove")
 
     GPUClaim.objects(api, namespace=tenant).get(name="filler").delete()
     bound_node(api, tenant, "big", other)

@@ -13,7 +13,7 @@ import pykube
 import pytest
 
 from gpuoperator.kinds import GPUClass, VirtualMachineInstance
-from harness.claims import bound_node, claim_status, create_claim, create_vmi
+from harness.claims import bound_node, claim_status, create_claim, event_messages, start_vm
 from harness.fleet import Fleet, published
 from harness.kube import Obj
 from harness.operator import Deployed
@@ -43,13 +43,6 @@ def hooks(
 def fleet(fleet: Fleet, hooks: WebhookOperator) -> Fleet:
     """The shared fleet, with this module's webhooks served."""
     return fleet
-
-
-def events(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> list[str]:
-    found = pykube.Event.objects(api, namespace=ns).filter(
-        field_selector={"involvedObject.name": name, "reason": reason}
-    )
-    return [str(e.obj.get("message")) for e in found]
 
 
 def bound_reason(api: pykube.HTTPClient, ns: str, name: str) -> str:
@@ -83,16 +76,6 @@ def past_its_bind(api: pykube.HTTPClient, ns: str, name: str) -> None:
     )
 
 
-def start_vm(api: pykube.HTTPClient, ns: str, name: str, claim: str) -> None:
-    create_vmi(api, ns, name, [{"claim": claim}])
-    wait_for(
-        f"VM {name} running",
-        lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,
-        until=lambda v: (v.get("status") or {}).get("phase") == "Scheduled",
-        timeout=CONVERGE,
-    )
-
-
 def test_a_guaranteed_order_takes_back_the_newest_idle_spot_hold_and_nothing_else(
     api: pykube.HTTPClient, fleet: Fleet, tenant: str
 ) -> None:
@@ -105,7 +88,7 @@ def test_a_guaranteed_order_takes_back_the_newest_idle_spot_hold_and_nothing_els
         create_claim(api, tenant, name, spot, count)
         assert bound_node(api, tenant, name) == node
         past_its_bind(api, tenant, name)
-    start_vm(api, tenant, "vm-1", "spot-vm")
+    start_vm(api, tenant, "vm-1", "spot-vm", timeout=CONVERGE)
 
     # The class publishes what it may take back: every spot unit, the running VM's too.
     wait_for(
@@ -121,7 +104,7 @@ def test_a_guaranteed_order_takes_back_the_newest_idle_spot_hold_and_nothing_els
     assert bound_node(api, tenant, "order") == node
     taken = wait_for(
         "the Preempted event on a-new",
-        partial(events, api, tenant, "a-new", "Preempted"),
+        partial(event_messages, api, tenant, "a-new", "Preempted"),
         timeout=CONVERGE,
     )
     assert taken == [
@@ -134,7 +117,7 @@ def test_a_guaranteed_order_takes_back_the_newest_idle_spot_hold_and_nothing_els
     # The idle hold that is older and the running VM's hold stay.
     for name in ("b-old", "spot-vm"):
         assert claim_status(api, tenant, name)["nodeName"] == node
-        assert events(api, tenant, name, "Preempted") == []
+        assert event_messages(api, tenant, name, "Preempted") == []
     # Idle holds were enough: the running VM got no notice.
     assert preempting(api, tenant, "spot-vm") is None
 
@@ -157,7 +140,7 @@ def test_a_bigger_order_takes_one_big_hold_rather_than_several_small_ones(
     assert claim_status(api, tenant, "small")["nodeName"] == node
     assert wait_for(
         "the Preempted event on big",
-        partial(events, api, tenant, "big", "Preempted"),
+        partial(event_messages, api, tenant, "big", "Preempted"),
         timeout=CONVERGE,
     )
     assert waits(api, tenant, "big") in ("Preempted", "NoCapacity")
@@ -186,7 +169,7 @@ def test_guaranteed_holds_are_never_taken_and_spot_orders_take_nothing(
             create_claim(api, tenant, f"order-{cls}", cls, 1)
         assert f"spec.count: class {cls} has no free GPU on any node" in str(refused.value)
     assert claim_status(api, tenant, "held")["nodeName"] == node
-    assert events(api, tenant, "held", "Preempted") == []
+    assert event_messages(api, tenant, "held", "Preempted") == []
 
 
 def preempting(api: pykube.HTTPClient, ns: str, name: str) -> Obj | None:
@@ -210,7 +193,7 @@ def spot_vm_filling_a_node(
     published(api, spot, units)
     create_claim(api, tenant, "spot-vm", spot, units)
     assert bound_node(api, tenant, "spot-vm") == node
-    start_vm(api, tenant, "vm-1", "spot-vm")
+    start_vm(api, tenant, "vm-1", "spot-vm", timeout=CONVERGE)
     wait_for(
         f"class {guaranteed} counting the running VM's units",
         partial(class_status, api, guaranteed),
@@ -247,11 +230,11 @@ def test_a_running_spot_vm_is_told_then_stopped_and_its_hold_goes_to_the_order(
     assert bound_node(api, tenant, "order", node, timeout=CONVERGE) == node
     taken = claim_status(api, tenant, "spot-vm")
     assert taken.get("phase") == "Pending" and preempting(api, tenant, "spot-vm") is None
-    assert events(api, tenant, "spot-vm", "VMStopped") == [
+    assert event_messages(api, tenant, "spot-vm", "VMStopped") == [
         f"VM {tenant}/vm-1 was stopped: guaranteed claim {tenant}/order takes back the units "
         "it used"
     ]
-    assert len(events(api, tenant, "spot-vm", "Preempted")) == 1
+    assert len(event_messages(api, tenant, "spot-vm", "Preempted")) == 1
 
 
 @pytest.mark.operator_process  # the module's replica runs with a short preemptionGrace
@@ -273,7 +256,7 @@ def test_a_notice_is_withdrawn_when_the_order_goes_and_the_vm_keeps_running(
         until=lambda c: c is None,
         timeout=CONVERGE,
     )
-    assert events(api, tenant, "spot-vm", "PreemptionCancelled") == [
+    assert event_messages(api, tenant, "spot-vm", "PreemptionCancelled") == [
         "no guaranteed order needs the units of this claim's VM any more; it keeps running"
     ]
     assert not vmi_gone(api, tenant, "vm-1")

@@ -1,9 +1,14 @@
 """GPUClaims on a real API server, for end-to-end tests: order one, read its status, wait
-for it to be Bound; make a VMI on claims."""
+for it to be Bound; make a VMI on claims and wait for it to run; read the Events about an
+object; print ``gpuoperator status --node``."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pykube
@@ -12,6 +17,8 @@ from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.kube import Obj
 from harness.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def create_claim(api: pykube.HTTPClient, ns: str, name: str, cls: str, count: int) -> GPUClaim:
@@ -78,3 +85,44 @@ def create_vmi(
     )
     v.create()
     return v
+
+
+def start_vm(
+    api: pykube.HTTPClient, ns: str, name: str, claim: str, *, timeout: float = 30.0
+) -> None:
+    """A VMI on ``claim``, once the KubeVirt stand-in says it is ``Scheduled``."""
+    create_vmi(api, ns, name, [{"claim": claim}])
+    wait_for(
+        f"VM {name} running",
+        lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,
+        until=lambda v: (v.get("status") or {}).get("phase") == "Scheduled",
+        timeout=timeout,
+    )
+
+
+def event_messages(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> list[str]:
+    """The messages of the Events of ``reason`` about the object ``ns/name``."""
+    found = pykube.Event.objects(api, namespace=ns).filter(
+        field_selector={"involvedObject.name": name, "reason": reason}
+    )
+    return [str(e.obj.get("message")) for e in found]
+
+
+def node_report(kubeconfig: Path, node: str) -> str:
+    """What ``gpuoperator status --node`` of this checkout prints about ``node``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpuoperator.cli import main; sys.exit(main(sys.argv[1:]))",
+            "status",
+            f"--kubeconfig={kubeconfig}",
+            f"--node={node}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ).stdout
