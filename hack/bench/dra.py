@@ -30,15 +30,15 @@ import yaml
 from gpuoperator import names
 from gpuoperator.kinds import DeviceClass, GPUClaim, GPUClass, ResourceClaim
 from harness import dra_driver
-from localcluster.cluster import REPO, cache_root, free_ports, versions
-from localcluster.processes import Process, wait_until
+from localcluster.cluster import REPO, cache_root
+from localcluster.processes import wait_until
 
 ROWS = {"P1-DRA", "P4-DRA"}
 OPERATOR_DRIVER = "gpu.bench-operator.example.com"
 PEER_DRIVER = "gpu.bench-peer.example.com"
 OPERATOR_DEVICES = "gpus.bench-operator.example.com"
 PEER_DEVICES = "gpus.bench-peer.example.com"
-CLASS = "dra-a10"
+CLASS = "bench-dra-a10"  # not the sample class of the same devices (config/samples)
 PEER_SCHEDULER = "bench-peer-dra"
 DEVICES = 8
 Obj = dict[str, Any]
@@ -292,38 +292,9 @@ def _peer(
     watch = suite.Watch(
         client, pykube.Pod, ns, lambda p: bool((p.get("spec") or {}).get("nodeName"))
     )
-    qps, burst = suite.operator_defaults()
-    config = cluster.dir / "bench-peer-dra-scheduler.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "clientConnection": {
-                    "kubeconfig": str(cluster.kubeconfig),
-                    "qps": qps,
-                    "burst": burst,
-                },
-                "leaderElection": {"leaderElect": False},
-                "profiles": [{"schedulerName": PEER_SCHEDULER}],
-            }
-        )
-    )
-    binary = cache_root() / "bin" / f"kube-scheduler-{versions()['KUBE_VERSION']}"
-    (port,) = free_ports(1)
-    proc = Process("bench-peer-dra-scheduler", cluster.dir)
     api_before = suite.apiserver_cpu(cluster)
     started = time.monotonic()
-    proc.start(
-        [
-            str(binary),
-            f"--config={config}",
-            f"--authentication-kubeconfig={cluster.kubeconfig}",
-            f"--authorization-kubeconfig={cluster.kubeconfig}",
-            f"--secure-port={port}",
-            "--bind-address=127.0.0.1",
-        ]
-    )
+    proc = suite.start_peer_scheduler(cluster, "bench-peer-dra-scheduler", PEER_SCHEDULER)
     try:
         if not watch.wait(pods, 900):
             suite.log(f"P1-DRA peer: only {len(watch.at)} of {pods} scheduled within 900 s")

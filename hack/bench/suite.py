@@ -692,11 +692,16 @@ def peer_pod(name: str, ns: str) -> dict[str, Any]:
     }
 
 
-def start_peer_scheduler(cluster: LocalCluster) -> Process:
+def start_peer_scheduler(
+    cluster: LocalCluster,
+    name: str = "bench-peer-scheduler",
+    scheduler_name: str = PEER_SCHEDULER,
+) -> Process:
     """A second kube-scheduler with the operator's client QPS/burst, scheduling only the
-    pods that name it."""
+    pods that name it (``scheduler_name``); ``name`` names its process and files in the
+    cluster's directory."""
     qps, burst = operator_defaults()
-    config = cluster.dir / "bench-peer-scheduler.yaml"
+    config = cluster.dir / f"{name}.yaml"
     config.write_text(
         yaml.safe_dump(
             {
@@ -708,13 +713,13 @@ def start_peer_scheduler(cluster: LocalCluster) -> Process:
                     "burst": burst,
                 },
                 "leaderElection": {"leaderElect": False},
-                "profiles": [{"schedulerName": PEER_SCHEDULER}],
+                "profiles": [{"schedulerName": scheduler_name}],
             }
         )
     )
     binary = cache_root() / "bin" / f"kube-scheduler-{versions()['KUBE_VERSION']}"
     (port,) = free_ports(1)
-    proc = Process("bench-peer-scheduler", cluster.dir)
+    proc = Process(name, cluster.dir)
     proc.start(
         [
             str(binary),
