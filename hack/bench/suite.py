@@ -525,16 +525,25 @@ def p3_server_side(metrics_port: int, before: str) -> str:
             "gpuoperator_http_request_duration_seconds",
             {"server": "webhooks", "connection": label},
         )
-        parts.append(f"{n:.0f} answers {label} p50 <= {p50 * 1e3:.2f} ms p99 <= {p99 * 1e3:.2f} ms")
+        parts.append(
+            f"{n:.0f} answers {label} p50 <= {p50 * 1e3:.2f} ms p99 <= {p99 * 1e3:.2f} ms"
+            if n
+            else f"0 answers {label}"
+        )
     n, p50, p99 = webhook_floor.delta_quantiles(
         before, after, "gpuoperator_http_handshake_duration_seconds", {"server": "webhooks"}
     )
-    parts.append(f"{n:.0f} TLS handshakes p50 <= {p50 * 1e3:.2f} ms")
+    parts.append(f"{n:.0f} TLS handshakes p50 <= {p50 * 1e3:.2f} ms" if n else "0 TLS handshakes")
     for generation in ("0", "1", "2"):
         n, _p50, p99 = webhook_floor.delta_quantiles(
             before, after, "gpuoperator_gc_pause_seconds", {"generation": generation}
         )
-        parts.append(f"{n:.0f} gen-{generation} GC pauses p99 <= {p99 * 1e3:.2f} ms")
+        # No pause of a generation has no quantile to print.
+        parts.append(
+            f"{n:.0f} gen-{generation} GC pauses p99 <= {p99 * 1e3:.2f} ms"
+            if n
+            else f"0 gen-{generation} GC pauses"
+        )
     return "; ".join(parts)
 
 
