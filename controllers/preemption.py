@@ -80,9 +80,7 @@ class Preemption:
 
     def reconcile(self, key: Key) -> Result | None:
         now = self.clock.now()
-        classes = [
-            c for k in list(self.caches.classes.store) if (c := self.caches.classes.store.get(k))
-        ]
+        classes = self.caches.classes.store.values()
         if not any(gpuclasses.preemptible(c) for c in classes):
             return None
         wanted: dict[Key, tuple[str, str, str]] = {}  # spot claim -> (order, its class, node)
@@ -105,23 +103,23 @@ class Preemption:
     ) -> None:
         """Add the running spot VMs the oldest waiting claim of guaranteed ``cls`` needs."""
         claims, _ = self.ledger.settled_claims_of_class(gpuclasses.name(cls))
-        queue = [
-            c
-            for c in binding.pending_in_order(claims)
-            if names.CLAIM_PROTECTION_FINALIZER in (c["metadata"].get("finalizers") or [])
-        ]
-        if not queue:
-            return
-        order = queue[0]
-        if self.ledger.candidates(order, cls, now):
-            return  # it fits as it is: the binder binds it
+        order = next(
+            (
+                c
+                for c in binding.pending_in_order(claims)
+                if names.CLAIM_PROTECTION_FINALIZER in (c["metadata"].get("finalizers") or [])
+            ),
+            None,
+        )
+        if order is None or self.ledger.candidates(order, cls, now):
+            return  # nothing waits, or it fits as it is: the binder binds it
         spot_claims = self.ledger.spot_claims(cls)
         vmis = self.caches.served_vmis(spot_claims)
         policy = self.settings.placement_policy
-        if self.ledger.take_back(order, cls, spot_claims, vmis, policy, now) is not None:
-            return  # idle holds are enough: the binder takes them back
+        # With running VMs allowed the choice is an idle-only one wherever idle holds are
+        # enough (it ranks VMs stopped first): those the binder takes back itself.
         found = self.ledger.take_back(order, cls, spot_claims, vmis, policy, now, running=True)
-        if found is None:
+        if found is None or found.running == 0:
             return
         by = "/".join(gpuclaims.key(order))
         for hold in found.holds:
@@ -256,7 +254,7 @@ def register(
             return []
         if gpuclasses.preemptible(cls):
             return [ALL]
-        classes = [c for k in list(caches.classes.store) if (c := caches.classes.store.get(k))]
+        classes = caches.classes.store.values()
         return [ALL] if preemption.spot_classes(cls, classes) else []
 
     manager.add_controller(
