@@ -44,6 +44,12 @@ class VirtualMachine(NamespacedAPIObject):  # type: ignore[misc]
     kind = names.VM_KIND
 
 
+class VirtualMachineInstanceMigration(NamespacedAPIObject):  # type: ignore[misc]
+    version = names.KUBEVIRT_API_VERSION
+    endpoint = names.VMIMS
+    kind = names.VMIM_KIND
+
+
 class KubeVirt(NamespacedAPIObject):  # type: ignore[misc]
     version = names.KUBEVIRT_API_VERSION
     endpoint = names.KUBEVIRTS

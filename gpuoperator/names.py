@@ -101,8 +101,11 @@ KUBEVIRTS: Final = "kubevirts"
 #: Label and value KubeVirt sets on the pods it renders for a VMI.
 KUBEVIRT_LABEL: Final = "kubevirt.io"
 VIRT_LAUNCHER: Final = "virt-launcher"
-#: Label on migration target pods.
+#: Label on migration target pods: the UID of their VirtualMachineInstanceMigration.
 MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
+#: KubeVirt's live migration object (``spec.vmiName``; ``status.phase``).
+VMIM_KIND: Final = "VirtualMachineInstanceMigration"
+VMIMS: Final = "virtualmachineinstancemigrations"
 #: Labels KubeVirt sets on a launcher pod naming its VM and (by UID) its VMI.
 VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
 CREATED_BY_LABEL: Final = "kubevirt.io/created-by"
