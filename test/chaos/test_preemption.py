@@ -30,6 +30,7 @@ from chaos import load, oracle, scene
 from chaos.conftest import FIGURES, Sizes
 from chaos.history import PREEMPTED, ClaimHistory
 from chaos.replicas import Replicas
+from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from harness.fleet import Fleet
 from harness.waiting import wait_for
@@ -51,8 +52,11 @@ def _claims(api: pykube.HTTPClient, tally: load.Tally, namespace: str) -> dict[s
 
 
 def _vm_running(api: pykube.HTTPClient, namespace: str, name: str) -> bool:
+    """Whether the VM runs on its node: the stand-in (virt-controller's part) says
+    ``Scheduled`` once the launcher pod runs; ``Running`` is virt-handler's word."""
     vmi = VirtualMachineInstance.objects(api, namespace=namespace).get_or_none(name=name)
-    return vmi is not None and (vmi.obj.get("status") or {}).get("phase") == "Running"
+    phase = (vmi.obj.get("status") or {}).get("phase") if vmi is not None else None
+    return phase in (names.VMI_SCHEDULED, names.VMI_RUNNING)
 
 
 def _start_vm(
@@ -60,7 +64,7 @@ def _start_vm(
 ) -> None:
     body = load.vmi_body(namespace, vm, [{"claim": held}])
     load.retrying(tally, f"starting {vm}", lambda: load.create(VirtualMachineInstance(api, body)))
-    wait_for(f"{vm} Running", lambda: _vm_running(api, namespace, vm), timeout=CONVERGE)
+    wait_for(f"{vm} running on its node", lambda: _vm_running(api, namespace, vm), timeout=CONVERGE)
 
 
 def _under_notice(claim: Obj) -> bool:
