@@ -132,6 +132,10 @@ class KeptAlive:
             self.close()
         return answer
 
+    def socket(self) -> socket.socket | None:
+        """The socket of the connection open now, if one is."""
+        return None if self._conn is None else self._conn.sock
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -12,10 +12,13 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
+import ssl
 from typing import Any
 
 from hypothesis import strategies as st
 
+from harness import abuse
 from harness.abuse import Target
 from harness.webhook_world import (
     ORDER_PATH,
@@ -198,37 +201,35 @@ def check_answer(status: int, answer: bytes, sent: bytes) -> str:
     return f"refused {response['status']['code']}"
 
 
+#: How a kept-alive connection the server closed between requests shows on the next one: the
+#: close read before the answer, a reset or broken pipe on the send, or the TLS close alert
+#: arriving as the request goes out.
+CLOSED_BETWEEN_REQUESTS = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    BrokenPipeError,
+    ssl.SSLEOFError,
+)
+
+
 class KeptAlive:
-    """One kept-alive HTTPS connection (as the API server keeps them), reopened when the
-    server closes it."""
+    """One kept-alive HTTPS connection (as the API server keeps them, ``abuse.KeptAlive``),
+    reopened when the server closed it between requests: a request that finds the
+    connection closed is sent once more on a new one, and fails if that one is closed too."""
 
     def __init__(self, target: Target, timeout: float = 5.0) -> None:
-        self.target, self.timeout = target, timeout
-        self._conn: http.client.HTTPSConnection | None = None
+        self._conn = abuse.KeptAlive(target, timeout=timeout)
 
     def send(self, path: str, data: bytes) -> tuple[int, bytes]:
-        for attempt in range(2):
-            if self._conn is None:
-                self._conn = http.client.HTTPSConnection(
-                    self.target.host,
-                    self.target.port,
-                    timeout=self.timeout,
-                    context=self.target.context(),
-                )
-            try:
-                self._conn.request("POST", path, data, {"Content-Type": "application/json"})
-                resp = self._conn.getresponse()
-                answer = resp.read()
-                if resp.will_close:
-                    self.close()
-                return resp.status, answer
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                self.close()  # closed between requests: reopen once
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            answer = self._conn.post(path, data)
+        except CLOSED_BETWEEN_REQUESTS:
+            answer = self._conn.post(path, data)
+        return answer.status, answer.body
+
+    def connection(self) -> socket.socket | None:
+        """The socket of the connection open now, if one is."""
+        return self._conn.socket()
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._conn.close()
