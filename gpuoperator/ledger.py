@@ -515,13 +515,14 @@ class Ledger:
         self._dra_found[class_name] = (self._dra_epoch, found)
         return found
 
-    def _held_devices(self) -> set[dra_devices.DeviceRef]:
+    def _held_devices(self, but: Key | None = None) -> set[dra_devices.DeviceRef]:
         """The devices held (under the lock): by an allocation of a cached ResourceClaim,
-        whoever wrote it, or named by a counted claim of a DRA class."""
+        whoever wrote it, or named by a counted claim of a DRA class (other than ``but``)."""
         return dra_devices.held_devices(self._resource_claims.values()) | dra_holds.claimed(
             self._assumed.counted(k, claim)
             for name in self._dra_classes()
             for k, claim in self._claims_by_class.get(name, {}).items()
+            if k != but
         )
 
     def dra_inventory(self, class_name: str) -> dra_devices.Inventory | None:
@@ -759,6 +760,28 @@ class Ledger:
         move_target``), on the current nodes and ``inventory`` (:meth:`dra_inventory`)."""
         with self._lock:
             return dra_health.move_target(claim, cls, self._nodes.values(), inventory, policy, now)
+
+    def dra_rehold(
+        self,
+        claim: Obj,
+        cls: Obj,
+        policy: binding.Policy,
+        now: datetime.datetime,
+        *,
+        move: bool,
+    ) -> dra_health.Rehold | None:
+        """Where a Bound DRA claim whose hold is gone is held again (``model.dra_health.
+        rehold_target``): on the class's devices with every allocation and every other
+        counted claim's devices held, the devices this claim's status names not."""
+        self.expire()
+        with self._lock:
+            found = self._found_inventory(str((cls.get("metadata") or {}).get("name") or ""))
+            if found is None:
+                return None
+            inventory = dra_holds.counted_inventory(found, self._held_devices(but=key_of(claim)))
+            return dra_health.rehold_target(
+                claim, cls, self._nodes.values(), inventory, policy, now, move=move
+            )
 
     def load(
         self,
