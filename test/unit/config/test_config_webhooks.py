@@ -25,6 +25,8 @@ PATHS = {
     f"orders.{names.DOMAIN}": orders.PATH,
     f"vmis.{names.DOMAIN}": vmis.PATH,
     f"launcher-pods.{names.DOMAIN}": pods.PATH,
+    f"hold-vmis.{names.DOMAIN}": vmis.PATH,
+    f"hold-pods.{names.DOMAIN}": pods.PATH,
 }
 SERVICE_VARIANTS = [v for v in VARIANTS if v != "overlays/dev"]
 
