@@ -223,3 +223,98 @@ def test_a_running_vms_hold_is_reported_not_moved_and_moves_once_the_vm_stops(
     claim = moved_off(api, client, tenant, "serving", bad)
     assert condition(claim, "DeviceUnhealthy") is None
     release(api, tenant, "serving")
+
+
+def all_healthy(driver: dra_driver.DraDriver) -> None:
+    """Every node publishes all its devices again, untainted (the tests above taint and
+    withdraw some)."""
+    driver.publish_all(dra_driver.expand(PROFILE))
+
+
+def test_a_hold_deleted_by_the_cluster_admin_is_held_again_and_its_device_kept(
+    api: pykube.HTTPClient, driver: dra_driver.DraDriver, tenant: str, kubeconfig: Path
+) -> None:
+    """The admin (``system:masters``, whom the dra-holds policy lets delete a hold) deletes
+    an idle claim's ResourceClaim: the claim keeps naming its device, an order made right
+    then gets the one other free device, and the hold comes back on the same device."""
+    all_healthy(driver)
+    client = as_tenant(kubeconfig, api, tenant)
+    create_claim(client, tenant, "kept", CLASS, 1)
+    node = bound_node(client, tenant, "kept", timeout=TIMEOUT)
+    [device] = devices_of(claim_of(client, tenant, "kept"))
+    other = NODE_B if node == NODE_A else NODE_A
+    # Fill every other device but one, on the other node.
+    fillers = [f"fill-{i}" for i in range(4)]
+    for name in fillers:
+        create_claim(client, tenant, name, CLASS, 1)
+        bound_node(client, tenant, name, timeout=TIMEOUT)
+    [free] = [
+        (DRIVER, other, g.name)
+        for g in driver.gpus[other]
+        if (DRIVER, other, g.name) not in every_allocation(api)
+    ]
+    old = ResourceClaim.objects(api, namespace=tenant).get(name="kept").obj
+
+    ResourceClaim.objects(api, namespace=tenant).get(name="kept").delete()
+    create_claim(client, tenant, "next", CLASS, 1)
+
+    assert bound_node(client, tenant, "next", timeout=TIMEOUT) == other
+    assert devices_of(claim_of(client, tenant, "next")) == [free]
+    hold = wait_for(
+        "the hold to be created again",
+        lambda: ResourceClaim.objects(api, namespace=tenant).get_or_none(name="kept"),
+        lambda h: (
+            h is not None
+            and h.obj["metadata"]["uid"] != old["metadata"]["uid"]
+            and bool(dra_holds.allocated(h.obj))
+        ),
+        timeout=TIMEOUT,
+    )
+    assert hold is not None
+    assert [tuple(r) for r in dra_holds.allocated(hold.obj)] == [device]
+    assert dra_holds.allocation_node(hold.obj) == node
+    claim = claim_of(client, tenant, "kept")
+    assert claim["status"]["phase"] == "Bound" and devices_of(claim) == [device]
+    assert (condition(claim, "Bound") or {}).get("reason") == "HoldRestored"
+    restored = wait_for(
+        "the HoldRestored Event",
+        lambda: [e for e in events(client, tenant, "kept") if e["reason"] == "HoldRestored"],
+        bool,
+        timeout=TIMEOUT,
+    )
+    assert "ResourceClaim kept was gone" in restored[0]["message"]
+    everything = every_allocation(api)
+    assert len(everything) == len(set(everything))
+    for name in ["kept", "next", *fillers]:
+        release(api, tenant, name)
+
+
+def test_cordoning_a_dra_node_moves_its_idle_hold_to_the_other_node(
+    api: pykube.HTTPClient, driver: dra_driver.DraDriver, tenant: str, kubeconfig: Path
+) -> None:
+    all_healthy(driver)
+    client = as_tenant(kubeconfig, api, tenant)
+    create_claim(client, tenant, "drained", CLASS, 1)
+    node = bound_node(client, tenant, "drained", timeout=TIMEOUT)
+    [device] = devices_of(claim_of(client, tenant, "drained"))
+    other = NODE_B if node == NODE_A else NODE_A
+    cordoned = pykube.Node.objects(api).get(name=node)
+    cordoned.patch({"spec": {"unschedulable": True}})
+    try:
+        claim = moved_off(api, client, tenant, "drained", device)
+        assert claim["status"]["nodeName"] == other
+        bound = condition(claim, "Bound")
+        assert bound is not None and bound["reason"] == "Moved"
+        assert bound["message"] == f"moved from {node} to {other}: node cordoned"
+        assert condition(claim, "NodeCordoned") is None
+        moved = wait_for(
+            "the Moved Event",
+            lambda: [e for e in events(client, tenant, "drained") if e["reason"] == "Moved"],
+            bool,
+            timeout=TIMEOUT,
+        )
+        assert moved[0]["message"] == f"moved from {node} to {other}: node cordoned"
+        release(api, tenant, "drained")
+    finally:
+        cordoned.reload()
+        cordoned.patch({"spec": {"unschedulable": False}})
