@@ -13,6 +13,7 @@ import pykube
 
 from gpuoperator.kinds import (
     DeviceClass,
+    DeviceTaintRule,
     GPUClaim,
     GPUClass,
     GPUNode,
@@ -68,6 +69,9 @@ class Caches:
     resource_slices: Informer
     device_classes: Informer
     resource_claims: Informer
+    #: DeviceTaintRules (``resource.k8s.io/v1beta2``), whole: optional, a cluster serves them
+    #: only with the DRADeviceTaintRules gate and that API version on (Kubernetes 1.36).
+    device_taint_rules: Informer
 
     def class_keys(self) -> list[indexing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
@@ -170,6 +174,9 @@ def register(manager: Informs) -> Caches:
         ),
         device_classes=manager.informer(
             DeviceClass, InformerOptions(optional=True, transform=lean)
+        ),
+        device_taint_rules=manager.informer(
+            DeviceTaintRule, InformerOptions(optional=True, transform=lean)
         ),
         resource_claims=manager.informer(
             ResourceClaim,

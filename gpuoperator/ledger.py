@@ -109,6 +109,7 @@ class Ledger:
         #: DRA objects as the caches hold them (see the module docstring)
         self._slices: dict[Key, Obj] = {}
         self._device_classes: dict[str, Obj] = {}
+        self._taint_rules: dict[str, Obj] = {}
         self._resource_claims: dict[Key, Obj] = {}
         #: bumped by every change of the ResourceSlices or DeviceClasses: the inventories
         #: computed at an older value are stale (a class's own entry goes when its source
@@ -143,6 +144,9 @@ class Ledger:
         )
         caches.resource_claims.add_handlers(
             self._handlers(self.apply_resource_claim, self.delete_resource_claim)
+        )
+        caches.device_taint_rules.add_handlers(
+            self._handlers(self.apply_device_taint_rule, self.delete_device_taint_rule)
         )
 
     @staticmethod
@@ -474,6 +478,20 @@ class Ledger:
             everything = set(self._nodes)
         self._dra_changed(everything)
 
+    def apply_device_taint_rule(self, obj: Obj) -> None:
+        with self._lock:
+            self._dra_epoch += 1
+            self._taint_rules[key_of(obj)[1]] = obj
+            everything = set(self._nodes)  # a rule may select devices of any node
+        self._dra_changed(everything)
+
+    def delete_device_taint_rule(self, obj: Obj) -> None:
+        with self._lock:
+            self._dra_epoch += 1
+            self._taint_rules.pop(key_of(obj)[1], None)
+            everything = set(self._nodes)
+        self._dra_changed(everything)
+
     def apply_resource_claim(self, obj: Obj) -> None:
         with self._lock:
             old = self._resource_claims.get(key_of(obj))
@@ -511,6 +529,7 @@ class Ledger:
                 device_class,
                 (),
                 topology_attribute=source.topology_attribute,
+                taint_rules=self._taint_rules.values(),
             )
         self._dra_found[class_name] = (self._dra_epoch, found)
         return found
@@ -794,6 +813,7 @@ class Ledger:
         resource_slices: Iterable[Obj] = (),
         device_classes: Iterable[Obj] = (),
         resource_claims: Iterable[Obj] = (),
+        device_taint_rules: Iterable[Obj] = (),
     ) -> None:
         """Fill from one-shot lists (for ``gpuoperator status``)."""
         if kubevirt is not None:
@@ -802,6 +822,8 @@ class Ledger:
             self.apply_class(cls)
         for obj in device_classes:
             self.apply_device_class(obj)
+        for obj in device_taint_rules:
+            self.apply_device_taint_rule(obj)
         for obj in resource_slices:
             self.apply_resource_slice(obj)
         for obj in resource_claims:

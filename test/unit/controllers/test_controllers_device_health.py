@@ -398,3 +398,28 @@ def test_a_hold_the_cache_has_not_shown_yet_is_not_created_twice() -> None:
 
     assert world.api.writes()[before:] == []
     assert world.allocation("idle") == [("n1", "gpu-0")]
+
+
+def test_a_device_taint_rule_on_a_held_device_moves_an_idle_hold_as_a_slice_taint_does() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("idle", "gpu-0")
+    rule = {
+        "apiVersion": names.DEVICE_TAINT_RULE_API_VERSION,
+        "kind": names.DEVICE_TAINT_RULE_KIND,
+        "metadata": {"name": "maintenance"},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": "n1", "device": "gpu-0"},
+            "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+        },
+    }
+    world.ledger.apply_device_taint_rule(rule)
+    assert world.ledger.node_dra("n1")[0]["tainted"] == 1
+
+    world.reconcile()
+
+    assert world.allocation("idle") == [("n1", "gpu-1")]
+    bound = condition(world.status("idle"), "Bound")
+    assert bound is not None and bound["reason"] == "Moved" and "DeviceTainted" in bound["message"]
+
+    world.ledger.delete_device_taint_rule(rule)
+    assert world.ledger.node_dra("n1")[0]["tainted"] == 0
