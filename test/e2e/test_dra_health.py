@@ -16,7 +16,15 @@ from pathlib import Path
 import pykube
 import pytest
 
-from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim, VirtualMachineInstance
+from gpuoperator import names
+from gpuoperator.kinds import (
+    DeviceTaintRule,
+    GPUClaim,
+    GPUClass,
+    GPUNode,
+    ResourceClaim,
+    VirtualMachineInstance,
+)
 from gpuoperator.model import dra_holds
 from harness import dra_driver, objects
 from harness.claims import bound_node, create_claim, create_vmi, node_report
@@ -318,3 +326,55 @@ def test_cordoning_a_dra_node_moves_its_idle_hold_to_the_other_node(
     finally:
         cordoned.reload()
         cordoned.patch({"spec": {"unschedulable": False}})
+
+
+def dra_figures(api: pykube.HTTPClient, node: str) -> dict[str, int] | None:
+    """The GPUNode's ``draDevices`` entry of this module's class, as the API server has it."""
+    found = GPUNode.objects(api).get_or_none(name=node)
+    entries = ((found.obj if found is not None else {}).get("status") or {}).get("draDevices")
+    mine = [e for e in entries or [] if e["name"] == CLASS]
+    return {k: mine[0][k] for k in ("count", "allocated", "tainted", "free")} if mine else None
+
+
+def test_a_device_taint_rule_on_a_held_device_moves_the_idle_hold_and_counts_as_tainted(
+    api: pykube.HTTPClient, driver: dra_driver.DraDriver, tenant: str, kubeconfig: Path
+) -> None:
+    """The local control plane serves DeviceTaintRules (resource.k8s.io/v1beta2, the
+    DRADeviceTaintRules gate on); the cluster admin's rule on a held device is read as the
+    driver's own taint would be."""
+    all_healthy(driver)
+    client = as_tenant(kubeconfig, api, tenant)
+    create_claim(client, tenant, "ruled", CLASS, 1)
+    node = bound_node(client, tenant, "ruled", timeout=TIMEOUT)
+    [device] = devices_of(claim_of(client, tenant, "ruled"))
+    rule = DeviceTaintRule(
+        api,
+        {
+            "apiVersion": names.DEVICE_TAINT_RULE_API_VERSION,
+            "kind": names.DEVICE_TAINT_RULE_KIND,
+            "metadata": {"name": f"maintenance-{TAG}"},
+            "spec": {
+                "deviceSelector": {"driver": device[0], "pool": device[1], "device": device[2]},
+                "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+            },
+        },
+    )
+    rule.create()
+    try:
+        claim = moved_off(api, client, tenant, "ruled", device)
+        assert "DeviceTainted" in (condition(claim, "Bound") or {}).get("message", "")
+        wait_for(
+            f"GPUNode {node} to count the rule's taint",
+            lambda: dra_figures(api, node),
+            lambda got: got is not None and got["tainted"] == 1,
+            timeout=TIMEOUT,
+        )
+        release(api, tenant, "ruled")
+    finally:
+        rule.delete()
+    wait_for(
+        f"GPUNode {node} to count no taint once the rule is gone",
+        lambda: dra_figures(api, node),
+        lambda got: got is not None and got["tainted"] == 0,
+        timeout=TIMEOUT,
+    )
