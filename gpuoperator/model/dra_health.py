@@ -4,7 +4,7 @@ becomes of a Bound claim of a DRA class when a device it holds turns unhealthy.
 A held device is **unhealthy** when the class's inventory (``dra_devices.Inventory``)
 
 * lists it with a ``NoSchedule`` or ``NoExecute`` device taint (:data:`TAINTED`: the driver
-  marks it broken in its ResourceSlice; DeviceTaintRules are not read), or
+  marks it broken in its ResourceSlice, or a DeviceTaintRule selects it), or
 * does not list it while its pool is counted whole (:data:`GONE`: the driver no longer
   publishes the device, or it no longer matches the DeviceClass). A pool that is not counted
   (absent, or being republished with slices missing) says nothing about its devices: they
