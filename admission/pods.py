@@ -99,7 +99,8 @@ class PodWebhook:
         if namespace not in self.exempt_namespaces:
             held = hold_admission.pod_refusals(
                 pod,
-                request.user == self.kubevirt_service_account,
+                bool(self.kubevirt_service_account.strip())
+                and request.user == self.kubevirt_service_account.strip(),
                 self.caches.hold_finder(namespace),
             )
             if held:
