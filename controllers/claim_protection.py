@@ -155,11 +155,27 @@ class ClaimProtection:
 
 def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
     """The claims that serve a VMI of this name: attached to it or owned by it."""
-    ns, name = vmi["metadata"].get("namespace", ""), vmi["metadata"]["name"]
+    return _claims_serving(caches, vmi["metadata"].get("namespace", ""), vmi["metadata"]["name"])
+
+
+def claims_of_pod(caches: Caches, pod: Obj) -> list[Key]:
+    """The claims that serve the VMI controlling ``pod`` (none for a pod no VMI controls).
+
+    A VMI deleted in the foreground releases its claims once its pods are gone
+    (``model.claims.protects``), and nothing else need change when they go: neither the VMI
+    (KubeVirt may not write the status of a VMI being deleted) nor the claims (the garbage
+    collector may have marked them before the pods went). So a pod's change wakes them."""
+    owner = claims.controlling_vmi(pod)
+    if owner is None:
+        return []
+    return _claims_serving(caches, str(pod["metadata"].get("namespace") or ""), owner.name)
+
+
+def _claims_serving(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
     found = []
-    for c in caches.claims.store.by_index(BY_NAMESPACE, ns):
+    for c in caches.claims.store.by_index(BY_NAMESPACE, namespace):
         user = claims.user(c)
-        if user is not None and user.name == name:
+        if user is not None and user.name == vmi_name:
             found.append(claims.key(c))
     return sorted(found)
 
@@ -175,6 +191,10 @@ def register(
     )
     manager.add_controller(
         controller,
-        [(caches.claims, own_key), (caches.vmis, lambda vmi: claims_of_vmi(caches, vmi))],
+        [
+            (caches.claims, own_key),
+            (caches.vmis, lambda vmi: claims_of_vmi(caches, vmi)),
+            (caches.pods, lambda pod: claims_of_pod(caches, pod)),
+        ],
     )
     return controller

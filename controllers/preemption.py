@@ -37,7 +37,7 @@ from gpuoperator.caches import Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.kinds import VirtualMachine, VirtualMachineInstance
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import binding, claim_states, gpu_hours, orders, preemption
+from gpuoperator.model import claim_states, gpu_hours, orders, preemption
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.runtime import errors, managing, protocols
@@ -102,16 +102,8 @@ class Preemption:
         self, cls: Obj, now: datetime.datetime, wanted: dict[Key, tuple[str, str, str]]
     ) -> None:
         """Add the running spot VMs the oldest waiting claim of guaranteed ``cls`` needs."""
-        claims, _ = self.ledger.settled_claims_of_class(gpuclasses.name(cls))
-        order = next(
-            (
-                c
-                for c in binding.pending_in_order(claims)
-                if names.CLAIM_PROTECTION_FINALIZER in (c["metadata"].get("finalizers") or [])
-            ),
-            None,
-        )
-        if order is None or self.ledger.candidates(order, cls, now):
+        order = self.ledger.unplaced_order(cls, now)
+        if order is None:
             return  # nothing waits, or it fits as it is: the binder binds it
         spot_claims = self.ledger.spot_claims(cls)
         vmis = self.caches.served_vmis(spot_claims)

@@ -91,6 +91,13 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--node", help="what holds this node: its claims, and the tenants' VMs that block a drain"
     )
+    st.add_argument(
+        "--placement-policy",
+        choices=("binpack", "spread"),
+        default="binpack",
+        help="the operator's placementPolicy, to tell where a take-back would happen "
+        "(default: binpack)",
+    )
     run = sub.add_parser("run", help="run one replica of the operator")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, or in-cluster)")
     run.add_argument(
@@ -251,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.node:
                 print(node_status(client, args.node))
             else:
-                print(report.catalog(*report.collect(client)))
+                ledger, classes = report.collect(client)
+                vmis = report.collect_vmis(client)
+                print(report.catalog(ledger, classes, vmis, policy=args.placement_policy))
         except (FileNotFoundError, errors.ApiError) as exc:
             print(f"gpuoperator status: {exc}", file=sys.stderr)
             return 1

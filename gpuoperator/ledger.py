@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuoperator import assumptions
+from gpuoperator import assumptions, names
 from gpuoperator.caches import Caches
 from gpuoperator.model import (
     binding,
@@ -719,6 +719,23 @@ class Ledger:
             return binding.plan(
                 claims, cls, self._nodes.values(), self._ledger, policy, now, devices=devices
             )
+
+    def unplaced_order(self, cls: Obj, now: datetime.datetime) -> Obj | None:
+        """The oldest waiting claim of ``cls`` the binder may bind (it carries its protection
+        finalizer) when it fits on no node as things are, else ``None``: the order a
+        take-back of preemptible holds would be for (``model.preemption``)."""
+        claims, _ = self.settled_claims_of_class(gpuclasses.name(cls))
+        order = next(
+            (
+                c
+                for c in binding.pending_in_order(claims)
+                if names.CLAIM_PROTECTION_FINALIZER in (c["metadata"].get("finalizers") or [])
+            ),
+            None,
+        )
+        if order is None or self.candidates(order, cls, now):
+            return None
+        return order
 
     def spot_claims(self, cls: Obj) -> list[Obj]:
         """The claims, as counted, of the preemptible classes a claim of ``cls`` may take

@@ -12,6 +12,10 @@ node's devices of each DRA class are counted (as its GPUNode's ``draDevices``), 
 holds there whose devices are tainted or gone are listed with what device health does
 with them (``model.dra_health``): an idle one moves, one serving a VM stays.
 
+Where preemptible classes exist, ``gpuoperator status`` also tells, for each guaranteed class
+whose oldest waiting order fits nowhere as things are, what it would take back and where
+(``model.preemption``, running VMs allowed, as the preemption controller decides).
+
 ``gpuoperator status`` lists, beside the device-plugin resources, each node's devices of
 each DRA class (``GPUNode.status.draDevices``), from the ResourceSlices, DeviceClasses and
 ResourceClaims it reads too.
@@ -32,8 +36,9 @@ from gpuoperator.kinds import (
     VirtualMachineInstance,
 )
 from gpuoperator.ledger import Ledger
+from gpuoperator.model import binding, dra_health, draining, preemption, slimming
+from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model import dra_health, draining, slimming
 from gpuoperator.model.draining import Role
 from gpuoperator.runtime import errors
 from gpuoperator.runtime.client import Client, Kind, Obj
@@ -82,9 +87,18 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def catalog(ledger: Ledger, classes: dict[str, Obj]) -> str:
+def catalog(
+    ledger: Ledger,
+    classes: dict[str, Obj],
+    vmis: dict[tuple[str, str], Obj] | None = None,
+    *,
+    policy: binding.Policy = "binpack",
+    clock: Clock = SYSTEM,
+) -> str:
     """The classes with their figures, and the nodes with GPU resources with why each is not
-    eligible for a class: what ``gpuoperator status`` prints."""
+    eligible for a class: what ``gpuoperator status`` prints; where preemptible classes
+    exist, what each guaranteed class's oldest waiting order would take back (``vmis``: the
+    VM instances by ``(namespace, name)``, to tell running spot VMs from idle holds)."""
     out = ["CLASSES"]
     rows = [["NAME", "MODE", "RESOURCE", "FREE", "MAX FREE/NODE", "ELIGIBLE NODES"]]
     for name in ledger.class_names():
@@ -138,7 +152,45 @@ def catalog(ledger: Ledger, classes: dict[str, Obj]) -> str:
         out.append("")
         out.append("DRA DEVICES")
         out.append(_table(dra))
+    taking = _take_back_rows(ledger, classes, vmis or {}, policy, clock)
+    if len(taking) > 1:
+        out.append("")
+        out.append("TAKE-BACKS (guaranteed orders that fit only on preemptible units)")
+        out.append(_table(taking))
     return "\n".join(out)
+
+
+def _take_back_rows(
+    ledger: Ledger,
+    classes: dict[str, Obj],
+    vmis: dict[tuple[str, str], Obj],
+    policy: binding.Policy,
+    clock: Clock,
+) -> list[list[str]]:
+    """For each guaranteed class beside preemptible ones whose oldest waiting order fits
+    nowhere as things are: what it would take back, on which node (``model.preemption``,
+    running VMs allowed, as the preemption controller decides), or that nothing would do."""
+    rows = [["CLASS", "ORDER", "NODE", "TAKES BACK", "UNITS", "VMS STOPPED"]]
+    now = clock.now()
+    for name in ledger.class_names():
+        cls = classes[name]
+        if not preemption.spot_classes(cls, classes.values()):
+            continue
+        order = ledger.unplaced_order(cls, now)
+        if order is None:
+            continue
+        order_name = "/".join(gpuclaims.key(order))
+        found = ledger.take_back(
+            order, cls, ledger.spot_claims(cls), vmis, policy, now, running=True
+        )
+        if found is None:
+            rows.append([name, order_name, "-", "nothing would make it fit", "-", "-"])
+            continue
+        taken = ", ".join(
+            f"{'/'.join(h.key)} ({'VM running' if h.running else 'idle'})" for h in found.holds
+        )
+        rows.append([name, order_name, found.node, taken, str(found.units), str(found.running)])
+    return rows
 
 
 def _dra_rows(ledger: Ledger) -> list[list[str]]:

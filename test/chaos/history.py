@@ -12,10 +12,16 @@ arithmetic (docs/design.md §5), nothing taken from the product:
   Launcher pods of VMs are accounted by their claims, so claims alone are the measure here;
   pods are checked at snapshots (``oracle``).
 * **A claim changes node only through Lost** (its node went), through a refusal (the node
-  refused the pinned launcher pod: Pending with reason ``RefusedByNode``), or by a move of
-  the placement controller (reason ``Moved``: a claim not yet attached joins the other
-  claims of its VM). Anything else — a Bound claim re-bound to another node in one write,
-  or re-bound after an unexplained unbind — is a broken hold.
+  refused the pinned launcher pod: Pending with reason ``RefusedByNode``), through a
+  take-back (Pending with reason ``Preempted``, see below), or by a move of the placement
+  controller (reason ``Moved``: a claim not yet attached joins the other claims of its VM).
+  Anything else — a Bound claim re-bound to another node in one write, or re-bound after an
+  unexplained unbind — is a broken hold.
+* **A hold ends only as the contract says** (:meth:`ClaimHistory.releases`): its claim is
+  deleted, its node is lost, its node refused its VM, or — for a claim of a class the test
+  registered as preemptible, and only then — a guaranteed order took it back (reason
+  ``Preempted``). A hold of a guaranteed class taken back, or any hold ending otherwise
+  while its claim is not being deleted, is a broken promise.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from chaos import allocations, protobuf, store
 Obj = dict[str, Any]
 CLAIMS_PREFIX = "/registry/cozystack.io/gpuclaims/"
 BOUND, PENDING, LOST = "Bound", "Pending", "Lost"
-REFUSED_BY_NODE, MOVED = "RefusedByNode", "Moved"
+REFUSED_BY_NODE, MOVED, PREEMPTED = "RefusedByNode", "Moved", "Preempted"
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ class ClaimHistory:
         self.versions: dict[str, list[Version]] = defaultdict(list)
         #: class name -> resource name
         self.classes: dict[str, str] = {}
+        #: the registered classes that are preemptible (``spec.preemptible: true``)
+        self.preemptible: set[str] = set()
         #: (node, resource) -> units that claims may hold there
         self.capacity: dict[tuple[str, str], int] = {}
         self._held: dict[tuple[str, str], int] = defaultdict(int)
@@ -177,7 +185,13 @@ class ClaimHistory:
     def node_changes(self) -> dict[str, list[str]]:
         """Every change of node of every claim, sorted by how it happened:
         ``lost``, ``refused``, ``moved`` and ``unexplained`` (the violations)."""
-        out: dict[str, list[str]] = {"lost": [], "refused": [], "moved": [], "unexplained": []}
+        out: dict[str, list[str]] = {
+            "lost": [],
+            "refused": [],
+            "preempted": [],
+            "moved": [],
+            "unexplained": [],
+        }
         for key, versions in self.snapshot().items():
             last_node, uid, via = "", "", ""
             for v in versions:
@@ -187,14 +201,46 @@ class ClaimHistory:
                 # says whether it holds.
                 if v.phase == LOST:
                     via = "lost"
-                elif v.phase != BOUND and v.reason == REFUSED_BY_NODE and not via:
-                    via = "refused"
+                elif v.phase != BOUND and v.reason in (REFUSED_BY_NODE, PREEMPTED) and not via:
+                    via = "refused" if v.reason == REFUSED_BY_NODE else "preempted"
                 if not v.holds:
                     continue
                 if last_node and v.node != last_node:
                     kind = via or ("moved" if v.reason == MOVED else "unexplained")
                     out[kind].append(f"{key}: {last_node} -> {v.node} at revision {v.revision}")
                 last_node, via = v.node, ""
+        return out
+
+    def releases(self) -> dict[str, list[str]]:
+        """Every end of a hold while its claim was not being deleted, sorted by how it
+        happened: ``lost``, ``refused``, ``preempted`` (a preemptible class's hold taken
+        back) and the violations: ``guaranteed`` (a hold of a class not registered as
+        preemptible taken back) and ``unexplained`` (any other end)."""
+        out: dict[str, list[str]] = {
+            "lost": [],
+            "refused": [],
+            "preempted": [],
+            "guaranteed": [],
+            "unexplained": [],
+        }
+        for key, versions in self.snapshot().items():
+            for before, after in itertools.pairwise(versions):
+                if not before.holds or after.holds or not after.uid or after.uid != before.uid:
+                    continue  # still held, never held, or the claim is gone (deleted)
+                if after.deleting:
+                    continue  # the tenant gave it back
+                if after.phase == LOST:
+                    kind = "lost"
+                elif after.reason == REFUSED_BY_NODE:
+                    kind = "refused"
+                elif after.reason == PREEMPTED:
+                    kind = "preempted" if after.class_name in self.preemptible else "guaranteed"
+                else:
+                    kind = "unexplained"
+                out[kind].append(
+                    f"{key} ({after.class_name}): {before.node} -> {after.phase or '-'} "
+                    f"({after.reason}) at revision {after.revision}"
+                )
         return out
 
     def transitions(self, key: str) -> list[str]:

@@ -56,6 +56,9 @@ class Replicas:
         self.live: dict[str, OperatorProcess] = {}
         self.dead: list[OperatorProcess] = []
         self._serial = 0
+        #: Arguments every replica started from now on gets after the Deployment's
+        #: (``renew`` sets them).
+        self.extra: tuple[str, ...] = ()
         rendered = deployment.render(kubectl_binary())
         deploy_to(cluster.kubeconfig, rendered, log=lambda _msg: None)
         self.apiserver_proxy = PartitionableProxy(("127.0.0.1", cluster.ports().apiserver))
@@ -81,7 +84,7 @@ class Replicas:
         ready)."""
         self._serial += 1
         identity = f"gpu-operator-{self._serial}"
-        op = OperatorProcess(self.deployed, identity, self.logs)
+        op = OperatorProcess(self.deployed, identity, self.logs, *self.extra)
         self.live[identity] = op
         if self.webhooks is not None:
             self.webhooks.add(identity, op.webhook_port, op.health_port)
@@ -202,9 +205,12 @@ class Replicas:
         self.up()
         return killed
 
-    def renew(self) -> None:
+    def renew(self, *extra: str) -> None:
         """Stop every replica gracefully (the leader releases the Lease) and start a fresh
-        pair: a test that starts with it is not judged on what an earlier one left."""
+        pair, run with the Deployment's arguments and ``extra`` (so far as this pair and its
+        replacements live): a test that starts with it is not judged on what an earlier one
+        left."""
+        self.extra = extra
         for identity in list(self.live):
             op = self.live.pop(identity)
             if self.webhooks is not None:

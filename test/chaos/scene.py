@@ -201,6 +201,8 @@ class Verdict:
     twice: list[str]
     #: Bound DRA claims whose hold does not match their status (``oracle.dra_mismatches``).
     dra: list[str]
+    #: Every end of a hold while its claim was not being deleted (``history.releases``).
+    ended: dict[str, list[str]]
 
     def problems(self, history: ClaimHistory) -> list[str]:
         out = [f"stuck: {s}" for s in self.stuck[:10]]
@@ -209,6 +211,8 @@ class Verdict:
         out += [f"over-held: {o}" for o in self.overheld[:10]]
         out += [f"device allocated twice: {o}" for o in self.twice[:10]]
         out += [f"DRA hold: {o}" for o in self.dra[:10]]
+        out += [f"guaranteed hold taken back: {e}" for e in self.ended["guaranteed"][:10]]
+        out += [f"hold ended unexplained: {e}" for e in self.ended["unexplained"][:10]]
         for change in self.changes["unexplained"][:5]:
             claim = change.split(":")[0]
             out.append(f"node changed without Lost: {change}; {history.transitions(claim)}")
@@ -240,4 +244,5 @@ def settle(api: pykube.HTTPClient, history: ClaimHistory, tally: load.Tally) -> 
             *(f"unreadable: {u}" for u in history.allocations.unreadable),
         ],
         dra=oracle.dra_mismatches(final),
+        ended=history.releases(),
     )

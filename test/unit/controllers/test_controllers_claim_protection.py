@@ -174,13 +174,24 @@ def test_a_hold_is_told_again_after_the_deletion_was_cancelled(world: World) -> 
     assert world.recorder.reasons() == ["DeletionHeld", "DeletionHeld"]
 
 
-def test_claim_protection_is_woken_by_claims_and_by_the_vmis_they_serve(world: World) -> None:
+def test_claim_protection_is_woken_by_claims_the_vmis_they_serve_and_those_vmis_pods(
+    world: World,
+) -> None:
+    """The pods too: a VMI deleted in the foreground may see no write once its pods are
+    gone (KubeVirt need not write the status of a VMI being deleted, and the garbage
+    collector may have marked its template claim before), so the end of a pod must wake
+    the claims, or the claim, the VMI and the collector wait for each other."""
     world.put(world.caches.claims, objects.claim("hold", attached=ATTACHED))
     world.put(world.caches.claims, objects.claim("other", attached={"vmi": "vm2"}))
-    [(claims, by_claim), (vmis, by_vmi)] = world.manager.sources[claim_protection.NAME]
-    assert (claims, vmis) == (world.caches.claims, world.caches.vmis)
+    world.put(world.caches.claims, vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID))
+    [(claims, by_claim), (vmis, by_vmi), (pods, by_pod)] = world.manager.sources[
+        claim_protection.NAME
+    ]
+    assert (claims, vmis, pods) == (world.caches.claims, world.caches.vmis, world.caches.pods)
     assert list(by_claim(objects.claim("x"))) == [(NS, "x")]
-    assert list(by_vmi(objects.vmi("vm1"))) == [(NS, "hold")]
+    assert list(by_vmi(objects.vmi("vm1"))) == [(NS, "hold"), (NS, "vm1-gpu-1")]
+    assert list(by_pod(vm.launcher_pod(gated=False))) == [(NS, "hold"), (NS, "vm1-gpu-1")]
+    assert list(by_pod(objects.pod("plain", node_name="gpu-1"))) == []
 
 
 # -- in a world of VMs ------------------------------------------------------------------------

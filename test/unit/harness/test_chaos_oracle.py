@@ -208,6 +208,47 @@ def test_a_refused_claim_that_keeps_naming_its_node_moves_through_the_refusal() 
     assert changes["unexplained"] == []
 
 
+def _of_class(obj: Obj, class_name: str) -> Obj:
+    obj["spec"]["className"] = class_name
+    return obj
+
+
+def test_only_a_preemptible_classs_hold_may_be_taken_back_and_no_hold_ends_unexplained() -> None:
+    record = historymod.ClaimHistory()
+    record.preemptible.add("spot")
+    # A spot hold taken back, then bound again elsewhere: a release and a node change
+    # through the take-back, neither a violation.
+    _feed(record, 1, _of_class(claim("s", 2, "Bound", "n1", "Bound"), "spot"), key="t/s")
+    _feed(record, 2, _of_class(claim("s", 2, "Pending", "n1", "Preempted"), "spot"), key="t/s")
+    _feed(record, 3, _of_class(claim("s", 2, "Bound", "n2", "Bound"), "spot"), key="t/s")
+    # A guaranteed hold taken back: the violation this check exists for.
+    _feed(record, 4, claim("g", 1, "Bound", "n1", "Bound"), key="t/g")
+    _feed(record, 5, claim("g", 1, "Pending", "n1", "Preempted"), key="t/g")
+    # Holds ended by the node's loss, a refusal, and the tenant's deletion: not violations.
+    _feed(record, 6, claim("l", 1, "Bound", "n1", "Bound"), key="t/l")
+    _feed(record, 7, claim("l", 1, "Lost", "n1", "NodeLost"), key="t/l")
+    _feed(record, 8, claim("r", 1, "Bound", "n1", "Bound"), key="t/r")
+    _feed(record, 9, claim("r", 1, "Pending", "n1", "RefusedByNode"), key="t/r")
+    leaving = claim("d", 1, "Pending", "n1", "Bound")
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:05Z"
+    _feed(record, 10, claim("d", 1, "Bound", "n1", "Bound"), key="t/d")
+    _feed(record, 11, leaving, key="t/d")
+    _feed(record, 12, None, key="t/d")
+    # A hold that just ends, for no reason the contract knows.
+    _feed(record, 13, claim("x", 1, "Bound", "n1", "Bound"), key="t/x")
+    _feed(record, 14, claim("x", 1, "Pending", reason="Waiting"), key="t/x")
+
+    ended = record.releases()
+    assert ended["preempted"] == ["t/s (spot): n1 -> Pending (Preempted) at revision 2"]
+    assert ended["guaranteed"] == ["t/g (a): n1 -> Pending (Preempted) at revision 5"]
+    assert ended["lost"] == ["t/l (a): n1 -> Lost (NodeLost) at revision 7"]
+    assert ended["refused"] == ["t/r (a): n1 -> Pending (RefusedByNode) at revision 9"]
+    assert ended["unexplained"] == ["t/x (a): n1 -> Pending (Waiting) at revision 14"]
+    changes = record.node_changes()
+    assert changes["preempted"] == ["t/s: n1 -> n2 at revision 3"]
+    assert changes["unexplained"] == []
+
+
 def test_a_refusal_naming_a_class_that_exists_is_no_decision() -> None:
     message = (
         'admission webhook "orders" denied the request: spec.className: class a does not exist'
