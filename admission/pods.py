@@ -13,6 +13,11 @@ VMI label and annotation onto them, so the references are read from the pod itse
   it stays pending, so a gate would only make the migration fail.
 * Anything else (not selected by the registration) is admitted untouched.
 
+Any pod (the registration's second entry selects every pod naming a ResourceClaim) that
+names a DRA hold in ``spec.resourceClaims`` is refused unless it is KubeVirt's pod of the
+VMI the hold's claim serves (``model.hold_admission.pod_refusals``); namespaces in
+``exemptNamespaces`` are left alone, as the policies leave them.
+
 Only KubeVirt's controller makes launcher pods: a launcher or temporary pod is refused
 (403, ``model.launcher_pods.creator_refusal``) unless the requester is the setting
 ``kubevirtServiceAccount`` and the pod has a controller ownerReference to a VMI. Anyone else
@@ -46,7 +51,7 @@ from typing import Any
 
 from gpuoperator import settings
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, launcher_pods, patches, references
+from gpuoperator.model import echo, hold_admission, launcher_pods, patches, references
 from gpuoperator.runtime import admitting
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 
@@ -82,16 +87,26 @@ class PodWebhook:
     def __init__(self, caches: Caches, operator_settings: settings.Settings) -> None:
         self.caches = caches
         self.kubevirt_service_account = operator_settings.kubevirt_service_account
+        self.exempt_namespaces = frozenset(operator_settings.exempt_namespaces)
 
     def __call__(self, request: AdmissionRequest) -> Admission:
         if request.operation != "CREATE":
             return Admission.allow()
         pod = request.obj
-        if launcher_pods.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
-            return Admission.allow()
         namespace = request.namespace
         name = request.name or str((pod.get("metadata") or {}).get("generateName") or "")
         who = f"{echo.clip(namespace)}/{echo.clip(name) if name else '(generated)'}"
+        if namespace not in self.exempt_namespaces:
+            held = hold_admission.pod_refusals(
+                pod,
+                bool(self.kubevirt_service_account.strip())
+                and request.user == self.kubevirt_service_account.strip(),
+                self.caches.hold_finder(namespace),
+            )
+            if held:
+                return Admission.refuse(f"Pod {who}: " + "; ".join(held))
+        if launcher_pods.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
+            return Admission.allow()
         refusal = launcher_pods.creator_refusal(pod, request.user, self.kubevirt_service_account)
         if refusal:
             return Admission.refuse(f"Pod {who}: {refusal}")

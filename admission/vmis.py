@@ -15,6 +15,10 @@ only VMIs that name their GPUs by reference. For such a VMI it:
    or, for a claim of a DRA class, KubeVirt's DRA shape: ``spec.resourceClaims`` naming the
    claim's hold and one ``gpus`` entry naming it (``vmi_admission.admission_patch``).
 
+A VMI (with references or not: the registration's second entry selects every VMI with
+``spec.resourceClaims``) that names a DRA hold of a claim it does not request is refused
+(``model.hold_admission.vmi_refusals``), outside ``exemptNamespaces``.
+
 It writes nothing but its answer (registered with ``sideEffects: None``): it decides on the
 shared caches and the inventory alone, holds no client, and is answered on the server's event
 loop like the other webhooks. A review it receives therefore changes nothing in the cluster,
@@ -39,7 +43,7 @@ from typing import Any, Protocol
 import structlog
 
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, references, templates, vmi_admission
+from gpuoperator.model import echo, hold_admission, references, templates, vmi_admission
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 from gpuoperator.settings import Settings
 
@@ -70,7 +74,7 @@ class VmiWebhook:
         self.settings = settings
 
     def __call__(self, request: AdmissionRequest) -> Admission:
-        if request.operation != "CREATE" or not references.has_references(request.obj):
+        if request.operation != "CREATE":
             return Admission.allow()
         namespace = request.namespace
         meta = request.obj.get("metadata")
@@ -80,10 +84,17 @@ class VmiWebhook:
         vmi_name = str(meta.get("name") or "")
         shown_name = echo.clip(vmi_name) if vmi_name else "(generated)"
         who = f"VirtualMachineInstance {echo.clip(namespace)}/{shown_name}: "
+        with_refs = references.has_references(vmi)
         try:
-            refs = references.from_object(vmi)
+            refs = references.from_object(vmi) if with_refs else []
         except references.AnnotationError as exc:
             return Admission.refuse(who + str(exc))
+        if namespace not in self.settings.exempt_namespaces:
+            held = hold_admission.vmi_refusals(vmi, refs, self.caches.hold_finder(namespace))
+            if held:
+                return Admission.refuse(who + "; ".join(held))
+        if not with_refs:
+            return Admission.allow()
 
         classes = _by_name(self.caches.classes.store.values())
         claims = _by_name(self.caches.claims.store.by_index(BY_NAMESPACE, namespace))

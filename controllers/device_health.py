@@ -25,6 +25,16 @@ inventory:
 * **a hold serving a VM** stays (GPU VMs cannot live-migrate): the same condition and a
   Warning Event name the device and the VM.
 
+**A Bound claim whose hold is gone** (no ResourceClaim of its hold's name, or its own one
+unallocated: a leader stopped between a move's delete and its create, or an administrator
+deleted it; confirmed by a read of the API server) is held again in the same pass, before
+health is judged (``dra_health.rehold_target``, ``Ledger.dra_rehold``): on the devices its
+status names when each is still free (no allocation, no other claim) and healthy (reason
+``HoldRestored``); else an idle one moves as above (``Moved``); else an idle one waits again
+(``Pending``, reason ``HoldLost``, as a claim whose node is gone), and one serving a VM stays
+with the ``HoldMissing`` condition and a Warning Event. Its devices stay counted as held by
+its status meanwhile, so no decision hands them out.
+
 A claim whose devices are healthy again (or that is no longer Bound) loses the condition.
 With the ``drainMoves`` setting off nothing is moved (the condition still reports).
 """
@@ -40,6 +50,7 @@ from gpuoperator import dra_hold_writes
 from gpuoperator.caches import Caches, class_of_claim, own_key
 from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.dra_hold_writes import HoldsAccess
+from gpuoperator.kinds import ResourceClaim
 from gpuoperator.ledger import Ledger, changed_classes
 from gpuoperator.model import (
     claim_states,
@@ -50,8 +61,8 @@ from gpuoperator.model import (
 )
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
-from gpuoperator.model.draining import Role
-from gpuoperator.runtime import managing
+from gpuoperator.model.draining import Hold, Role
+from gpuoperator.runtime import errors, managing
 from gpuoperator.runtime.client import Obj
 from gpuoperator.runtime.clock import SYSTEM, Clock
 from gpuoperator.runtime.controlling import Controller, Result
@@ -108,9 +119,22 @@ class DeviceHealth:
             if inventory is None:
                 return None
             claims, unconfirmed = self.ledger.settled_claims_of_class(key[1])
-            sick = dra_health.sick_holds(claims, inventory, self.caches.served_vmis(claims))
+            vmis = self.caches.served_vmis(claims)
             retry = unconfirmed
             reported: set[Key] = set()
+            missing: set[Key] = set()
+            for claim in claims:
+                if not self._hold_missing(claim):
+                    continue
+                missing.add(gpuclaims.key(claim))
+                done = self._rehold(claim, dra_health.judge(claim, vmis), cls, source)
+                if done is None:
+                    retry = True
+                elif not done:
+                    reported.add(gpuclaims.key(claim))
+            sick = [
+                s for s in dra_health.sick_holds(claims, inventory, vmis) if s.key not in missing
+            ]
             for s in sick:
                 claim = next(c for c in claims if gpuclaims.key(c) == s.key)
                 if s.role is Role.RELEASING:
@@ -131,8 +155,12 @@ class DeviceHealth:
                 if not self._flag(claim, s, message):
                     retry = True
             for claim in claims:
-                if gpuclaims.key(claim) not in reported and flagged(claim):
-                    self.statuses.write(claim, claim_states.unflagged(claim, dra_health.CONDITION))
+                if gpuclaims.key(claim) in reported:
+                    continue
+                for type_ in (dra_health.CONDITION, dra_health.HOLD_MISSING):
+                    current = self.ledger.claim(gpuclaims.key(claim)) or claim
+                    if flagged(current, type_):
+                        self.statuses.write(current, claim_states.unflagged(current, type_))
         return Result(requeue_after=RETRY) if retry else None
 
     def _move(
@@ -165,20 +193,14 @@ class DeviceHealth:
             now,
             clear=(dra_health.CONDITION,),
         )
-        intended = self.statuses.assume(claim, state)
-        if written_before is None:  # else the hold holds them already: only the status
-            try:
-                if own is not None:
-                    dra_hold_writes.release(self.holds, own)
-            except BaseException:
-                self.ledger.forget(gpuclaims.key(claim))
-                raise
-            if not dra_hold_writes.allocate(
-                self.holds, self.ledger, claim, intended, target, device_class, now
-            ):
-                return None
-        written = self.statuses.send(
-            intended,
+        written = dra_hold_writes.rewrite(
+            self.holds,
+            self.statuses,
+            claim,
+            state,
+            target,
+            device_class,
+            now,
             Announcement(
                 "hold moved off an unhealthy device",
                 claim_states.MOVED,
@@ -190,11 +212,125 @@ class DeviceHealth:
                     "count": sick.count,
                 },
             ),
+            old=own,
+            allocated_already=written_before is not None,
         )
-        if written.ok:
+        if written:
             self._metrics.moves.inc()
-            return True
-        return None
+        return written
+
+    def _hold_missing(self, claim: Obj) -> bool:
+        """Whether a Bound claim has lost its hold (``dra_health.hold_missing``): the cache
+        says so, and a read of the API server confirms it (the hold of a bind or a move
+        just written may not have been watched yet)."""
+        if not dra_health.held(claim):
+            return False
+        key = gpuclaims.key(claim)
+        name = dra_holds.resource_claim_name(claim)
+        if not dra_health.hold_missing(claim, self.ledger.resource_claim((key[0], name))):
+            return False
+        try:
+            live = self.holds.get(ResourceClaim, name, key[0])
+        except errors.NotFoundError:
+            live = None
+        return dra_health.hold_missing(claim, live)
+
+    def _rehold(
+        self, claim: Obj, judged: Hold, cls: Obj, source: gpuclasses.DraSource
+    ) -> bool | None:
+        """Hold a Bound claim whose hold is gone again: on its own devices when they are
+        free and healthy, else (idle, ``drainMoves`` on) moved as a health move is, else
+        (idle) back to waiting, or (serving a VM) reported. True held again, False it
+        stays or waits, None lost a race."""
+        if judged.role is Role.RELEASING:
+            return False  # its devices go with it
+        now = self.clock.now()
+        movable = judged.role is Role.MOVABLE
+        found = self.ledger.dra_rehold(
+            claim,
+            cls,
+            self.settings.placement_policy,
+            now,
+            move=movable and self.settings.drain_moves,
+        )
+        device_class = source.device_class_name
+        node = gpuclaims.node_name(claim)
+        if found is None and not movable:
+            message = dra_health.hold_missing_message(claim, judged)
+            status = claim_states.flagged(
+                claim, dra_health.HOLD_MISSING, dra_health.HOLD_MISSING, message, now
+            )
+            if status is None:
+                return False  # it says so already
+            return (
+                False
+                if self.statuses.write(
+                    claim,
+                    status,
+                    Announcement(
+                        "hold gone and its devices cannot be held again; the VM keeps them",
+                        dra_health.HOLD_MISSING,
+                        message,
+                        event="Warning",
+                        level="warning",
+                        fields={"node": node, "vmi": judged.vmi or None},
+                    ),
+                ).ok
+                else None
+            )
+        if found is None:
+            message = dra_health.hold_lost_message(claim, device_class)
+            written = self.statuses.write(
+                claim,
+                claim_states.hold_lost(
+                    claim,
+                    dra_health.HOLD_LOST,
+                    message,
+                    now,
+                    clear=(dra_health.CONDITION, dra_health.HOLD_MISSING),
+                ),
+                Announcement(
+                    "hold gone and no device fits; the claim waits",
+                    dra_health.HOLD_LOST,
+                    message,
+                    event="Warning",
+                    fields={"node": node, "count": judged.count},
+                ),
+            )
+            return False if written.ok else None
+        message = dra_health.rehold_message(claim, found)
+        if found.restored:
+            reason = dra_health.HOLD_RESTORED
+            state = claim_states.held_again(claim, reason, message, now)
+        else:
+            reason = claim_states.MOVED
+            state = claim_states.dra_moved(
+                claim,
+                found.node,
+                dra_holds.resource_claim_name(claim),
+                found.devices,
+                message,
+                now,
+                clear=(dra_health.CONDITION, dra_health.HOLD_MISSING),
+            )
+        done = dra_hold_writes.rewrite(
+            self.holds,
+            self.statuses,
+            claim,
+            state,
+            found.node,
+            device_class,
+            now,
+            Announcement(
+                "hold gone; held again",
+                reason,
+                message,
+                fields={"source": node, "node": found.node, "count": judged.count},
+            ),
+        )
+        if done and not found.restored:
+            self._metrics.moves.inc()
+        return done
 
     def _flag(self, claim: Obj, sick: dra_health.Sick, message: str) -> bool:
         status = claim_states.flagged(
@@ -216,10 +352,10 @@ class DeviceHealth:
         ).ok
 
 
-def flagged(claim: Obj) -> bool:
-    """Whether the claim carries the ``DeviceUnhealthy`` condition."""
+def flagged(claim: Obj, type_: str = dra_health.CONDITION) -> bool:
+    """Whether the claim carries the condition ``type_`` (``DeviceUnhealthy``)."""
     found = (claim.get("status") or {}).get("conditions")
-    return conditions.find(found, dra_health.CONDITION) is not None
+    return conditions.find(found, type_) is not None
 
 
 class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):

@@ -16,7 +16,9 @@ lost its node, was refused by it, or the node was uncordoned) is keyed by itself
   before it is sent, resourceVersion precondition, fenced writer), so the next choice
   already counts it — moves obey the same allocation guarantees as binding. The ``Bound``
   condition says ``Moved`` and an Event on the claim says "moved from N1 to N2: node
-  cordoned".
+  cordoned". A hold of a DRA class moves as device health moves one
+  (``dra_hold_writes.rewrite``): its ResourceClaim deleted and created again on free
+  devices of another eligible node (``Ledger.dra_move``), the moved state assumed first.
 * **a movable hold that fits nowhere** stays; the claim's ``NodeCordoned`` condition
   (``CannotMove``) and a Warning Event say why, once per message. The condition is removed
   once the claim is no longer on a cordoned node.
@@ -32,16 +34,19 @@ what holds the node.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import threading
 from typing import Final, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gpuoperator import dra_hold_writes
 from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus
+from gpuoperator.dra_hold_writes import HoldsAccess
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import binding, claim_states, conditions, draining
+from gpuoperator.model import binding, claim_states, conditions, dra_holds, draining
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, Role
@@ -91,7 +96,9 @@ class Draining:
         *,
         clock: Clock = SYSTEM,
         registry: CollectorRegistry | None = None,
+        holds: HoldsAccess | None = None,
     ) -> None:
+        self.holds = holds
         self.caches = caches
         self.ledger = ledger
         self.statuses = statuses
@@ -147,6 +154,9 @@ class Draining:
         if cls is None:
             return False
         now = self.clock.now()
+        source_dra = gpuclasses.dra(cls)
+        if source_dra is not None:
+            return self._move_dra(source, h, claim, cls, source_dra.device_class_name, now)
         candidates = self.ledger.candidates(claim, cls, now)
         target = binding.choose(candidates, self.settings.placement_policy)
         if target is None:
@@ -168,6 +178,60 @@ class Draining:
             self._metrics.moves.inc()
             return True
         return None
+
+    def _move_dra(
+        self,
+        source: str,
+        h: Hold,
+        claim: Obj,
+        cls: Obj,
+        device_class: str,
+        now: datetime.datetime,
+    ) -> bool | None:
+        """Move a DRA hold off the cordoned node as device health moves one
+        (``dra_hold_writes.rewrite``): the target node and devices by the binding rules
+        (``Ledger.dra_move``: eligible nodes only, so never the cordoned one), the moved
+        state assumed, the ResourceClaim deleted and created there, then the status."""
+        inventory = self.ledger.dra_inventory(h.class_name)
+        found = (
+            self.ledger.dra_move(claim, cls, inventory, self.settings.placement_policy, now)
+            if inventory is not None
+            else None
+        )
+        if found is None or self.holds is None:
+            message = draining.stuck_message(source, h.count, f"DeviceClass {device_class}")
+            return False if self._mark_stuck(claim, message) else None
+        target, devices = found
+        message = draining.moved_message(source, target)
+        state = claim_states.dra_moved(
+            claim,
+            target,
+            dra_holds.resource_claim_name(claim),
+            devices,
+            message,
+            now,
+            clear=(draining.CONDITION,),
+        )
+        old = self.ledger.resource_claim((h.key[0], dra_holds.resource_claim_name(claim)))
+        written = dra_hold_writes.rewrite(
+            self.holds,
+            self.statuses,
+            claim,
+            state,
+            target,
+            device_class,
+            now,
+            Announcement(
+                "hold moved off a cordoned node",
+                claim_states.MOVED,
+                message,
+                fields={"source": source, "node": target, "count": h.count},
+            ),
+            old=old if old is not None and dra_holds.is_hold_of(old, claim) else None,
+        )
+        if written:
+            self._metrics.moves.inc()
+        return written
 
     def _mark_stuck(self, claim: Obj, message: str) -> bool:
         status = claim_states.flagged(
@@ -247,7 +311,9 @@ def flagged(claim: Obj) -> bool:
 
 
 class ManagerAccess(managing.Controls, managing.Clocked, managing.Measured, Protocol):
-    """What ``register`` uses of the manager."""
+    """What ``register`` uses of the manager: the fenced writer of DRA holds."""
+
+    def writer_for(self, component: str) -> HoldsAccess: ...
 
 
 def register(
@@ -268,6 +334,7 @@ def register(
             settings,
             clock=manager.clock,
             registry=manager.registry,
+            holds=manager.writer_for(NAME),
         ),
         workers=1,
         seed=lambda: [("", n) for _, n in caches.nodes.store],

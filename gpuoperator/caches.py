@@ -5,7 +5,7 @@ Controllers and webhooks read these, never the API server, on their hot paths.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import pykube
 
 from gpuoperator.kinds import (
     DeviceClass,
+    DeviceTaintRule,
     GPUClaim,
     GPUClass,
     GPUNode,
@@ -22,7 +23,7 @@ from gpuoperator.kinds import (
     VirtualMachineInstance,
     Workload,
 )
-from gpuoperator.model import gpu_hours, slimming
+from gpuoperator.model import gpu_hours, hold_admission, slimming
 from gpuoperator.runtime import indexing
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Informs
@@ -68,6 +69,9 @@ class Caches:
     resource_slices: Informer
     device_classes: Informer
     resource_claims: Informer
+    #: DeviceTaintRules (``resource.k8s.io/v1beta2``), whole: optional, a cluster serves them
+    #: only with the DRADeviceTaintRules gate and that API version on (Kubernetes 1.36).
+    device_taint_rules: Informer
 
     def class_keys(self) -> list[indexing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
@@ -78,6 +82,24 @@ class Caches:
         namespace = str((claim.get("metadata") or {}).get("namespace") or "")
         name = gpu_hours.served_vmi_name(claim)
         return self.vmis.store.get((namespace, name)) if name else None
+
+    def hold_finder(self, namespace: str) -> Callable[[str], dict[str, Any] | None]:
+        """``name -> the GPUClaim whose DRA hold the ResourceClaim ``namespace/name`` is``
+        (``model.hold_admission.hold_of``, ``None``: nobody's), on the cached ResourceClaim,
+        the namespace's GPUClaims and the classes (the pod and VMI webhooks)."""
+        claims = {
+            str((c.get("metadata") or {}).get("name") or ""): c
+            for c in self.claims.store.by_index(BY_NAMESPACE, namespace)
+        }
+        classes = {
+            str((c.get("metadata") or {}).get("name") or ""): c for c in self.classes.store.values()
+        }
+
+        def find(name: str) -> dict[str, Any] | None:
+            found = self.resource_claims.store.get((namespace, name))
+            return hold_admission.hold_of(name, found, claims, classes)
+
+        return find
 
     def served_vmis(self, claims: Iterable[dict[str, Any]]) -> dict[indexing.Key, dict[str, Any]]:
         """The cached VM instances ``claims`` serve, by ``(namespace, name)``."""
@@ -152,6 +174,9 @@ def register(manager: Informs) -> Caches:
         ),
         device_classes=manager.informer(
             DeviceClass, InformerOptions(optional=True, transform=lean)
+        ),
+        device_taint_rules=manager.informer(
+            DeviceTaintRule, InformerOptions(optional=True, transform=lean)
         ),
         resource_claims=manager.informer(
             ResourceClaim,

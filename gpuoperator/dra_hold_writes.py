@@ -15,6 +15,11 @@ claim's status, so a claim's status never names devices before an allocation hol
 
 :func:`release` deletes a hold with its uid as the precondition (one already gone is no
 error).
+
+:func:`rewrite` is the one move of a Bound claim's hold, shared by device health (a hold off
+an unhealthy device, or held again once its ResourceClaim is gone) and draining (an idle
+hold off a cordoned node): the claim's new state assumed first, the old hold (if any)
+deleted, the new one created and allocated, and only then the claim's status sent.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import contextlib
 import datetime
 from typing import Protocol
 
-from gpuoperator.claim_status import ASSUME_TTL, unknown_outcome
+from gpuoperator.claim_status import ASSUME_TTL, Announcement, ClaimStatus, unknown_outcome
 from gpuoperator.kinds import ResourceClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import claims as gpuclaims
@@ -97,3 +102,35 @@ def release(writer: HoldsAccess, hold: Obj) -> None:
             str(meta.get("namespace")),
             uid=str(meta.get("uid") or ""),
         )
+
+
+def rewrite(
+    writer: HoldsAccess,
+    statuses: ClaimStatus,
+    claim: Obj,
+    state: Obj,
+    node: str,
+    device_class: str,
+    now: datetime.datetime,
+    announce: Announcement,
+    *,
+    old: Obj | None = None,
+    allocated_already: bool = False,
+) -> bool | None:
+    """Move ``claim``'s hold to the devices ``state`` (its new status) names on ``node``:
+    ``state`` is assumed first (its devices count as held from then on), ``old`` (the
+    claim's current hold, if any) is deleted, the hold is created again and allocated
+    (:func:`allocate`), and only then the status is sent. With ``allocated_already`` the
+    claim's hold already holds those devices (a move whose status write was lost): only
+    the status is sent. True once written, None when a write lost a race (decide again)."""
+    intended = statuses.assume(claim, state)
+    if not allocated_already:
+        try:
+            if old is not None:
+                release(writer, old)
+        except BaseException:
+            statuses.ledger.forget(gpuclaims.key(claim))
+            raise
+        if not allocate(writer, statuses.ledger, claim, intended, node, device_class, now):
+            return None
+    return True if statuses.send(intended, announce).ok else None

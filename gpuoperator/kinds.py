@@ -68,6 +68,12 @@ class DeviceClass(APIObject):  # type: ignore[misc]
     kind = names.DEVICE_CLASS_KIND
 
 
+class DeviceTaintRule(APIObject):  # type: ignore[misc]
+    version = names.DEVICE_TAINT_RULE_API_VERSION
+    endpoint = names.DEVICE_TAINT_RULES
+    kind = names.DEVICE_TAINT_RULE_KIND
+
+
 class ResourceClaim(NamespacedAPIObject):  # type: ignore[misc]
     version = names.DRA_API_VERSION
     endpoint = names.RESOURCE_CLAIMS

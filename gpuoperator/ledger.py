@@ -109,6 +109,7 @@ class Ledger:
         #: DRA objects as the caches hold them (see the module docstring)
         self._slices: dict[Key, Obj] = {}
         self._device_classes: dict[str, Obj] = {}
+        self._taint_rules: dict[str, Obj] = {}
         self._resource_claims: dict[Key, Obj] = {}
         #: bumped by every change of the ResourceSlices or DeviceClasses: the inventories
         #: computed at an older value are stale (a class's own entry goes when its source
@@ -143,6 +144,9 @@ class Ledger:
         )
         caches.resource_claims.add_handlers(
             self._handlers(self.apply_resource_claim, self.delete_resource_claim)
+        )
+        caches.device_taint_rules.add_handlers(
+            self._handlers(self.apply_device_taint_rule, self.delete_device_taint_rule)
         )
 
     @staticmethod
@@ -474,6 +478,20 @@ class Ledger:
             everything = set(self._nodes)
         self._dra_changed(everything)
 
+    def apply_device_taint_rule(self, obj: Obj) -> None:
+        with self._lock:
+            self._dra_epoch += 1
+            self._taint_rules[key_of(obj)[1]] = obj
+            everything = set(self._nodes)  # a rule may select devices of any node
+        self._dra_changed(everything)
+
+    def delete_device_taint_rule(self, obj: Obj) -> None:
+        with self._lock:
+            self._dra_epoch += 1
+            self._taint_rules.pop(key_of(obj)[1], None)
+            everything = set(self._nodes)
+        self._dra_changed(everything)
+
     def apply_resource_claim(self, obj: Obj) -> None:
         with self._lock:
             old = self._resource_claims.get(key_of(obj))
@@ -511,17 +529,19 @@ class Ledger:
                 device_class,
                 (),
                 topology_attribute=source.topology_attribute,
+                taint_rules=self._taint_rules.values(),
             )
         self._dra_found[class_name] = (self._dra_epoch, found)
         return found
 
-    def _held_devices(self) -> set[dra_devices.DeviceRef]:
+    def _held_devices(self, but: Key | None = None) -> set[dra_devices.DeviceRef]:
         """The devices held (under the lock): by an allocation of a cached ResourceClaim,
-        whoever wrote it, or named by a counted claim of a DRA class."""
+        whoever wrote it, or named by a counted claim of a DRA class (other than ``but``)."""
         return dra_devices.held_devices(self._resource_claims.values()) | dra_holds.claimed(
             self._assumed.counted(k, claim)
             for name in self._dra_classes()
             for k, claim in self._claims_by_class.get(name, {}).items()
+            if k != but
         )
 
     def dra_inventory(self, class_name: str) -> dra_devices.Inventory | None:
@@ -777,6 +797,28 @@ class Ledger:
         with self._lock:
             return dra_health.move_target(claim, cls, self._nodes.values(), inventory, policy, now)
 
+    def dra_rehold(
+        self,
+        claim: Obj,
+        cls: Obj,
+        policy: binding.Policy,
+        now: datetime.datetime,
+        *,
+        move: bool,
+    ) -> dra_health.Rehold | None:
+        """Where a Bound DRA claim whose hold is gone is held again (``model.dra_health.
+        rehold_target``): on the class's devices with every allocation and every other
+        counted claim's devices held, the devices this claim's status names not."""
+        self.expire()
+        with self._lock:
+            found = self._found_inventory(str((cls.get("metadata") or {}).get("name") or ""))
+            if found is None:
+                return None
+            inventory = dra_holds.counted_inventory(found, self._held_devices(but=key_of(claim)))
+            return dra_health.rehold_target(
+                claim, cls, self._nodes.values(), inventory, policy, now, move=move
+            )
+
     def load(
         self,
         *,
@@ -788,6 +830,7 @@ class Ledger:
         resource_slices: Iterable[Obj] = (),
         device_classes: Iterable[Obj] = (),
         resource_claims: Iterable[Obj] = (),
+        device_taint_rules: Iterable[Obj] = (),
     ) -> None:
         """Fill from one-shot lists (for ``gpuoperator status``)."""
         if kubevirt is not None:
@@ -796,6 +839,8 @@ class Ledger:
             self.apply_class(cls)
         for obj in device_classes:
             self.apply_device_class(obj)
+        for obj in device_taint_rules:
+            self.apply_device_taint_rule(obj)
         for obj in resource_slices:
             self.apply_resource_slice(obj)
         for obj in resource_claims:

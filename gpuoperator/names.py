@@ -128,6 +128,11 @@ RESOURCE_SLICE_KIND: Final = "ResourceSlice"
 RESOURCE_SLICES: Final = "resourceslices"
 DEVICE_CLASS_KIND: Final = "DeviceClass"
 DEVICE_CLASSES: Final = "deviceclasses"
+#: DeviceTaintRules: beta in Kubernetes 1.36, behind the gate DRADeviceTaintRules and the
+#: API version resource.k8s.io/v1beta2, both off by default.
+DEVICE_TAINT_RULE_API_VERSION: Final = "resource.k8s.io/v1beta2"
+DEVICE_TAINT_RULE_KIND: Final = "DeviceTaintRule"
+DEVICE_TAINT_RULES: Final = "devicetaintrules"
 RESOURCE_CLAIM_KIND: Final = "ResourceClaim"
 RESOURCE_CLAIMS: Final = "resourceclaims"
 #: Label (``"true"``) on the ResourceClaims the binder creates to hold a DRA claim's devices

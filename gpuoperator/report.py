@@ -27,6 +27,7 @@ import pykube
 
 from gpuoperator.kinds import (
     DeviceClass,
+    DeviceTaintRule,
     GPUClaim,
     GPUClass,
     KubeVirt,
@@ -64,13 +65,14 @@ def collect(client: Client) -> tuple[Ledger, dict[str, Obj]]:
         resource_slices=_listed(client, ResourceSlice),
         device_classes=_listed(client, DeviceClass),
         resource_claims=_listed(client, ResourceClaim),
+        device_taint_rules=_listed(client, DeviceTaintRule),
     )
     return ledger, {c["metadata"]["name"]: c for c in classes}
 
 
 def _listed(client: Client, kind: Kind) -> list[Obj]:
-    """Every object of a DRA kind (none where the cluster does not serve
-    ``resource.k8s.io/v1``)."""
+    """Every object of a DRA kind (none where the cluster does not serve it:
+    ``resource.k8s.io/v1``, or DeviceTaintRules' ``v1beta2``)."""
     try:
         found, _ = client.list(kind)
     except errors.NotFoundError:

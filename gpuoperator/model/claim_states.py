@@ -22,6 +22,9 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
   ``Pending``, no ``nodeName``, ``boundTime``, ``devices`` nor ``resourceClaimName``,
   ``Bound`` False with reason ``Preempted`` naming the node and the order, the usage
   interval the hold had open closed in the same write.
+* :func:`hold_lost` (a Bound DRA claim's hold is gone and it fits nowhere): as
+  :func:`preempted`, with the caller's reason. :func:`held_again` (its hold was created
+  again on its own devices): only the ``Bound`` condition (True, the caller's reason).
 * :func:`lost` (a Bound claim's node is gone): phase ``Lost``, ``lostNode`` the node,
   ``Bound`` False with reason ``NodeLost``; ``nodeName`` and ``boundTime`` kept until it
   waits.
@@ -230,6 +233,19 @@ def preempted(
     """``claim`` (Bound, of a preemptible class, serving no VM) gives its units back:
     ``Pending`` with reason :data:`PREEMPTED`, the open usage interval closed; the
     conditions of the types in ``clear`` are removed."""
+    return _unbound(claim, PREEMPTED, message, now, clear=clear)
+
+
+def _unbound(
+    claim: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+    *,
+    clear: Iterable[str] = (),
+) -> Obj:
+    """``claim`` (Bound, serving no VM) gives its units back: ``Pending`` with ``reason``,
+    no node, ``boundTime`` nor devices, the open usage interval closed."""
     status = _status(claim)
     gone = set(clear)
     status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") not in gone]
@@ -238,10 +254,32 @@ def preempted(
     status.pop("boundTime", None)
     _drop_devices(status)
     status["observedGeneration"] = _generation(claim)
-    status["conditions"] = _bound_condition(claim, status, False, PREEMPTED, message, now)
+    status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
     change = gpu_hours.transition({**claim, "status": status}, None, now)
     if change is not None:
         status["usage"] = gpu_hours.to_status(change[1])
+    return status
+
+
+def hold_lost(
+    claim: Mapping[str, Any],
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+    *,
+    clear: Iterable[str] = (),
+) -> Obj:
+    """``claim`` (Bound, of a DRA class, idle) whose hold is gone and whose devices cannot
+    be held again anywhere: ``Pending`` with ``reason``, as a claim whose node is gone
+    waits (the binder binds it again where room is), its usage interval closed."""
+    return _unbound(claim, reason, message, now, clear=clear)
+
+
+def held_again(claim: Mapping[str, Any], reason: str, message: str, now: datetime.datetime) -> Obj:
+    """``claim`` (Bound, of a DRA class) whose hold was created again on the node and
+    devices its status names: only the ``Bound`` condition says ``reason``."""
+    status = _status(claim)
+    status["conditions"] = _bound_condition(claim, status, True, reason, message, now)
     return status
 
 

@@ -4,8 +4,8 @@
 A DRA class (``spec.source.dra``) names a DeviceClass. Its units are the devices that the
 drivers publish in ResourceSlices (``resource.k8s.io/v1``) and that every CEL selector of the
 DeviceClass accepts; a unit is free when no allocated ResourceClaim holds it and no
-``NoSchedule`` or ``NoExecute`` taint is on it. This module computes that, purely, from the
-three kinds of objects as the API server returns them:
+``NoSchedule`` or ``NoExecute`` taint is on it (the slice's own or a DeviceTaintRule's). This
+module computes that, purely, from the kinds of objects as the API server returns them:
 
 * **ResourceSlices.** Devices are grouped by pool (``spec.driver`` + ``spec.pool.name``).
   As kube-scheduler's allocator does, only a pool's newest ``generation`` counts, and only
@@ -21,6 +21,10 @@ three kinds of objects as the API server returns them:
   ``device.capacity[<domain>].<name>`` (the quantity as its string). Out of scope:
   Kubernetes' CEL extensions ``quantity()``, ``semver()`` (a ``version`` attribute is its
   string) and ``cel.bind()``; a selector using them fails to evaluate.
+* **DeviceTaintRules** (``resource.k8s.io/v1beta2``, where the cluster serves them): a
+  rule's ``spec.taint`` applies to every device its ``spec.deviceSelector`` selects (by
+  ``driver``, ``pool`` and ``device``, each when set: Kubernetes 1.35 dropped the
+  selector's DeviceClass and CEL fields), counted as the slice's own device taint is.
 * **ResourceClaims.** Every ``status.allocation.devices.results[]`` entry holds its
   ``(driver, pool, device)``, whoever wrote it (kube-scheduler or an outside allocator).
 
@@ -44,7 +48,7 @@ import dataclasses
 import functools
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
 import celpy
@@ -349,6 +353,32 @@ def _blocking_taint(device: Obj) -> bool:
     )
 
 
+def _selects(selector: Any, ref: DeviceRef) -> bool:
+    """Whether a DeviceTaintRule's ``spec.deviceSelector`` selects ``ref``: every field it
+    sets (``driver``, ``pool``, ``device``) equals the device's; the empty selector selects
+    every device, a rule without one none."""
+    if not isinstance(selector, dict):
+        return False
+    return all(
+        selector.get(field) in (None, value)
+        for field, value in (("driver", ref.driver), ("pool", ref.pool), ("device", ref.device))
+    )
+
+
+def rule_tainted(taint_rules: Iterable[Obj]) -> Callable[[DeviceRef], bool]:
+    """``ref -> whether a DeviceTaintRule puts a blocking (NoSchedule/NoExecute) taint on
+    it``: the rules' ``spec.taint`` applies to the devices ``spec.deviceSelector`` selects,
+    as a slice's own device taint does."""
+    blocking = [
+        spec.get("deviceSelector")
+        for spec in (r.get("spec") for r in taint_rules)
+        if isinstance(spec, dict)
+        and isinstance(spec.get("taint"), dict)
+        and spec["taint"].get("effect") in BLOCKING_EFFECTS
+    ]
+    return lambda ref: any(_selects(selector, ref) for selector in blocking)
+
+
 def _topology(device: Obj, driver: str, attribute: str | None) -> str | None:
     if attribute is None:
         return None
@@ -367,10 +397,14 @@ def inventory(
     resource_claims: Iterable[Obj],
     *,
     topology_attribute: str | None = None,
+    taint_rules: Iterable[Obj] = (),
 ) -> Inventory:
     """The devices of ``device_class`` on each node, which are free, and their topology
-    values (``topology_attribute``, the class's ``spec.source.dra.topologyAttribute``)."""
+    values (``topology_attribute``, the class's ``spec.source.dra.topologyAttribute``); a
+    device is tainted by its slice's own blocking taint or by a DeviceTaintRule's
+    (``taint_rules``, :func:`rule_tainted`)."""
     reasons: list[str] = []
+    ruled = rule_tainted(taint_rules)
     compiled = selectors(device_class)
     class_name = str((device_class.get("metadata") or {}).get("name") or "")
     for sel in compiled:
@@ -409,7 +443,7 @@ def inventory(
                     node=node,
                     topology=_topology(device, driver, topology_attribute),
                     held=ref in held,
-                    tainted=_blocking_taint(device),
+                    tainted=_blocking_taint(device) or ruled(ref),
                 )
             )
     for index, failure in sorted(failures.items()):

@@ -4,7 +4,7 @@ becomes of a Bound claim of a DRA class when a device it holds turns unhealthy.
 A held device is **unhealthy** when the class's inventory (``dra_devices.Inventory``)
 
 * lists it with a ``NoSchedule`` or ``NoExecute`` device taint (:data:`TAINTED`: the driver
-  marks it broken in its ResourceSlice; DeviceTaintRules are not read), or
+  marks it broken in its ResourceSlice, or a DeviceTaintRule selects it), or
 * does not list it while its pool is counted whole (:data:`GONE`: the driver no longer
   publishes the device, or it no longer matches the DeviceClass). A pool that is not counted
   (absent, or being republished with slices missing) says nothing about its devices: they
@@ -33,7 +33,15 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuoperator.model import binding, dra_devices, dra_holds, draining, gpu_hours, orders
+from gpuoperator.model import (
+    binding,
+    dra_devices,
+    dra_holds,
+    draining,
+    gpu_hours,
+    objects,
+    orders,
+)
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model.draining import Role
 
@@ -127,8 +135,7 @@ def sick_holds(
         bad = bad_devices(claim, inventory, listed)
         if not bad:
             continue
-        ns = str(_mapping(claim.get("metadata")).get("namespace") or "")
-        judged = draining.hold(claim, vmis.get((ns, gpu_hours.served_vmi_name(claim))))
+        judged = judge(claim, vmis)
         out.append(
             Sick(
                 key=judged.key,
@@ -141,6 +148,13 @@ def sick_holds(
             )
         )
     return out
+
+
+def judge(claim: Mapping[str, Any], vmis: Mapping[Key, Mapping[str, Any]]) -> draining.Hold:
+    """The claim as a cordoned node's drain judges it (``model.draining.hold``), ``vmis``
+    being the cached VM instances by ``(namespace, name)``."""
+    ns = str(_mapping(claim.get("metadata")).get("namespace") or "")
+    return draining.hold(claim, vmis.get((ns, gpu_hours.served_vmi_name(claim))))
 
 
 def _own_free(claim: Mapping[str, Any], inventory: dra_devices.Inventory) -> dra_devices.Inventory:
@@ -172,15 +186,26 @@ def move_target(
 ) -> tuple[str, tuple[dra_devices.DeviceRef, ...]] | None:
     """Where a movable sick claim goes: the node and its devices (the module's rules), or
     ``None`` when no eligible node has enough healthy free devices."""
+    return _target(claim, cls, nodes, _own_free(claim, inventory), policy, now)
+
+
+def _target(
+    claim: Obj,
+    cls: Obj,
+    nodes: Iterable[Obj],
+    inventory: dra_devices.Inventory,
+    policy: binding.Policy,
+    now: datetime.datetime,
+) -> tuple[str, tuple[dra_devices.DeviceRef, ...]] | None:
+    """The binding rules' node and devices for ``claim`` on ``inventory`` as it is."""
     count = orders.ordered_count(claim)
-    freed = _own_free(claim, inventory)
-    frees, _ = binding.dra_figures(cls, nodes, freed)
+    frees, _ = binding.dra_figures(cls, nodes, inventory)
     refused = binding.unexpired_refusals(claim, now)
     fitting = sorted((n, f) for n, f in frees.items() if f >= count and n not in refused)
     node = binding.choose(fitting, policy)
     if node is None:
         return None
-    devices = dra_holds.choose(freed.nodes[node], count)
+    devices = dra_holds.choose(inventory.nodes[node], count)
     return (node, devices) if devices is not None else None
 
 
@@ -228,4 +253,108 @@ def serving_message(sick: Sick) -> str:
     return (
         f"{_refs(sick.bad)}; the claim serves VM {sick.key[0]}/{sick.vmi} ({what}) and is not "
         "moved (GPU VMs cannot live-migrate): stop the VM to move the hold to healthy devices"
+    )
+
+
+# ---- a Bound claim whose hold is gone -------------------------------------------------------
+
+#: The ``Bound`` reason of a claim whose hold was created again on the devices it names.
+HOLD_RESTORED: Final = "HoldRestored"
+#: The ``Bound`` reason of a claim whose hold was gone and that fits nowhere (it waits), and
+#: the condition (and Warning Event) of one serving a VM whose devices cannot be held again.
+HOLD_LOST: Final = "HoldLost"
+HOLD_MISSING: Final = "HoldMissing"
+
+
+def hold_missing(claim: Mapping[str, Any], resource_claim: Mapping[str, Any] | None) -> bool:
+    """Whether a Bound claim naming devices has lost its hold: no ResourceClaim of its
+    hold's name exists, or its own one (``dra_holds.is_hold_of``) holds no allocation (a
+    leader stopped between a move's delete and its create, or between the create and the
+    allocation; an administrator deleted it). A ResourceClaim of that name that the claim
+    does not control is not its hold and is never replaced."""
+    if not held(claim):
+        return False
+    if resource_claim is None:
+        return True
+    return dra_holds.is_hold_of(resource_claim, claim) and not dra_holds.allocated(resource_claim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rehold:
+    """Where a claim that lost its hold is held again: ``restored`` when on the very
+    devices its status names, else moved there by the binding rules."""
+
+    node: str
+    devices: tuple[dra_devices.DeviceRef, ...]
+    restored: bool
+
+
+def rehold_target(
+    claim: Obj,
+    cls: Obj,
+    nodes: Iterable[Obj],
+    inventory: dra_devices.Inventory,
+    policy: binding.Policy,
+    now: datetime.datetime,
+    *,
+    move: bool,
+) -> Rehold | None:
+    """Where ``claim`` (Bound, :func:`hold_missing`) is held again. ``inventory`` is the
+    class's devices with every allocation and every other counted claim's devices held,
+    but not the devices this claim's status names (nothing else holds those unless it says
+    so). The claim's own devices when each is listed on its node and free (no allocation,
+    no other claim, no blocking taint); else, when ``move``, the node and devices the
+    binding rules choose (as a health move does); else ``None``."""
+    nodes = list(nodes)
+    own = held(claim)
+    node = gpuclaims.node_name(claim)
+    view = inventory.nodes.get(node)
+    free = {d.ref for d in view.devices if d.free} if view is not None else set()
+    if own and set(own) <= free and node in {objects.key(n)[1] for n in nodes}:
+        return Rehold(node, own, restored=True)
+    if not move:
+        return None
+    found = _target(claim, cls, nodes, inventory, policy, now)
+    return Rehold(found[0], found[1], restored=False) if found is not None else None
+
+
+def _names(devices: Iterable[dra_devices.DeviceRef]) -> str:
+    return ", ".join(f"{d.driver}/{d.pool}/{d.device}" for d in devices)
+
+
+def rehold_message(claim: Mapping[str, Any], found: Rehold) -> str:
+    """The ``Bound`` condition's and Event's message of a claim held again."""
+    name = dra_holds.resource_claim_name(claim)
+    if found.restored:
+        return (
+            f"ResourceClaim {name} was gone; created again on node {found.node}, "
+            f"devices {_names(found.devices)}"
+        )
+    source = gpuclaims.node_name(dict(claim))
+    where = f"within {found.node}" if found.node == source else f"from {source} to {found.node}"
+    return (
+        f"ResourceClaim {name} was gone and devices {_names(held(claim))} are no longer free "
+        f"and healthy; moved {where}, devices {_names(found.devices)}"
+    )
+
+
+def hold_lost_message(claim: Mapping[str, Any], device_class: str) -> str:
+    """The ``Bound`` condition's message of a claim that lost its hold and fits nowhere."""
+    count = orders.ordered_count(dict(claim))
+    units = f"{count} free healthy device{'' if count == 1 else 's'}"
+    return (
+        f"ResourceClaim {dra_holds.resource_claim_name(claim)} was gone, devices "
+        f"{_names(held(claim))} are no longer free and healthy, and no eligible node has "
+        f"{units} of DeviceClass {device_class}; the claim will be bound again"
+    )
+
+
+def hold_missing_message(claim: Mapping[str, Any], hold: draining.Hold) -> str:
+    """The ``HoldMissing`` condition's message of a claim serving a VM that lost its hold
+    and whose devices cannot be held again."""
+    return (
+        f"ResourceClaim {dra_holds.resource_claim_name(claim)} is gone and devices "
+        f"{_names(held(claim))} are no longer free and healthy; the claim serves VM "
+        f"{hold.key[0]}/{hold.vmi} and is not moved (GPU VMs cannot live-migrate): stop the "
+        "VM to bind the claim again"
     )

@@ -32,6 +32,11 @@ from localcluster.processes import ClusterError, Process, wait_until
 HACK = Path(__file__).resolve().parent.parent
 REPO = HACK.parent
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: Off-by-default features the local control plane turns on, in every component that reads
+#: them: DeviceTaintRules (beta in 1.36, served as resource.k8s.io/v1beta2 only with its API
+#: version enabled too), which the operator's DRA inventory reads beside the slices' taints.
+FEATURE_GATES = "DRADeviceTaintRules=true"
+RUNTIME_CONFIG = "resource.k8s.io/v1beta2/devicetaintrules=true"
 SERVICE_CIDR = "10.96.0.0/12"
 #: The KubeVirt CRDs the stand-in serves (no KubeVirt runs here).
 KUBEVIRT_CRDS = REPO / "test" / "harness" / "crds"
@@ -486,6 +491,8 @@ class LocalCluster:
                 f"--admission-control-config-file={self._admission_configuration()}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
+                f"--feature-gates={FEATURE_GATES}",
+                f"--runtime-config={RUNTIME_CONFIG}",
             ],
             log,
         )
@@ -572,6 +579,7 @@ class LocalCluster:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--node-monitor-grace-period=20s",
                 "--profiling=false",
+                f"--feature-gates={FEATURE_GATES}",
             ],
             log,
         )
@@ -596,6 +604,7 @@ class LocalCluster:
                 "--bind-address=127.0.0.1",
                 "--leader-elect=false",
                 "--profiling=false",
+                f"--feature-gates={FEATURE_GATES}",
             ],
             log,
         )

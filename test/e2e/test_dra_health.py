@@ -16,7 +16,15 @@ from pathlib import Path
 import pykube
 import pytest
 
-from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim, VirtualMachineInstance
+from gpuoperator import names
+from gpuoperator.kinds import (
+    DeviceTaintRule,
+    GPUClaim,
+    GPUClass,
+    GPUNode,
+    ResourceClaim,
+    VirtualMachineInstance,
+)
 from gpuoperator.model import dra_holds
 from harness import dra_driver, objects
 from harness.claims import bound_node, create_claim, create_vmi, node_report
@@ -223,3 +231,150 @@ def test_a_running_vms_hold_is_reported_not_moved_and_moves_once_the_vm_stops(
     claim = moved_off(api, client, tenant, "serving", bad)
     assert condition(claim, "DeviceUnhealthy") is None
     release(api, tenant, "serving")
+
+
+def all_healthy(driver: dra_driver.DraDriver) -> None:
+    """Every node publishes all its devices again, untainted (the tests above taint and
+    withdraw some)."""
+    driver.publish_all(dra_driver.expand(PROFILE))
+
+
+def test_a_hold_deleted_by_the_cluster_admin_is_held_again_and_its_device_kept(
+    api: pykube.HTTPClient, driver: dra_driver.DraDriver, tenant: str, kubeconfig: Path
+) -> None:
+    """The admin (``system:masters``, whom the dra-holds policy lets delete a hold) deletes
+    an idle claim's ResourceClaim: the claim keeps naming its device, an order made right
+    then gets the one other free device, and the hold comes back on the same device."""
+    all_healthy(driver)
+    client = as_tenant(kubeconfig, api, tenant)
+    create_claim(client, tenant, "kept", CLASS, 1)
+    node = bound_node(client, tenant, "kept", timeout=TIMEOUT)
+    [device] = devices_of(claim_of(client, tenant, "kept"))
+    other = NODE_B if node == NODE_A else NODE_A
+    # Fill every other device but one, on the other node.
+    fillers = [f"fill-{i}" for i in range(4)]
+    for name in fillers:
+        create_claim(client, tenant, name, CLASS, 1)
+        bound_node(client, tenant, name, timeout=TIMEOUT)
+    [free] = [
+        (DRIVER, other, g.name)
+        for g in driver.gpus[other]
+        if (DRIVER, other, g.name) not in every_allocation(api)
+    ]
+    old = ResourceClaim.objects(api, namespace=tenant).get(name="kept").obj
+
+    ResourceClaim.objects(api, namespace=tenant).get(name="kept").delete()
+    create_claim(client, tenant, "next", CLASS, 1)
+
+    assert bound_node(client, tenant, "next", timeout=TIMEOUT) == other
+    assert devices_of(claim_of(client, tenant, "next")) == [free]
+    hold = wait_for(
+        "the hold to be created again",
+        lambda: ResourceClaim.objects(api, namespace=tenant).get_or_none(name="kept"),
+        lambda h: (
+            h is not None
+            and h.obj["metadata"]["uid"] != old["metadata"]["uid"]
+            and bool(dra_holds.allocated(h.obj))
+        ),
+        timeout=TIMEOUT,
+    )
+    assert hold is not None
+    assert [tuple(r) for r in dra_holds.allocated(hold.obj)] == [device]
+    assert dra_holds.allocation_node(hold.obj) == node
+    claim = claim_of(client, tenant, "kept")
+    assert claim["status"]["phase"] == "Bound" and devices_of(claim) == [device]
+    assert (condition(claim, "Bound") or {}).get("reason") == "HoldRestored"
+    restored = wait_for(
+        "the HoldRestored Event",
+        lambda: [e for e in events(client, tenant, "kept") if e["reason"] == "HoldRestored"],
+        bool,
+        timeout=TIMEOUT,
+    )
+    assert "ResourceClaim kept was gone" in restored[0]["message"]
+    everything = every_allocation(api)
+    assert len(everything) == len(set(everything))
+    for name in ["kept", "next", *fillers]:
+        release(api, tenant, name)
+
+
+def test_cordoning_a_dra_node_moves_its_idle_hold_to_the_other_node(
+    api: pykube.HTTPClient, driver: dra_driver.DraDriver, tenant: str, kubeconfig: Path
+) -> None:
+    all_healthy(driver)
+    client = as_tenant(kubeconfig, api, tenant)
+    create_claim(client, tenant, "drained", CLASS, 1)
+    node = bound_node(client, tenant, "drained", timeout=TIMEOUT)
+    [device] = devices_of(claim_of(client, tenant, "drained"))
+    other = NODE_B if node == NODE_A else NODE_A
+    cordoned = pykube.Node.objects(api).get(name=node)
+    cordoned.patch({"spec": {"unschedulable": True}})
+    try:
+        claim = moved_off(api, client, tenant, "drained", device)
+        assert claim["status"]["nodeName"] == other
+        bound = condition(claim, "Bound")
+        assert bound is not None and bound["reason"] == "Moved"
+        assert bound["message"] == f"moved from {node} to {other}: node cordoned"
+        assert condition(claim, "NodeCordoned") is None
+        moved = wait_for(
+            "the Moved Event",
+            lambda: [e for e in events(client, tenant, "drained") if e["reason"] == "Moved"],
+            bool,
+            timeout=TIMEOUT,
+        )
+        assert moved[0]["message"] == f"moved from {node} to {other}: node cordoned"
+        release(api, tenant, "drained")
+    finally:
+        cordoned.reload()
+        cordoned.patch({"spec": {"unschedulable": False}})
+
+
+def dra_figures(api: pykube.HTTPClient, node: str) -> dict[str, int] | None:
+    """The GPUNode's ``draDevices`` entry of this module's class, as the API server has it."""
+    found = GPUNode.objects(api).get_or_none(name=node)
+    entries = ((found.obj if found is not None else {}).get("status") or {}).get("draDevices")
+    mine = [e for e in entries or [] if e["name"] == CLASS]
+    return {k: mine[0][k] for k in ("count", "allocated", "tainted", "free")} if mine else None
+
+
+def test_a_device_taint_rule_on_a_held_device_moves_the_idle_hold_and_counts_as_tainted(
+    api: pykube.HTTPClient, driver: dra_driver.DraDriver, tenant: str, kubeconfig: Path
+) -> None:
+    """The local control plane serves DeviceTaintRules (resource.k8s.io/v1beta2, the
+    DRADeviceTaintRules gate on); the cluster admin's rule on a held device is read as the
+    driver's own taint would be."""
+    all_healthy(driver)
+    client = as_tenant(kubeconfig, api, tenant)
+    create_claim(client, tenant, "ruled", CLASS, 1)
+    node = bound_node(client, tenant, "ruled", timeout=TIMEOUT)
+    [device] = devices_of(claim_of(client, tenant, "ruled"))
+    rule = DeviceTaintRule(
+        api,
+        {
+            "apiVersion": names.DEVICE_TAINT_RULE_API_VERSION,
+            "kind": names.DEVICE_TAINT_RULE_KIND,
+            "metadata": {"name": f"maintenance-{TAG}"},
+            "spec": {
+                "deviceSelector": {"driver": device[0], "pool": device[1], "device": device[2]},
+                "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+            },
+        },
+    )
+    rule.create()
+    try:
+        claim = moved_off(api, client, tenant, "ruled", device)
+        assert "DeviceTainted" in (condition(claim, "Bound") or {}).get("message", "")
+        wait_for(
+            f"GPUNode {node} to count the rule's taint",
+            lambda: dra_figures(api, node),
+            lambda got: got is not None and got["tainted"] == 1,
+            timeout=TIMEOUT,
+        )
+        release(api, tenant, "ruled")
+    finally:
+        rule.delete()
+    wait_for(
+        f"GPUNode {node} to count no taint once the rule is gone",
+        lambda: dra_figures(api, node),
+        lambda got: got is not None and got["tainted"] == 0,
+        timeout=TIMEOUT,
+    )

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pykube
 import pytest
 
-from gpuoperator.kinds import GPUClass, ResourceClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, GPUClass, ResourceClaim, VirtualMachineInstance
 from harness import dra_driver, objects
 from harness.claims import bound_node, create_claim, create_vmi
 from harness.dra_driver import DraNodeGroup, GpuGroup
-from harness.kube import Obj
+from harness.edit_tenant import tenant_client
+from harness.kube import Obj, refused
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator
 
@@ -82,6 +84,88 @@ def launcher_pod(api: pykube.HTTPClient, ns: str) -> Obj:
         timeout=TIMEOUT,
     )
     return found[0]
+
+
+def test_a_tenant_naming_a_hold_raw_from_her_own_pod_or_vmi_is_refused(
+    api: pykube.HTTPClient, dra_class: str, tenant: str, kubeconfig: Path
+) -> None:
+    """The tenant (only ``edit``, and KubeVirt's VMI rights) names her claim's hold in her
+    own pod's and her own VMI's ``spec.resourceClaims``: both are refused, naming the field,
+    the ResourceClaim and what is allowed; a pod naming a ResourceClaim that is no hold is
+    hers."""
+    client = tenant_client(api, kubeconfig, tenant)
+    create_claim(client, tenant, "raw", dra_class, 1)
+    bound_node(client, tenant, "raw", timeout=TIMEOUT)
+    wait_for(
+        "the claim's hold (the webhooks' caches have it)",
+        lambda: allocation(api, tenant, "raw"),
+        until=lambda found: found is not None,
+        timeout=TIMEOUT,
+    )
+
+    def pod(name: str, resource_claim: str) -> pykube.Pod:
+        return pykube.Pod(
+            client,
+            {
+                "metadata": {"name": name, "namespace": tenant},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": resource_claim}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                },
+            },
+        )
+
+    with refused(403) as pod_refusal:
+        pod("sneaky", "raw").create()
+    message = pod_refusal[0].message
+    assert "spec.resourceClaims[0].resourceClaimName" in message
+    assert "ResourceClaim raw is the hold of GPUClaim raw" in message
+    assert "only the launcher pod KubeVirt creates for the VM that claim serves" in message
+
+    vmi = VirtualMachineInstance(
+        client,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": "sneaky-vm", "namespace": tenant},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "raw"}],
+                "domain": {
+                    "devices": {"gpus": [{"name": "gpu", "claimName": "gpu", "requestName": "gpu"}]}
+                },
+            },
+        },
+    )
+    with refused(403) as vmi_refusal:
+        vmi.create()
+    message = vmi_refusal[0].message
+    assert "spec.resourceClaims[0].resourceClaimName" in message
+    assert (
+        "ResourceClaim raw is the hold of GPUClaim raw, which this VMI does not request" in message
+    )
+    assert "reference the claim in annotation gpu.cozystack.io/claims" in message
+
+    plain = pod("plain", "not-a-hold")
+    plain.create()  # admitted (it waits for its ResourceClaim)
+    plain.delete()
+
+    # The class's one device is free again for the tests after this one.
+    GPUClaim.objects(api, namespace=tenant).get(name="raw").delete()
+    wait_for(
+        "the claim and its hold gone",
+        lambda: (
+            GPUClaim.objects(api, namespace=tenant).get_or_none(name="raw"),
+            ResourceClaim.objects(api, namespace=tenant).get_or_none(name="raw"),
+        ),
+        until=lambda both: both == (None, None),
+        timeout=TIMEOUT,
+    )
 
 
 def test_a_vm_on_a_dra_claim_starts_on_the_allocated_node_and_the_hold_outlives_it(

@@ -496,6 +496,10 @@ class OfflineCluster:
             id(caches.resource_slices): (inv.apply_resource_slice, inv.delete_resource_slice),
             id(caches.device_classes): (inv.apply_device_class, inv.delete_device_class),
             id(caches.resource_claims): (inv.apply_resource_claim, inv.delete_resource_claim),
+            id(caches.device_taint_rules): (
+                inv.apply_device_taint_rule,
+                inv.delete_device_taint_rule,
+            ),
         }.get(id(informer))
 
     def deliver(self, informer: Informer, obj: Obj) -> Obj:

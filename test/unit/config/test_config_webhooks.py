@@ -25,6 +25,8 @@ PATHS = {
     f"orders.{names.DOMAIN}": orders.PATH,
     f"vmis.{names.DOMAIN}": vmis.PATH,
     f"launcher-pods.{names.DOMAIN}": pods.PATH,
+    f"hold-vmis.{names.DOMAIN}": vmis.PATH,
+    f"hold-pods.{names.DOMAIN}": pods.PATH,
 }
 SERVICE_VARIANTS = [v for v in VARIANTS if v != "overlays/dev"]
 
@@ -97,6 +99,12 @@ def test_every_webhook_fails_closed_and_names_its_side_effects() -> None:
     assert by_name[f"launcher-pods.{names.DOMAIN}"]["sideEffects"] == "None"
     assert by_name[f"launcher-pods.{names.DOMAIN}"]["reinvocationPolicy"] == "IfNeeded"
     assert by_name[f"orders.{names.DOMAIN}"]["sideEffects"] == "None"
+    # The hold-naming entries select by matchConditions what the first two do not select.
+    for name in (f"hold-vmis.{names.DOMAIN}", f"hold-pods.{names.DOMAIN}"):
+        assert "objectSelector" not in by_name[name]
+        conditions = by_name[name]["matchConditions"]
+        assert conditions[0]["name"] == "names-a-resource-claim"
+        assert by_name[name]["reinvocationPolicy"] == "Never"
 
 
 def test_cert_manager_injects_the_ca_of_the_certificate_for_the_service() -> None:

@@ -21,6 +21,7 @@ from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.kinds import GPUClaim, ResourceClaim
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import claim_states, dra_devices, dra_holds
+from gpuoperator.runtime import errors
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.settings import Settings
 from harness import objects
@@ -54,11 +55,13 @@ def slice_of(node: str, devices: list[str], tainted: tuple[str, ...] = ()) -> Ob
 
 
 class World:
-    def __init__(self, n1: list[str], n2: list[str], **settings: Any) -> None:
+    def __init__(
+        self, n1: list[str], n2: list[str], api: DraApi | None = None, **settings: Any
+    ) -> None:
         self.clock = FakeClock()
         self.caches = offline_caches()
         self.ledger = Ledger(clock=self.clock)
-        self.api = DraApi()
+        self.api = api if api is not None else DraApi()
         self.recorder = FakeRecorder()
         self.statuses = ClaimStatus(
             self.api, self.ledger, self.recorder, registry=CollectorRegistry()
@@ -76,6 +79,7 @@ class World:
         self.ledger.apply_class(CLASS)
         self.ledger.apply_device_class({"metadata": {"name": DEVICE_CLASS}, "spec": {}})
         self.devices = {"n1": n1, "n2": n2}
+        self.published: dict[str, Obj] = {}
         for name in ("n1", "n2"):
             node = objects.node(name, {})
             self.caches.nodes.store.put(node)
@@ -85,6 +89,7 @@ class World:
     def publish(self, node: str, devices: list[str], tainted: tuple[str, ...] = ()) -> None:
         published = slice_of(node, devices, tainted)
         published["spec"]["pool"]["generation"] = 2
+        self.published[node] = published
         self.ledger.apply_resource_slice(published)
 
     def bound(
@@ -108,6 +113,34 @@ class World:
 
     def reconcile(self) -> object:
         return self.health.reconcile(("", "dra-a10"))
+
+    def successor(self, **settings: Any) -> World:
+        """A new leader over the same API server: its caches list what the server holds
+        (claims and holds; the slices as this world last published them)."""
+        after = World([], [], api=self.api, **settings)
+        with self.api.lock:
+            stored = copy.deepcopy(self.api.objects)
+        for (kind, _, _), obj in sorted(stored.items()):
+            if kind == GPUClaim.kind:
+                after.caches.claims.store.put(obj)
+                after.ledger.apply_claim(obj)
+            elif kind == ResourceClaim.kind:
+                after.ledger.apply_resource_claim(obj)
+        for name in ("n1", "n2"):
+            published = self.published.get(name) or slice_of(name, self.devices[name])
+            after.ledger.apply_resource_slice(published)
+        return after
+
+    def other_allocation(self, name: str, *devices: str, node: str = "n1") -> None:
+        """A ResourceClaim no GPUClaim controls, allocated on ``devices`` (an exempt pod's)."""
+        obj = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "exempt"},
+            "spec": {},
+            "status": dra_holds.allocation([ref(d, node) for d in devices], node, NOW),
+        }
+        self.ledger.apply_resource_claim(self.api.add(ResourceClaim, obj))
 
     def allocation(self, name: str) -> list[tuple[str, str]] | None:
         hold = self.api.stored(ResourceClaim, name, NS)
@@ -252,3 +285,141 @@ def test_a_move_whose_status_write_lost_a_race_is_finished_from_its_hold() -> No
     assert world.verbs()[before:] == [("replace_status", "GPUClaim")]
     assert world.status("idle")["devices"] == [{"driver": DRIVER, "pool": "n1", "device": "gpu-1"}]
     assert world.allocation("idle") == [("n1", "gpu-1")]
+
+
+# ---- a Bound claim whose hold is gone ------------------------------------------------------
+
+
+def stopped_between_delete_and_create(world: World, name: str) -> None:
+    """Run a health move of ``name`` whose leader stops right after the hold's delete: the
+    create is fenced, so the claim stays Bound on its old devices with no ResourceClaim."""
+    world.api.refuse[("create", NS)] = errors.NotLeaderError("lost the lease")
+    try:
+        world.reconcile()
+    except errors.NotLeaderError:
+        pass
+    else:
+        raise AssertionError("the move was not fenced")
+    finally:
+        del world.api.refuse[("create", NS)]
+    assert world.api.stored(ResourceClaim, name, NS) is None
+    assert world.status(name)["phase"] == "Bound"
+
+
+def test_a_claim_left_without_its_hold_by_a_stopped_move_is_held_again_on_its_devices() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("idle", "gpu-0")
+    world.bound("full", "gpu-1")  # the move's target is gpu-2
+    world.publish("n1", ["gpu-0", "gpu-1", "gpu-2"], tainted=("gpu-0",))
+    stopped_between_delete_and_create(world, "idle")
+    world.publish("n1", ["gpu-0", "gpu-1", "gpu-2"])  # the taint is lifted meanwhile
+
+    after = world.successor()
+    before = len(after.api.writes())
+    after.reconcile()
+
+    assert after.verbs()[before:] == [
+        ("create", "ResourceClaim"),
+        ("replace_status", "ResourceClaim"),
+        ("replace_status", "GPUClaim"),
+    ]
+    assert after.allocation("idle") == [("n1", "gpu-0")]
+    status = after.status("idle")
+    assert status["phase"] == "Bound" and status["nodeName"] == "n1"
+    assert status["devices"] == [{"driver": DRIVER, "pool": "n1", "device": "gpu-0"}]
+    bound = condition(status, "Bound")
+    assert bound is not None and bound["status"] == "True" and bound["reason"] == "HoldRestored"
+    events = [e for e in after.recorder.events if e["name"] == "idle"]
+    assert [(e["type"], e["reason"]) for e in events] == [("Normal", "HoldRestored")]
+    hold = after.api.stored(ResourceClaim, "idle", NS)
+    stored = after.api.stored(GPUClaim, "idle", NS)
+    assert hold is not None and stored is not None and dra_holds.is_hold_of(hold, stored)
+
+
+def test_a_claim_whose_devices_were_taken_meanwhile_moves_to_free_ones() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("idle", "gpu-0")
+    world.api.remove(ResourceClaim, "idle", NS)
+    world.other_allocation("exempt-pod", "gpu-0")
+    after = world.successor()
+
+    after.reconcile()
+
+    assert after.allocation("idle") == [("n1", "gpu-1")]
+    status = after.status("idle")
+    assert status["devices"] == [{"driver": DRIVER, "pool": "n1", "device": "gpu-1"}]
+    assert (condition(status, "Bound") or {}).get("reason") == "Moved"
+
+
+def test_an_idle_claim_whose_hold_is_gone_and_that_fits_nowhere_waits_again() -> None:
+    world = World(["gpu-0"], [])
+    world.bound("idle", "gpu-0")
+    world.api.remove(ResourceClaim, "idle", NS)
+    world.publish("n1", ["gpu-0"], tainted=("gpu-0",))
+    after = world.successor()
+
+    after.reconcile()
+
+    assert after.api.stored(ResourceClaim, "idle", NS) is None
+    status = after.status("idle")
+    assert status["phase"] == "Pending"
+    assert "nodeName" not in status and "devices" not in status
+    bound = condition(status, "Bound")
+    assert bound is not None and bound["status"] == "False" and bound["reason"] == "HoldLost"
+    assert "DeviceClass a10.example.com" in bound["message"]
+
+
+def test_a_serving_claim_whose_hold_is_gone_keeps_its_devices_and_says_so() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("serving", "gpu-0", attachment={"vmi": "vm-1", "uid": "vmi-uid"})
+    world.api.remove(ResourceClaim, "serving", NS)
+    world.other_allocation("exempt-pod", "gpu-0")
+    after = world.successor()
+
+    after.reconcile()
+
+    assert after.api.stored(ResourceClaim, "serving", NS) is None
+    status = after.status("serving")
+    assert status["phase"] == "Bound"
+    assert status["devices"] == [{"driver": DRIVER, "pool": "n1", "device": "gpu-0"}]
+    flagged = condition(status, "HoldMissing")
+    assert flagged is not None and f"{NS}/vm-1" in flagged["message"]
+    events = [e for e in after.recorder.events if e["name"] == "serving"]
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", "HoldMissing")]
+
+
+def test_a_hold_the_cache_has_not_shown_yet_is_not_created_twice() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("idle", "gpu-0")
+    world.ledger.delete_resource_claim(world.api.stored(ResourceClaim, "idle", NS) or {})
+    before = len(world.api.writes())
+
+    world.reconcile()
+
+    assert world.api.writes()[before:] == []
+    assert world.allocation("idle") == [("n1", "gpu-0")]
+
+
+def test_a_device_taint_rule_on_a_held_device_moves_an_idle_hold_as_a_slice_taint_does() -> None:
+    world = World(["gpu-0", "gpu-1"], [])
+    world.bound("idle", "gpu-0")
+    rule = {
+        "apiVersion": names.DEVICE_TAINT_RULE_API_VERSION,
+        "kind": names.DEVICE_TAINT_RULE_KIND,
+        "metadata": {"name": "maintenance"},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": "n1", "device": "gpu-0"},
+            "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+        },
+    }
+    world.ledger.apply_device_taint_rule(rule)
+    assert world.ledger.node_dra("n1")[0]["tainted"] == 1
+
+    world.reconcile()
+
+    assert world.allocation("idle") == [("n1", "gpu-1")]
+    bound = condition(world.status("idle"), "Bound")
+    assert bound is not None and bound["reason"] == "Moved" and "DeviceTainted" in bound["message"]
+
+    world.ledger.delete_device_taint_rule(rule)
+    assert world.ledger.node_dra("n1")[0]["tainted"] == 0

@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from unit.controllers import test_controllers_device_health as dra
 
 from controllers import draining as drainingmod
 from gpuoperator import names
@@ -19,6 +20,7 @@ from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.ledger import Ledger
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.settings import Settings
+from harness import objects
 from harness.offline import ClaimStore, offline_caches
 
 Obj = dict[str, Any]
@@ -216,3 +218,82 @@ def test_a_stuck_hold_that_loses_its_node_loses_the_condition() -> None:
     w.sync()
     w.controller.reconcile((NS, "big"))  # the claim's own key: it is on no cordoned node
     assert all(c["type"] != "NodeCordoned" for c in w.api.claims["big"]["status"]["conditions"])
+
+
+# ---- DRA classes: the hold moves through its ResourceClaim ---------------------------------
+
+
+def dra_world(n1: list[str], n2: list[str]) -> tuple[dra.World, drainingmod.Draining, Events]:
+    """Device health's DRA world with node n1 cordoned and a draining controller on it."""
+    world = dra.World(n1, n2)
+    cordoned = objects.node("n1", {})
+    cordoned["spec"] = {"unschedulable": True}
+    world.caches.nodes.store.put(cordoned)
+    world.ledger.apply_node(cordoned)
+    events = Events()
+    drain = drainingmod.Draining(
+        world.caches,
+        world.ledger,
+        world.statuses,
+        events,
+        Settings.model_validate({}),
+        clock=world.clock,
+        registry=CollectorRegistry(),
+        holds=world.api,
+    )
+    return world, drain, events
+
+
+def test_an_idle_dra_hold_leaves_a_cordoned_node_through_its_resource_claim() -> None:
+    world, drain, _ = dra_world(["gpu-0"], ["gpu-0", "gpu-1"])
+    world.bound("idle", "gpu-0")
+    world.bound("there", "gpu-0", node="n2")
+    before = len(world.api.writes())
+
+    assert drain.reconcile(("", "n1")) is None
+
+    assert world.verbs()[before:] == [
+        ("delete", "ResourceClaim"),
+        ("create", "ResourceClaim"),
+        ("replace_status", "ResourceClaim"),
+        ("replace_status", "GPUClaim"),
+    ]
+    assert world.allocation("idle") == [("n2", "gpu-1")]
+    assert world.allocation("there") == [("n2", "gpu-0")]
+    status = world.status("idle")
+    assert status["nodeName"] == "n2"
+    assert status["devices"] == [{"driver": dra.DRIVER, "pool": "n2", "device": "gpu-1"}]
+    bound = dra.condition(status, "Bound")
+    assert bound is not None and bound["reason"] == "Moved"
+    assert bound["message"] == "moved from n1 to n2: node cordoned"
+    [event] = [e for e in world.recorder.events if e["name"] == "idle"]
+    assert (event["type"], event["reason"]) == ("Normal", "Moved")
+
+
+def test_a_dra_hold_that_fits_nowhere_stays_cannot_move() -> None:
+    world, drain, _ = dra_world(["gpu-0"], ["gpu-0"])
+    world.bound("idle", "gpu-0")
+    world.bound("there", "gpu-0", node="n2")
+
+    drain.reconcile(("", "n1"))
+
+    assert world.allocation("idle") == [("n1", "gpu-0")]
+    flagged = dra.condition(world.status("idle"), "NodeCordoned")
+    assert flagged is not None and flagged["reason"] == "CannotMove"
+    assert "1 free unit of DeviceClass a10.example.com" in flagged["message"]
+
+
+def test_a_dra_hold_serving_a_vm_stays_and_blocks_the_drain() -> None:
+    world, drain, events = dra_world(["gpu-0"], ["gpu-0"])
+    world.bound("serving", "gpu-0", attachment={"vmi": "vm-1", "uid": "vmi-uid"})
+    vmi = {
+        "metadata": {"name": "vm-1", "namespace": dra.NS, "uid": "vmi-uid"},
+        "status": {"phase": "Running", "nodeName": "n1"},
+    }
+    world.caches.vmis.store.put(vmi)
+    before = len(world.api.writes())
+
+    drain.reconcile(("", "n1"))
+
+    assert world.api.writes()[before:] == []
+    assert [r for _, r, _ in events.seen] == ["DrainBlocked"]

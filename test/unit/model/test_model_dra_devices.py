@@ -270,3 +270,51 @@ def test_a_remembered_failure_still_gives_its_reason() -> None:
     again = dra_devices.inventory([stored], failing, [])
     assert first.reasons and again.reasons == first.reasons
     assert "gpu.example.com/gpu-0" in first.reasons[0]
+
+
+def taint_rule(effect: str, selector: Obj | None) -> Obj:
+    """A DeviceTaintRule (``resource.k8s.io/v1beta2``) with ``selector`` as its
+    ``spec.deviceSelector`` (none when ``None``)."""
+    spec: Obj = {"taint": {"key": "example.com/maintenance", "effect": effect}}
+    if selector is not None:
+        spec["deviceSelector"] = selector
+    return {"metadata": {"name": "rule"}, "spec": spec}
+
+
+def tainted_by(*rules: Obj) -> dict[str, list[str]]:
+    slices = [
+        slice_of("n1", [device("gpu-0"), device("gpu-1")]),
+        slice_of("n2", [device("gpu-0"), device("gpu-1")]),
+    ]
+    inv = dra_devices.inventory(slices, device_class(A10_SELECTOR), [], taint_rules=rules)
+    return {n: [d.ref.device for d in v.devices if d.tainted] for n, v in inv.nodes.items()}
+
+
+def test_a_device_taint_rule_taints_the_devices_its_selector_selects() -> None:
+    one = {"driver": DRIVER, "pool": "n1", "device": "gpu-1"}
+    assert tainted_by(taint_rule("NoSchedule", one)) == {"n1": ["gpu-1"], "n2": []}
+    assert tainted_by(taint_rule("NoExecute", {"pool": "n2"})) == {
+        "n1": [],
+        "n2": ["gpu-0", "gpu-1"],
+    }
+    assert tainted_by(taint_rule("NoSchedule", {"device": "gpu-0"})) == {
+        "n1": ["gpu-0"],
+        "n2": ["gpu-0"],
+    }
+    # The empty selector selects every device; a rule without one selects none.
+    assert tainted_by(taint_rule("NoSchedule", {})) == {
+        "n1": ["gpu-0", "gpu-1"],
+        "n2": ["gpu-0", "gpu-1"],
+    }
+    assert tainted_by(taint_rule("NoSchedule", None)) == {"n1": [], "n2": []}
+
+
+def test_a_rule_of_another_driver_or_a_non_blocking_effect_taints_nothing() -> None:
+    assert tainted_by(taint_rule("NoSchedule", {"driver": "other.example.com"})) == {
+        "n1": [],
+        "n2": [],
+    }
+    assert tainted_by(taint_rule("None", {}), taint_rule("PreferNoSchedule", {})) == {
+        "n1": [],
+        "n2": [],
+    }
