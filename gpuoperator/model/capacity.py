@@ -150,7 +150,11 @@ class _Group:
             for r, units in used.items():
                 if units > kept.get(r, 0):
                     left[r] = left.get(r, 0) + units - kept.get(r, 0)
-        return {r: units - self.cover.get(r, 0) for r, units in left.items() if units > self.cover.get(r, 0)}
+        return {
+            r: units - self.cover.get(r, 0)
+            for r, units in left.items()
+            if units > self.cover.get(r, 0)
+        }
 
     def use(self, job: str, usage: Iterable[tuple[str, int]], sign: int) -> None:
         used = self.usage.setdefault(job, {})
@@ -301,7 +305,9 @@ class Ledger:
         node = pods.node_name(pod)
         usage = pods.pod_usage(pod) if node else {}
         new = (
-            _Use(node, tuple(sorted(usage.items())), pods.launcher_vmi(pod), pods.migration_job(pod))
+            _Use(
+                node, tuple(sorted(usage.items())), pods.launcher_vmi(pod), pods.migration_job(pod)
+            )
             if usage
             else None
         )

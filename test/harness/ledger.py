@@ -166,9 +166,7 @@ def used_units(
     for (node, resource, namespace, uid), by_job in launched.items():
         total = sum(by_job.values())
         by_transient = sum(
-            min(n, cover[(node, resource, namespace, uid, job)])
-            for job, n in by_job.items()
-            if job
+            min(n, cover[(node, resource, namespace, uid, job)]) for job, n in by_job.items() if job
         )
         covered = min(total, cover[(node, resource, namespace, uid, "")] + by_transient)
         used[(node, resource)] += total - covered

@@ -782,7 +782,10 @@ class Reference:
                     per_job[job] = per_job.get(job, 0) + obj["spec"]["count"]
             total = sum(u for v, _, u in using.values() if v == uid)
             transient = sum(
-                min(per_job.get(job, 0), sum(u for v, j, u in using.values() if v == uid and j == job))
+                min(
+                    per_job.get(job, 0),
+                    sum(u for v, j, u in using.values() if v == uid and j == job),
+                )
                 for job in {j for v, j, _ in using.values() if v == uid and j}
             )
             excess[uid] = total - min(total, own + transient)
