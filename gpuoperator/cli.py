@@ -31,6 +31,7 @@ from controllers import (
     draining,
     gpu_hours,
     license_copier,
+    migrations,
     node_inventory,
     placement,
     policy_params,
@@ -452,6 +453,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, ledger, statuses, recorder, operator_settings)
+    # Live migration's transient holds: chosen, written, and ended with the migration.
+    migrations.register(manager, shared, ledger, statuses, operator_settings)
     # DRA holds moved off unhealthy devices (docs/design.md §5 "DRA classes").
     device_health.register(manager, shared, ledger, statuses, operator_settings)
     # Running VMs on preemptible holds given notice, then stopped, for guaranteed orders.

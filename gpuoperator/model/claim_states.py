@@ -238,11 +238,15 @@ def migrated(claim: Mapping[str, Any], now: datetime.datetime) -> Obj:
 
 def migration_cleared(
     claim: Mapping[str, Any], reason: str, message: str, now: datetime.datetime
-) -> Obj:
+) -> Obj | None:
     """``claim`` without a transient hold (its migration ended without it, or never got
     one): it stays where it is, ``migration`` removed, the ``Migrating`` condition False
-    with ``reason`` and ``message``."""
+    with ``reason`` and ``message``; ``None`` when it says exactly that already."""
     status = _status(claim)
+    current = conditions.find(status.get("conditions"), migrations.CONDITION) or {}
+    said = (current.get("status"), current.get("reason"), current.get("message"))
+    if migrations.FIELD not in status and said == ("False", reason, message):
+        return None
     status.pop(migrations.FIELD, None)
     status["conditions"] = _migration_condition(claim, status, False, reason, message, now)
     return status

@@ -192,7 +192,7 @@ def refusal(
     for name in claim_names:
         claim = claims.get(name)
         if claim is None:
-            return f"claim {name} does not exist"
+            return f"claim {name} does not exist or does not serve this VM"
         cls = classes.get(name)
         if cls is None:
             return f"the class of claim {name} does not exist"

@@ -421,6 +421,11 @@ def test_a_migration_that_ends_otherwise_clears_the_transient_hold_and_the_claim
         {"phase": "Bound", "nodeName": "n1", "migration": {"uid": "u", "targetNode": "n2"}}
     )
     status = claim_states.migration_cleared(before, "MigrationFailed", "migration u failed", NOW)
+    assert status is not None
     assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
     assert "migration" not in status
     assert migration_condition(status) == ("False", "MigrationFailed")
+    again = claim_states.migration_cleared(
+        {**before, "status": status}, "MigrationFailed", "migration u failed", NOW
+    )
+    assert again is None  # it says so already
