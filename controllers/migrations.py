@@ -16,7 +16,8 @@ the next one finishes or clears from the same objects. One pass, under
   aborted, the migration object gone or finished ``Failed``, its target pod gone before
   completion, completed elsewhere) removes the transient hold and the claim stays
   (``Migrating`` False with the reason, a Warning Event).
-* **holding.** For a migration that is not finished nor being deleted, of a VM that may
+* **holding.** For a migration that may still be held (``migrations.may_hold``: not
+  finished nor being deleted, its target pod not scheduled yet, not ended), of a VM that may
   migrate (``migrations.refusal``: every claim Bound on the VMI's node, all of ``vgpu``
   device-plugin classes, no host devices, no DRA claims; otherwise nothing is written and a
   debug line says why: KubeVirt itself refuses such migrations), one target node is chosen
@@ -149,10 +150,11 @@ class Migrations:
         namespace, vmi_name = key
         found = self._migrations(namespace, vmi_name)
         claims = self._claims(namespace, vmi_name)
-        active = [m for m in found.values() if not m.finished and not m.deleting]
+        vmi = self.caches.vmis.store.get(key)
+        state = migrations.migration_state(vmi)
+        active = [m for m in found.values() if migrations.may_hold(m, state)]
         if not active and not any(migrations.transient_hold(c) for c in claims):
             return None
-        vmi = self.caches.vmis.store.get(key)
         retry = False
         with self.ledger.allocation_lock:
             for claim in claims:

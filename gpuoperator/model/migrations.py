@@ -22,7 +22,8 @@ failed, on ``T``; *cleared* (the claim stays) when that state failed or was abor
 completed elsewhere, when the migration object is gone or finished ``Failed``, or when its
 target pod is gone (absent, terminated or being deleted) after KubeVirt scheduled it and
 before completion; otherwise the hold is *kept*. A migration finished ``Succeeded`` waits for
-the VMI's state to say so.
+the VMI's state to say so. A migration gets transient holds only until KubeVirt schedules its
+target pod (:func:`may_hold`), so one whose holds were cleared is not held again.
 
 Choices where docs/design.md is silent:
 
@@ -206,6 +207,24 @@ def refusal(
         if not gpuclaims.is_bound_to(claim, node):
             return f"claim {name} is not Bound to the VM's node {node}"
     return ""
+
+
+def may_hold(found: Migration, state: MigrationState | None) -> bool:
+    """Whether ``found`` may still get transient holds: it is not finished nor being
+    deleted, KubeVirt has not scheduled its target pod yet (the pod waits, gated, for the
+    holds; one placed without them is past holding), and the VMI's ``migrationState`` does
+    not say it ended."""
+    ended = (
+        state is not None
+        and state.uid == found.uid
+        and (state.completed or state.failed or state.aborted)
+    )
+    return (
+        not found.finished
+        and not found.deleting
+        and found.phase not in TARGET_PLACED_PHASES
+        and not ended
+    )
 
 
 # -- how it ends ------------------------------------------------------------------------------

@@ -48,10 +48,10 @@ def world(
         objects.node(n, {RES: units + used.get(n, 0)}, cordoned=n in cordoned)
         for n, units in frees.items()
     ]
-    for n in nodes:
-        ledger.set_node(n)
-    for n, units in used.items():
-        ledger.set_claim(objects.claim(f"other-{n}", count=units, phase="Bound", node=n), RES)
+    for obj in nodes:
+        ledger.set_node(obj)
+    for name, units in used.items():
+        ledger.set_claim(objects.claim(f"other-{name}", count=units, phase="Bound", node=name), RES)
     return ledger, nodes
 
 

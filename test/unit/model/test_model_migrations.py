@@ -245,3 +245,37 @@ def test_how_a_transient_hold_ends(
     verdict = migrations.verdict(HOLD, found, migrations.migration_state(vmi), target_pods)
     assert (verdict.end.value, verdict.reason) == (end, reason)
     assert bool(verdict.message) == bool(reason)
+
+
+@pytest.mark.parametrize(
+    ("phase", "deleting", "state", "holds"),
+    [
+        pytest.param("", False, None, True, id="new"),
+        pytest.param("Pending", False, None, True, id="pending"),
+        pytest.param("Scheduling", False, None, True, id="target-pod-gated"),
+        pytest.param("Scheduled", False, None, False, id="target-pod-placed-without-holds"),
+        pytest.param("Running", False, None, False, id="running"),
+        pytest.param("Failed", False, None, False, id="failed"),
+        pytest.param("Succeeded", False, None, False, id="succeeded"),
+        pytest.param("Pending", True, None, False, id="being-deleted"),
+        pytest.param(
+            "Pending", False, objects.migration_state(aborted=True), False, id="ended-per-the-vmi"
+        ),
+        pytest.param(
+            "Pending",
+            False,
+            objects.migration_state(uid="uid-older", failed=True),
+            True,
+            id="an-older-migration-ended",
+        ),
+    ],
+)
+def test_a_migration_is_held_only_before_its_target_pod_is_placed(
+    phase: str, deleting: bool, state: dict[str, Any] | None, holds: bool
+) -> None:
+    found = migrations.migration(objects.vmim(phase=phase or None, deleting=deleting))
+    assert found is not None
+    vmi = running()
+    if state is not None:
+        vmi["status"]["migrationState"] = state
+    assert migrations.may_hold(found, migrations.migration_state(vmi)) is holds
