@@ -377,8 +377,16 @@ class Ledger:
         """Keep counting the hold of ``claim`` — a stored version that a newer state, not
         confirmed yet, releases or moves — beside the claim's current hold (:meth:`set_claim`),
         until :meth:`drop_released` or :meth:`remove_claim`: if the release never lands the
-        stored version still holds those units. Returns the nodes whose figures changed."""
-        return self._set_hold(self._released, claims.key(claim), _holds_of(claim, resource_name))
+        stored version still holds those units. A hold on a node where the claim's current
+        hold (:meth:`set_claim`, called first) holds its resource is not counted twice (a
+        claim moving to its transient hold's node); call it again after each
+        :meth:`set_claim` of the claim. Returns the nodes whose figures changed."""
+        key = claims.key(claim)
+        current = {(h.node, h.resource) for h in self._claims.get(key, ())}
+        kept = tuple(
+            h for h in _holds_of(claim, resource_name) if (h.node, h.resource) not in current
+        )
+        return self._set_hold(self._released, key, kept)
 
     def drop_released(self, key: Key) -> set[str]:
         """Stop counting the released hold of claim ``key`` (its release is confirmed, or
