@@ -744,7 +744,7 @@ def migration_step(
         return _fail(
             status, now, "Migration target pod was removed during active migration.", vmi=change
         )
-    if target is not None and _pod_down(target):
+    if target is not None and (target.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         change = None
         if handed_off and not state.get("completed"):
             change = _vmi_change(vmi, _failed_state(state, now, "Target pod is down", abort=False))
@@ -846,8 +846,9 @@ def _pending_timeout(
     is deleted (the next sync fails the migration), else the migration is looked at again
     when the timeout runs out."""
     created = _seconds(_meta(target).get("creationTimestamp"))
-    if created is None or (target.get("status") or {}).get("phase") not in (None, "Pending"):
-        return MigrationStep(status)
+    phase = (target.get("status") or {}).get("phase")
+    if created is None or phase not in (None, "Pending") or _meta(target).get("deletionTimestamp"):
+        return MigrationStep(status)  # only a pending pod not being deleted times out
     waited = now - created
     name, namespace = str(_meta(target)["name"]), str(_meta(target).get("namespace") or "")
     vmi_key = f"{_meta(vmi).get('namespace')}/{_meta(vmi).get('name')}"

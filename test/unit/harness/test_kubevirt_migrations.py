@@ -582,3 +582,15 @@ def test_a_failed_vmi_of_a_vm_is_not_restarted() -> None:
     step = kv.vm_step(a_vm(runStrategy="Always"), vmi_of_vm("Failed"), launched=False)
     assert step.create is None and not step.delete_vmi
     assert step.status == {"created": True, "ready": False, "printableStatus": "Stopped"}
+
+
+def test_a_target_pod_being_deleted_is_waited_for_not_deleted_again() -> None:
+    w = World(a_vmi(), a_migration())
+    for _ in range(3):
+        w.step()
+    w.pods["virt-launcher-vm-a-t1"]["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:09Z"
+    step = w.step(now=T0 + 3600)
+    assert step.delete_pods == () and step.events == () and w.phase == "Scheduling"
+    del w.pods["virt-launcher-vm-a-t1"]
+    w.step(now=T0 + 3601)
+    assert w.phase == "Failed"
