@@ -20,6 +20,7 @@ from gpuoperator.kinds import (
     ResourceClaim,
     ResourceSlice,
     VirtualMachineInstance,
+    VirtualMachineInstanceMigration,
     Workload,
 )
 from gpuoperator.model import gpu_hours, slimming
@@ -68,6 +69,9 @@ class Caches:
     resource_slices: Informer
     device_classes: Informer
     resource_claims: Informer
+    #: KubeVirt's VirtualMachineInstanceMigrations (docs/design.md §5 "Live migration"),
+    #: optional like the VMIs: the drain starts one per node at a time.
+    migrations: Informer
 
     def class_keys(self) -> list[indexing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
@@ -160,5 +164,8 @@ def register(manager: Informs) -> Caches:
                 transform=slimming.slim_resource_claim,
                 indexers={BY_NAMESPACE: indexing.by_namespace},
             ),
+        ),
+        migrations=manager.informer(
+            VirtualMachineInstanceMigration, InformerOptions(optional=True, transform=lean)
         ),
     )
