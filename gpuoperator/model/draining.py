@@ -33,8 +33,9 @@ Choices where docs/design.md is silent:
   and the move only keeps it.
 * A hold with an attachment whose VM instance is gone is left alone until the attachments
   controller clears the attachment (the claim's update brings the node back).
-* A VM instance that is not ``Running`` (still starting, or its phase unknown) does not
-  migrate: KubeVirt migrates running VMs only; it blocks as before.
+* A VM instance whose launcher pod does not run (phase neither ``Scheduled`` nor
+  ``Running``, ``gpu_hours.RUNNING_PHASES``) does not migrate: KubeVirt migrates running VMs
+  only; it blocks as before.
 * A VM instance whose claims' references cannot be read, or one of whose claims is missing,
   Pending, on another node or of a class not in the cache, does not migrate (the migration
   would run without holds for every unit).
@@ -175,8 +176,9 @@ def migration_refusal(
     status = _mapping(vmi.get("status"))
     if meta.get("deletionTimestamp"):
         return "its VM instance is being deleted"
-    if status.get("phase") != names.VMI_RUNNING:
-        return f"its VM instance is {status.get('phase') or 'not running'}, not Running"
+    if status.get("phase") not in gpu_hours.RUNNING_PHASES:
+        phase = status.get("phase") or "in no phase"
+        return f"its VM instance is {phase}: only a running VM instance migrates"
     if status.get("nodeName") != node_name:
         return f"its VM instance runs on {status.get('nodeName') or 'no node'}"
     strategy = eviction_strategy(vmi, kubevirt)

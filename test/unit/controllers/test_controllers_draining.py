@@ -410,7 +410,7 @@ def test_the_cluster_wide_strategy_applies_where_the_vm_sets_none() -> None:
         pytest.param(lambda w: None, {"drainMoves": "false"}, id="drain-moves-off"),
         pytest.param(lambda w: w.put_vm(vmi("vm-1", "n1", strategy=None)), {}, id="no-strategy"),
         pytest.param(
-            lambda w: w.put_vm(vmi("vm-1", "n1", phase="Scheduled")), {}, id="not-running-yet"
+            lambda w: w.put_vm(vmi("vm-1", "n1", phase="Scheduling")), {}, id="not-running-yet"
         ),
     ],
 )

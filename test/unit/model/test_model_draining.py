@@ -128,6 +128,7 @@ def refusal(vmi: dict[str, Any] | None, claims: Any = None, kubevirt: Any = None
 
 def test_a_running_vgpu_vm_with_live_migrate_migrates() -> None:
     assert refusal(live_vmi()) == ""
+    assert refusal(live_vmi(phase="Scheduled")) == ""  # its launcher pod runs
 
 
 @pytest.mark.parametrize(
@@ -154,7 +155,9 @@ def test_the_vms_strategy_else_the_clusters(
     ("vmi", "claims", "words"),
     [
         pytest.param(None, None, "not known", id="no-vmi"),
-        pytest.param(live_vmi(phase="Scheduled"), None, "Scheduled, not Running", id="starting"),
+        pytest.param(
+            live_vmi(phase="Scheduling"), None, "is Scheduling: only a running", id="starting"
+        ),
         pytest.param(live_vmi(node="n2"), None, "runs on n2", id="elsewhere"),
         pytest.param(
             live_vmi(), {("t", "held"): vm_claims()[("t", "held")]}, "vm-gpu-1 is not known"
