@@ -69,8 +69,9 @@ class Caches:
     resource_slices: Informer
     device_classes: Informer
     resource_claims: Informer
-    #: KubeVirt's VirtualMachineInstanceMigrations (the migrations controller), optional like
-    #: the VMIs.
+    #: KubeVirt's VirtualMachineInstanceMigrations (docs/design.md §5 "Live migration"),
+    #: optional like the VMIs: the drain starts one per node at a time, the migrations
+    #: controller holds and ends them.
     migrations: Informer
 
     def class_keys(self) -> list[indexing.Key]:

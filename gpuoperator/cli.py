@@ -274,7 +274,15 @@ def node_status(client: Client, node: str) -> str:
     """``gpuoperator status --node N``."""
     ledger, classes = report.collect(client)
     claims, _ = client.list(GPUClaim, field_selector=f"status.nodeName={node}")
-    return report.node(ledger, classes, node, claims, report.collect_vmis(client))
+    return report.node(
+        ledger,
+        classes,
+        node,
+        claims,
+        report.collect_vmis(client),
+        migrations=report.collect_migrations(client),
+        kubevirt=report.collect_kubevirt(client),
+    )
 
 
 def leader_identity(flag: str | None) -> str:

@@ -42,6 +42,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from gpuoperator import names
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import pods
@@ -63,9 +64,9 @@ MIGRATION_GONE: Final = "MigrationGone"
 TARGET_POD_GONE: Final = "TargetPodGone"
 TARGET_MISMATCH: Final = "TargetMismatch"
 
-#: ``VirtualMachineInstanceMigration.status.phase`` values.
-SUCCEEDED: Final = "Succeeded"
-FAILED: Final = "Failed"
+#: ``VirtualMachineInstanceMigration.status.phase`` values (and KubeVirt's abort status).
+SUCCEEDED: Final = names.VMIM_SUCCEEDED
+FAILED: Final = names.VMIM_FAILED
 #: Phases in which KubeVirt has scheduled the target pod (it exists until completion).
 TARGET_PLACED_PHASES: Final = frozenset({"Scheduled", "PreparingTarget", "TargetReady", "Running"})
 

@@ -306,7 +306,8 @@ def slim_vmi(vmi: Obj) -> Obj:
     controller ownerReference. Spec: the ``gpus`` and ``hostDevices`` entries (name,
     deviceName, claimName, requestName) and the ``resourceClaims`` entries (name,
     resourceClaimName: the template controller compares them with what the VMI webhook
-    writes for a claim of a DRA class). Status: phase, nodeName and of ``migrationState``
+    writes for a claim of a DRA class) and ``evictionStrategy`` (a drain live-migrates a VM
+    whose strategy is ``LiveMigrate``). Status: phase, nodeName and of ``migrationState``
     what the migrations controller reads (``model.migrations.migration_state``)."""
     meta = _tenant_meta(
         vmi.get("metadata"),
@@ -329,6 +330,9 @@ def slim_vmi(vmi: Obj) -> Obj:
             for e in claims[:MAX_DEVICE_ENTRIES]
             if isinstance(e, dict)
         ]
+    strategy = spec.get("evictionStrategy") if isinstance(spec, dict) else None
+    if isinstance(strategy, str):
+        out_spec["evictionStrategy"] = clip(strategy, MAX_LABEL)
     status = vmi.get("status")
     out_status: Obj = {}
     for key, limit in (("phase", MAX_LABEL), ("nodeName", MAX_SUBDOMAIN)):

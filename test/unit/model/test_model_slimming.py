@@ -295,6 +295,7 @@ def full_vmi(scale: int = 1, **meta: Any) -> dict[str, Any]:
                 "resources": {"requests": {"memory": "1Gi"}},
             },
             "volumes": [{"name": "v", "cloudInitNoCloud": {"userData": noise(n)}}],
+            "evictionStrategy": "LiveMigrate",
         },
         "status": {
             "phase": "Running",
@@ -420,7 +421,8 @@ def test_a_slim_vmi_keeps_exactly_the_fields_its_readers_use() -> None:
                     ],
                     "hostDevices": [{"name": "nic", "deviceName": "example.com/nic"}],
                 }
-            }
+            },
+            "evictionStrategy": "LiveMigrate",
         },
         "status": {
             "phase": "Running",
