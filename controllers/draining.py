@@ -68,7 +68,7 @@ from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus
 from gpuoperator.kinds import VirtualMachineInstanceMigration
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import binding, claim_states, conditions, draining, objects
+from gpuoperator.model import binding, claim_states, conditions, draining, migrations, objects
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model.draining import Hold, InFlight, Role
@@ -513,10 +513,11 @@ def register(
 
     def node_of_migration(migration: Obj) -> list[Key]:
         """The node a migration drains (ours say so) and its VM's node, when cordoned."""
-        vmi = caches.vmis.store.get(draining.migration_vmi(migration))
+        read = migrations.migration(migration)
+        vmi = caches.vmis.store.get((read.namespace, read.vmi_name)) if read else None
         found = {
             str(objects.annotations(migration).get(names.DRAINED_NODE_ANNOTATION) or ""),
-            str(((vmi or {}).get("status") or {}).get("nodeName") or ""),
+            migrations.vmi_node(vmi),
         }
         with cordoned_lock:
             return [("", n) for n in sorted(found) if n in cordoned]

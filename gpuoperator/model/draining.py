@@ -62,7 +62,6 @@ from gpuoperator.model import (
     templates,
 )
 from gpuoperator.model import claims as gpuclaims
-from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
 Key = capacity.Key
@@ -193,24 +192,13 @@ def migration_refusal(
     except references.AnnotationError as exc:
         return str(exc)
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    for claim_name in templates.claim_names(name, refs):
-        claim = claim_of((ns, claim_name))
-        if claim is None:
-            return f"its claim {claim_name} is not known"
-        if not gpuclaims.is_bound_to(claim, node_name):
-            return f"its claim {claim_name} is not bound to node {node_name}"
-        class_name = orders.ordered_class(claim)
-        cls = classes.get(class_name)
-        if cls is None:
-            return f"class {class_name} of claim {claim_name} is not known"
-        if gpuclasses.is_dra(dict(cls)):
-            return f"class {class_name} is a DRA class (KubeVirt does not migrate DRA devices)"
-        if gpuclasses.mode(dict(cls)) != "vgpu":
-            return (
-                f"class {class_name} is {gpuclasses.mode(dict(cls)) or 'of no mode'} (KubeVirt "
-                "live-migrates mediated vGPUs only, not passed-through devices)"
-            )
-    return ""
+    claim_names = templates.claim_names(name, refs)
+    claims = {n: dict(c) for n in claim_names if (c := claim_of((ns, n))) is not None}
+    found = {n: classes.get(orders.ordered_class(c)) for n, c in claims.items()}
+    # Which VMs migrate at all is the migrations model's rule (the claims' classes, nodes).
+    return migrations.refusal(
+        vmi, claim_names, claims, {n: dict(c) if c is not None else None for n, c in found.items()}
+    )
 
 
 def migrating_vmis(
@@ -236,18 +224,6 @@ def migrating_vmis(
     return out
 
 
-def unfinished(migration: Mapping[str, Any]) -> bool:
-    """Whether the migration has not ended (its phase is not Succeeded nor Failed)."""
-    phase = _mapping(migration.get("status")).get("phase")
-    return phase not in (names.VMIM_SUCCEEDED, names.VMIM_FAILED)
-
-
-def migration_vmi(migration: Mapping[str, Any]) -> Key:
-    """The ``(namespace, name)`` of the VM instance the migration moves."""
-    meta = _mapping(migration.get("metadata"))
-    return (str(meta.get("namespace") or ""), str(_mapping(migration.get("spec")).get("vmiName")))
-
-
 @dataclasses.dataclass(frozen=True)
 class InFlight:
     """An unfinished migration touching a node: its key, the VM instance it moves, that VM's
@@ -267,7 +243,8 @@ def in_flight(
     vmis: Mapping[Key, Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]],
 ) -> list[InFlight]:
-    """The unfinished migrations with ``node_name`` as their source (the node their VM
+    """The unfinished migrations (``model.migrations.Migration.finished``) with ``node_name``
+    as their source (the node their VM
     instance runs on) or their target (the node their claims' transient holds name), oldest
     first; ``claims`` are the claims that may serve their VMs (others are skipped)."""
     holds: dict[Key, list[tuple[str, migrations.TransientHold | None]]] = {}
@@ -277,12 +254,13 @@ def in_flight(
             ns, name = gpuclaims.key(claim)
             holds.setdefault((ns, vmi_name), []).append((name, migrations.transient_hold(claim)))
     out = []
-    for migration in migrations_:
-        if not unfinished(migration):
+    for obj in migrations_:
+        migration = migrations.migration(obj)
+        if migration is None or migration.finished:
             continue
-        meta = objects.meta(migration)
-        uid = str(meta.get("uid") or "")
-        vmi_key = migration_vmi(migration)
+        meta = objects.meta(obj)
+        uid = migration.uid
+        vmi_key = (migration.namespace, migration.vmi_name)
         source = str(_mapping(_mapping(vmis.get(vmi_key)).get("status")).get("nodeName") or "")
         served = holds.get(vmi_key, [])
         targets = {h.target_node for _, h in served if h is not None and h.uid == uid}

@@ -160,17 +160,27 @@ def test_the_vms_strategy_else_the_clusters(
         ),
         pytest.param(live_vmi(node="n2"), None, "runs on n2", id="elsewhere"),
         pytest.param(
-            live_vmi(), {("t", "held"): vm_claims()[("t", "held")]}, "vm-gpu-1 is not known"
+            live_vmi(), {("t", "held"): vm_claims()[("t", "held")]}, "claim vm-gpu-1 does not exist"
         ),
         pytest.param(
             live_vmi(),
             {**vm_claims(), ("t", "held"): {**claim("held", 1, node="n2"), "spec": VGPU_SPEC}},
-            "held is not bound to node n1",
+            "claim held is not Bound to the VM's node n1",
             id="split",
         ),
-        pytest.param(live_vmi(), vm_claims(held="a10"), "a10 is passthrough", id="passthrough"),
-        pytest.param(live_vmi(), vm_claims(vm_gpu_1="a10-dra"), "DRA class", id="dra"),
-        pytest.param(live_vmi(), vm_claims(held="gone"), "class gone", id="class-unknown"),
+        pytest.param(
+            live_vmi(),
+            vm_claims(held="a10"),
+            "in mode passthrough; only vgpu classes live-migrate",
+            id="passthrough",
+        ),
+        pytest.param(live_vmi(), vm_claims(vm_gpu_1="a10-dra"), "is of DRA class", id="dra"),
+        pytest.param(
+            live_vmi(),
+            vm_claims(held="gone"),
+            "the class of claim held does not exist",
+            id="class-unknown",
+        ),
     ],
 )
 def test_what_keeps_a_vm_from_migrating(vmi: Any, claims: Any, words: str) -> None:
