@@ -10,9 +10,10 @@ A hoster cordons a node for maintenance. Each claim Bound to it is one of:
   the oldest moves first when room is short.
 * **migrating** — serving a running VM instance that live-migrates (docs/design.md §5
   "Live migration"): its ``spec.evictionStrategy`` is ``LiveMigrate``, or it sets none and
-  the KubeVirt CR's ``spec.configuration.evictionStrategy`` is; every claim of the VMI
-  exists, is Bound to this node and is of a ``vgpu`` class (KubeVirt migrates mediated
-  devices, not passthrough functions; DRA classes do not migrate yet). The drain starts a
+  the KubeVirt CR's ``spec.configuration.evictionStrategy`` is; and it is a VM that
+  migrates at all (``model.migrations.refusal``: every claim of the VMI exists, is Bound to
+  its node and is of a ``vgpu`` class; KubeVirt migrates mediated devices, not passthrough
+  functions, and DRA classes do not migrate yet). The drain starts a
   VirtualMachineInstanceMigration for the VM instead of reporting it (:func:`migration_refusal`
   says why a VM does not qualify, :func:`migration_object` is the migration created).
 * **blocking** — serving a VM instance that does not live-migrate (attached, or a template
@@ -36,8 +37,7 @@ Choices where docs/design.md is silent:
 * A VM instance whose launcher pod does not run (phase neither ``Scheduled`` nor
   ``Running``, ``gpu_hours.RUNNING_PHASES``) does not migrate: KubeVirt migrates running VMs
   only; it blocks as before.
-* A VM instance whose claims' references cannot be read, or one of whose claims is missing,
-  Pending, on another node or of a class not in the cache, does not migrate (the migration
+* A VM instance whose claims' references cannot be read does not migrate (the migration
   would run without holds for every unit).
 
 Every function is pure and idempotent.
