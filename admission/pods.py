@@ -9,8 +9,12 @@ VMI label and annotation onto them, so the references are read from the pod itse
   placement controller pins the pod to its claims' node and removes the gate in one update)
   and the tolerations of its claims' classes (held claims' classes and template classes), so
   it may land on GPU nodes tainted for the classes.
-* A migration target is admitted untouched: KubeVirt renders it afresh and deletes it when
-  it stays pending, so a gate would only make the migration fail.
+* A migration target (label ``kubevirt.io/migrationJobUID``, docs/design.md §5 "Live
+  migration") of a VMI whose claims hold units through the operator (any claim not of a DRA
+  class, ``model.migration_targets.gated``) is gated and given its classes' tolerations
+  exactly as the launcher pod is: the placement controller pins it to the node of the
+  claims' transient holds. A target of a VMI without claims, or with claims of DRA classes
+  only, is admitted untouched.
 * Anything else (not selected by the registration) is admitted untouched.
 
 Any pod (the registration's second entry selects every pod naming a ResourceClaim) that
@@ -18,7 +22,7 @@ names a DRA hold in ``spec.resourceClaims`` is refused unless it is KubeVirt's p
 VMI the hold's claim serves (``model.hold_admission.pod_refusals``); namespaces in
 ``exemptNamespaces`` are left alone, as the policies leave them.
 
-Only KubeVirt's controller makes launcher pods: a launcher or temporary pod is refused
+Only KubeVirt's controller makes launcher pods: a launcher, temporary or target pod is refused
 (403, ``model.launcher_pods.creator_refusal``) unless the requester is the setting
 ``kubevirtServiceAccount`` and the pod has a controller ownerReference to a VMI. Anyone else
 dressing a pod as a launcher pod would be handed the GPU nodes' tolerations; refusing (rather
@@ -51,7 +55,14 @@ from typing import Any
 
 from gpuoperator import settings
 from gpuoperator.caches import BY_NAMESPACE, Caches
-from gpuoperator.model import echo, hold_admission, launcher_pods, patches, references
+from gpuoperator.model import (
+    echo,
+    hold_admission,
+    launcher_pods,
+    migration_targets,
+    patches,
+    references,
+)
 from gpuoperator.runtime import admitting
 from gpuoperator.runtime.admitting import Admission, AdmissionRequest
 
@@ -105,7 +116,8 @@ class PodWebhook:
             )
             if held:
                 return Admission.refuse(f"Pod {who}: " + "; ".join(held))
-        if launcher_pods.launcher_pod_kind(pod) not in ("launcher", "ephemeral"):
+        kind = launcher_pods.launcher_pod_kind(pod)
+        if kind not in launcher_pods.PLACED_KINDS:
             return Admission.allow()
         refusal = launcher_pods.creator_refusal(pod, request.user, self.kubevirt_service_account)
         if refusal:
@@ -119,14 +131,13 @@ class PodWebhook:
             str((c.get("metadata") or {}).get("name") or ""): c
             for c in self.caches.claims.store.by_index(BY_NAMESPACE, namespace)
         }
-        classes = [
-            cls
-            for cls in (
-                self.caches.classes.store.get(("", name))
-                for name in references.class_names(refs, claims)
-            )
-            if cls is not None
-        ]
+        looked = {
+            name: self.caches.classes.store.get(("", name))
+            for name in references.class_names(refs, claims)
+        }
+        if kind == "migration-target" and not migration_targets.gated(refs, claims, looked):
+            return Admission.allow()
+        classes = [cls for cls in looked.values() if cls is not None]
         patch: list[Obj] = []
         if not isinstance(pod.get("spec"), Mapping):
             # Both patches below would add /spec; add it once, then fill it.

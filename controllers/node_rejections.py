@@ -26,6 +26,14 @@ gone or replaced).
 Claims attached to another live VM are left as they are: the set cannot have been pinned
 with them, and their binding is that VM's.
 
+**A refused migration target** (docs/design.md §5 "Live migration") is taken the same way:
+deleted under the same preconditions once the rejection is not transient, so KubeVirt fails
+the migration while the VM keeps running on its source node. Its claims stay Bound where
+they are: the target node joins their ``refusedNodes`` (the next migration's target, like
+the binder, skips it until ``until``), and a claim Bound to the refusing node itself (which a
+target is never pinned to) is left alone rather than unbound. The migrations controller
+clears the transient holds once the target pod is gone.
+
 The Event, log and condition reason ``RefusedByNode`` and the field ``refusedNodes`` are
 API and keep their names.
 """
@@ -44,7 +52,14 @@ from gpuoperator import names
 from gpuoperator.caches import BY_NODE, Caches
 from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.ledger import Ledger
-from gpuoperator.model import claim_states, conditions, launcher_pods, objects, orders
+from gpuoperator.model import (
+    claim_states,
+    conditions,
+    launcher_pods,
+    migration_targets,
+    objects,
+    orders,
+)
 from gpuoperator.model import claims as gpuclaims
 from gpuoperator.model import classes as gpuclasses
 from gpuoperator.model import node_rejections as rules
@@ -163,6 +178,9 @@ class NodeRejections:
             vmi_name=vmi_name,
             vmi_uid=vmi_uid,
             claim_names=tuple(claim_names),
+            migration=(
+                migration_targets.migration_uid(full) if migration_targets.is_target(full) else ""
+            ),
         )
         with self._lock:
             self._owed[key] = owed
@@ -172,6 +190,7 @@ class NodeRejections:
             node=node,
             detail=owed.detail,
             until=str(owed.until),
+            migration=owed.migration or None,
         )
         return self.record(key, owed), True
 
@@ -202,12 +221,20 @@ class NodeRejections:
                 return Result(requeue_after=RETRY)
         with self._lock:
             self._owed.pop(key, None)
-        message = (
-            f"node {owed.node} refused launcher pod {key[1]} ({owed.detail}); the pod was "
-            f"deleted, so this VM instance fails and its VM starts again after KubeVirt's "
-            f"backoff; the claims skip the node until {conditions.stamp(owed.until)} and are "
-            "placed again"
-        )
+        if owed.migration:
+            message = (
+                f"node {owed.node} refused migration target pod {key[1]} ({owed.detail}); the "
+                f"pod was deleted, so migration {owed.migration} fails and the VM keeps running "
+                f"on its node; the claims stay bound there and skip node {owed.node} until "
+                f"{conditions.stamp(owed.until)}"
+            )
+        else:
+            message = (
+                f"node {owed.node} refused launcher pod {key[1]} ({owed.detail}); the pod was "
+                f"deleted, so this VM instance fails and its VM starts again after KubeVirt's "
+                f"backoff; the claims skip the node until {conditions.stamp(owed.until)} and "
+                "are placed again"
+            )
         vmi = self.caches.vmis.store.get((key[0], owed.vmi_name))
         uid = objects.meta(vmi).get("uid")
         if vmi is not None and (not owed.vmi_uid or uid == owed.vmi_uid):
@@ -266,11 +293,23 @@ class NodeRejections:
         to Pending when it is Bound there. Whether the write is done (``False``: try again)."""
         node, now, until = owed.node, owed.now, owed.until
         unbind = gpuclaims.is_bound_to(claim, node)
+        if owed.migration and unbind:
+            # A target is never pinned to its claims' node; should the claim have been moved
+            # there meanwhile, the refusal of a target does not unbind it.
+            log.info(
+                "claim bound to the node that refused a migration target left as it is",
+                reason="MigrationTargetRefused",
+                node=node,
+            )
+            return True
+        what = "migration target pod" if owed.migration else "launcher pod"
         message = (
-            f"node {node} refused launcher pod {pod_key[1]} ({owed.detail}); it is skipped "
+            f"node {node} refused {what} {pod_key[1]} ({owed.detail}); it is skipped "
             f"until {conditions.stamp(until)}"
         )
-        if unbind:
+        if owed.migration:
+            message += f"; migration {owed.migration} fails and the claim stays on its node"
+        elif unbind:
             message += "; the claim is bound again elsewhere"
         status = claim_states.refused(claim, node, until, REFUSED_BY_NODE, message, now)
         announce = Announcement(

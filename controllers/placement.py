@@ -3,8 +3,8 @@ when that node rejects it (docs/design.md §5 "VMs").
 
 Key: a pod ``(namespace, name)`` — a launcher pod or KubeVirt's temporary pod for
 WaitForFirstConsumer volumes (``launcher_pods.launcher_pod_kind``) of a VM with claim
-references. Migration targets are never touched (KubeVirt renders them afresh and deletes
-them when they stay pending). Two situations are handled:
+references, or a live migration's target pod the pod webhook gated (docs/design.md §5 "Live
+migration"). Two situations are handled:
 
 **A gated pod** (the pod webhook added ``gpu.cozystack.io/placement``). Its VMI is found
 through the pod's controller ownerReference (else the ``vm.kubevirt.io/name`` label, else
@@ -39,11 +39,23 @@ pinned for this one), and is Bound. Then:
   it is looked at again every :data:`WAIT_RECHECK` seconds (capacity frees without any
   event on this pod).
 
+**A gated migration target** (label ``kubevirt.io/migrationJobUID``) waits as a launcher pod
+does until every claim of its VMI exists, is attached to this VMI (or is its template claim)
+and is Bound; then until every claim carries the transient hold of this very migration
+(``status.migration.uid`` equal to the pod's label) and all name one node that is neither the
+VMI's node nor a claim's (``model.migration_targets.target_node``). ONE merge patch pins it
+there and removes the gate, as for a launcher pod (its classes' tolerations the pod webhook
+added). Event ``Pinned`` on the pod. It is never gathered and never moves a claim: the
+migrations controller writes the transient holds, and KubeVirt deletes a target that stays
+pending too long (the migration fails; the VM runs on).
+
 **A pinned pod reported Unschedulable** (no gate, PodScheduled False with reason
 ``Unschedulable``, and the required affinity ``pin_and_ungate`` wrote): the node rejected the
 set. ``controllers.node_rejections`` takes the rejection (the pod is deleted) once it is not
 transient, and records it on the set's claims, which go back to ``Pending`` when Bound to
-that node, so the binder places them elsewhere.
+that node, so the binder places them elsewhere. A refused migration target is deleted the
+same way (KubeVirt fails the migration, the VM keeps running on its source), but its claims
+stay Bound where they are: the node only joins their ``refusedNodes``.
 
 Choices where docs/design.md is silent:
 
@@ -79,6 +91,7 @@ from gpuoperator.model import (
     conditions,
     gathering,
     launcher_pods,
+    migration_targets,
     orders,
     references,
     templates,
@@ -228,6 +241,46 @@ class Placement:
         if vmi is not None and _meta(vmi).get("deletionTimestamp"):
             log.info("pod of a VMI being deleted left gated", reason="VMIDeleting", vmi=vmi_name)
             return None
+        claims = self._ready_claims(pod, vmi_name, vmi_uid, claim_names, made)
+        if isinstance(claims, Result):
+            return claims
+        if migration_targets.is_target(pod):
+            return self._place_target(pod, vmi, claims, claim_names)
+        if all(self._is_dra(c) for c in claims):
+            # kube-scheduler places the pod on the node of its allocated holds: no pin.
+            return self._pin(pod, None, claim_names)
+        nodes = sorted({gpuclaims.node_name(c) for c in claims})
+        if len(nodes) == 1:
+            node = nodes[0]
+            if not self.ledger.has_node(node):
+                return self._report_waiting(
+                    pod, "Normal", f"node {node} of the claims is gone; they will be bound again"
+                )
+            return self._pin(pod, node, claim_names)
+        return self._gather(pod, vmi_name, claims)
+
+    def _place_target(
+        self, pod: Obj, vmi: Obj | None, claims: list[Obj], claim_names: list[str]
+    ) -> Result | None:
+        """Pin a gated migration target to its claims' transient holds' node, or say why it
+        waits (``model.migration_targets.target_node``)."""
+        node, why = migration_targets.target_node(
+            pod, claims, str(_status(vmi).get("nodeName") or "")
+        )
+        if node is None:
+            return self._report_waiting(pod, "Normal", why)
+        if not self.ledger.has_node(node):
+            return self._report_waiting(
+                pod, "Warning", f"node {node} of the claims' transient holds is gone"
+            )
+        return self._pin(pod, node, claim_names, migration=migration_targets.migration_uid(pod))
+
+    def _ready_claims(
+        self, pod: Obj, vmi_name: str, vmi_uid: str, claim_names: list[str], made: set[str]
+    ) -> list[Obj] | Result:
+        """Every claim of the VMI, once each exists, is this VMI's and is Bound; else the
+        result of reporting why the pod waits."""
+        ns = str(_meta(pod).get("namespace"))
         owner = {"metadata": {"uid": vmi_uid}}
         claims: list[Obj] = []
         for name in claim_names:
@@ -271,18 +324,7 @@ class Placement:
                     pod, "Normal", f"claim {name} is {gpuclaims.phase(claim) or 'new'}: {why}"
                 )
             claims.append(claim)
-        if all(self._is_dra(c) for c in claims):
-            # kube-scheduler places the pod on the node of its allocated holds: no pin.
-            return self._pin(pod, None, claim_names)
-        nodes = sorted({gpuclaims.node_name(c) for c in claims})
-        if len(nodes) == 1:
-            node = nodes[0]
-            if not self.ledger.has_node(node):
-                return self._report_waiting(
-                    pod, "Normal", f"node {node} of the claims is gone; they will be bound again"
-                )
-            return self._pin(pod, node, claim_names)
-        return self._gather(pod, vmi_name, claims)
+        return claims
 
     def _is_dra(self, claim: Obj) -> bool:
         cls = self.caches.classes.store.get(("", orders.ordered_class(claim)))
@@ -294,9 +336,12 @@ class Placement:
             launcher_pods.ungate(pod) if node is None else launcher_pods.pin_and_ungate(pod, node)
         )
 
-    def _pin(self, pod: Obj, node: str | None, claim_names: list[str]) -> Result | None:
+    def _pin(
+        self, pod: Obj, node: str | None, claim_names: list[str], *, migration: str = ""
+    ) -> Result | None:
         """Pin the pod to ``node`` and remove the gate; ``None``: only remove the gate (its
-        claims are of DRA classes)."""
+        claims are of DRA classes). ``migration``: the pod is the target of that migration,
+        pinned to the claims' transient holds."""
         key = key_of(pod)
         full = pod  # the cached gated pod carries everything the patch is built from
         try:
@@ -333,13 +378,26 @@ class Placement:
                 f"{names.PLACEMENT_GATE} removed",
             )
             return None
-        log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
+        if migration:
+            log.info(
+                "migration target pinned",
+                reason=PINNED,
+                node=node,
+                claims=claim_names,
+                migration=migration,
+            )
+            where = (
+                f"where the transient holds of migration {migration} keep its claims "
+                f"{', '.join(claim_names)}"
+            )
+        else:
+            log.info("pod pinned", reason=PINNED, node=node, claims=claim_names)
+            where = f"where its claims {', '.join(claim_names)} are bound"
         self._event_pod(
             full,
             "Normal",
             PINNED,
-            f"pinned to node {node}, where its claims {', '.join(claim_names)} are bound; "
-            f"scheduling gate {names.PLACEMENT_GATE} removed",
+            f"pinned to node {node}, {where}; scheduling gate {names.PLACEMENT_GATE} removed",
         )
         return None
 

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuoperator.model import claims
+from gpuoperator.model import claims, migrations
 from gpuoperator.runtime.indexing import Key, key_of
 from gpuoperator.runtime.versions import resource_version
 
@@ -165,12 +165,17 @@ class Assumptions:
         return version >= assumed.version if assumed.confirmed else version > assumed.version
 
     def releases(self, key: Key, observed: Obj | None) -> bool:
-        """Whether the hold of ``observed`` (the stored version) must stay counted beside
+        """Whether the holds of ``observed`` (the stored version) must stay counted beside
         the assumed state: the assumption is unconfirmed, ``observed`` is bound, and the
-        assumed state does not hold on that same node (it releases or moves the hold)."""
+        assumed state does not hold on that same node (it releases or moves the hold) or
+        drops or changes its transient hold (``model.migrations``: a migration that ended or
+        moved the claim)."""
         assumed = self._by_key.get(key)
         if assumed is None or assumed.confirmed or observed is None:
             return False
         if not claims.is_bound(observed):
             return False
-        return not claims.is_bound_to(assumed.claim, claims.node_name(observed))
+        if not claims.is_bound_to(assumed.claim, claims.node_name(observed)):
+            return True
+        transient = migrations.transient_hold(observed)
+        return transient is not None and migrations.transient_hold(assumed.claim) != transient

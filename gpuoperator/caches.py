@@ -21,6 +21,7 @@ from gpuoperator.kinds import (
     ResourceClaim,
     ResourceSlice,
     VirtualMachineInstance,
+    VirtualMachineInstanceMigration,
     Workload,
 )
 from gpuoperator.model import gpu_hours, hold_admission, slimming
@@ -72,6 +73,10 @@ class Caches:
     #: DeviceTaintRules (``resource.k8s.io/v1beta2``), whole: optional, a cluster serves them
     #: only with the DRADeviceTaintRules gate and that API version on (Kubernetes 1.36).
     device_taint_rules: Informer
+    #: KubeVirt's VirtualMachineInstanceMigrations (docs/design.md §5 "Live migration"),
+    #: optional like the VMIs: the drain starts one per node at a time, the migrations
+    #: controller holds and ends them.
+    migrations: Informer
 
     def class_keys(self) -> list[indexing.Key]:
         """Every class's key (to seed or wake controllers keyed by class)."""
@@ -183,6 +188,14 @@ def register(manager: Informs) -> Caches:
             InformerOptions(
                 optional=True,
                 transform=slimming.slim_resource_claim,
+                indexers={BY_NAMESPACE: indexing.by_namespace},
+            ),
+        ),
+        migrations=manager.informer(
+            VirtualMachineInstanceMigration,
+            InformerOptions(
+                optional=True,
+                transform=lean,
                 indexers={BY_NAMESPACE: indexing.by_namespace},
             ),
         ),

@@ -112,8 +112,8 @@ def _key_text(claim: Obj) -> str:
 
 def signature(status: Mapping[str, Any] | None) -> tuple[Any, ...]:
     """What identifies one status write: phase, node, bound time, the ``Bound`` condition's
-    status, reason and message, and the refused nodes (a write of this module sets them
-    all; another writer's status differs in at least one)."""
+    status, reason and message, the refused nodes and the transient hold (a write of this
+    module sets them all; another writer's status differs in at least one)."""
     status = status or {}
     bound = conditions.find(status.get("conditions"), claims.BOUND_CONDITION) or {}
     return (
@@ -124,6 +124,7 @@ def signature(status: Mapping[str, Any] | None) -> tuple[Any, ...]:
         bound.get("reason"),
         bound.get("message"),
         repr(status.get("refusedNodes")),
+        repr(status.get("migration")),
     )
 
 

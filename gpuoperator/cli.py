@@ -31,6 +31,7 @@ from controllers import (
     draining,
     gpu_hours,
     license_copier,
+    migrations,
     node_inventory,
     placement,
     policy_params,
@@ -282,7 +283,15 @@ def node_status(client: Client, node: str) -> str:
     """``gpuoperator status --node N``."""
     ledger, classes = report.collect(client)
     claims, _ = client.list(GPUClaim, field_selector=f"status.nodeName={node}")
-    return report.node(ledger, classes, node, claims, report.collect_vmis(client))
+    return report.node(
+        ledger,
+        classes,
+        node,
+        claims,
+        report.collect_vmis(client),
+        migrations=report.collect_migrations(client),
+        kubevirt=report.collect_kubevirt(client),
+    )
 
 
 def leader_identity(flag: str | None) -> str:
@@ -461,6 +470,8 @@ def wire(manager: Manager, operator_settings: settings.Settings) -> tuple[caches
     quota_usage.register(manager, shared)
     gpu_hours.register(manager, shared, statuses, series=operator_settings.gpu_hours_series)
     draining.register(manager, shared, ledger, statuses, recorder, operator_settings)
+    # Live migration's transient holds: chosen, written, and ended with the migration.
+    migrations.register(manager, shared, ledger, statuses, operator_settings)
     # DRA holds moved off unhealthy devices (docs/design.md §5 "DRA classes").
     device_health.register(manager, shared, ledger, statuses, operator_settings)
     # Running VMs on preemptible holds given notice, then stopped, for guaranteed orders.

@@ -784,6 +784,26 @@ class Ledger:
         with self._lock:
             return binding.candidates(claim, cls, self._nodes.values(), self._ledger, now)
 
+    def migration_target(
+        self,
+        migrating: list[Obj],
+        classes: Mapping[str, Obj],
+        policy: binding.Policy,
+        now: datetime.datetime,
+        *,
+        source: str,
+        kept: Mapping[str, binding.Kept],
+        only: str | None = None,
+    ) -> binding.MigrationTarget | binding.NoMigrationTarget:
+        """Where the transient holds of ``migrating`` go now (``model.binding.
+        migration_target``), on the current figures; ``only``: that node or none (the
+        node a migration's first transient holds already name)."""
+        with self._lock:
+            nodes = [n for name, n in self._nodes.items() if only is None or name == only]
+            return binding.migration_target(
+                migrating, classes, nodes, self._ledger, policy, now, source=source, kept=kept
+            )
+
     def dra_move(
         self,
         claim: Obj,

@@ -106,6 +106,17 @@ MIGRATION_LABEL: Final = "kubevirt.io/migrationJobUID"
 #: KubeVirt's live migration object (``spec.vmiName``; ``status.phase``).
 VMIM_KIND: Final = "VirtualMachineInstanceMigration"
 VMIMS: Final = "virtualmachineinstancemigrations"
+#: A VMI's (or, where it sets none, the KubeVirt CR's ``spec.configuration``) eviction
+#: strategy that live-migrates the VM off a drained node.
+EVICTION_STRATEGY_LIVE_MIGRATE: Final = "LiveMigrate"
+#: Phases after which a migration is over.
+VMIM_SUCCEEDED: Final = "Succeeded"
+VMIM_FAILED: Final = "Failed"
+#: The label (Kubernetes' recommended one) and value naming the operator as the creator of
+#: the migrations the drain starts, and the annotation naming the node they drain.
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+OPERATOR_NAME: Final = "gpu-operator"
+DRAINED_NODE_ANNOTATION: Final = f"{DOMAIN}/drained-node"
 #: Labels KubeVirt sets on a launcher pod naming its VM and (by UID) its VMI.
 VM_NAME_LABEL: Final = "vm.kubevirt.io/name"
 CREATED_BY_LABEL: Final = "kubevirt.io/created-by"

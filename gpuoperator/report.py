@@ -6,8 +6,11 @@ node is not eligible for a class. Read-only.
 
 ``gpuoperator status --node N`` tells what holds node N (before a drain): each claim bound
 there with what a drain does with it (``model.draining``): an idle hold and the nodes with
-room for it now, or that it fits nowhere else; a claim serving a VM, which blocks the drain
-(GPU VMs cannot live-migrate), with the tenant and the VM; and which tenants to ask. The
+room for it now, or that it fits nowhere else; a claim serving a running vGPU VM that
+live-migrates (evictionStrategy ``LiveMigrate``), which the drain migrates; a claim serving
+any other VM, which blocks the drain, with the tenant and the VM; and which tenants to ask.
+The live migrations in flight on the node, as source or target, are listed with their VM,
+claims, source → target and since when (docs/design.md §5 "Live migration"). The
 node's devices of each DRA class are counted (as its GPUNode's ``draDevices``), and the DRA
 holds there whose devices are tainted or gone are listed with what device health does
 with them (``model.dra_health``): an idle one moves, one serving a VM stays.
@@ -34,6 +37,7 @@ from gpuoperator.kinds import (
     ResourceClaim,
     ResourceSlice,
     VirtualMachineInstance,
+    VirtualMachineInstanceMigration,
 )
 from gpuoperator.ledger import Ledger
 from gpuoperator.model import binding, dra_health, draining, preemption, slimming
@@ -52,16 +56,13 @@ def collect(client: Client) -> tuple[Ledger, dict[str, Obj]]:
     pods, _ = client.list(pykube.Pod)
     classes, _ = client.list(GPUClass)
     claims, _ = client.list(GPUClaim)
-    try:
-        kubevirts, _ = client.list(KubeVirt)
-    except errors.NotFoundError:
-        kubevirts = []
+    kubevirt = collect_kubevirt(client)
     ledger.load(
         nodes=[slimming.slim_node(n) for n in nodes],
         pods=[slimming.slim_pod(p) for p in pods],
         classes=classes,
         claims=claims,
-        kubevirt=kubevirts[0] if kubevirts else None,
+        kubevirt=kubevirt,
         resource_slices=_listed(client, ResourceSlice),
         device_classes=_listed(client, DeviceClass),
         resource_claims=_listed(client, ResourceClaim),
@@ -227,6 +228,20 @@ def collect_vmis(client: Client) -> dict[tuple[str, str], Obj]:
     return {(v["metadata"]["namespace"], v["metadata"]["name"]): v for v in vmis}
 
 
+def collect_kubevirt(client: Client) -> Obj | None:
+    """The KubeVirt CR (``None`` when KubeVirt is not installed)."""
+    try:
+        kubevirts, _ = client.list(KubeVirt)
+    except errors.NotFoundError:
+        return None
+    return kubevirts[0] if kubevirts else None
+
+
+def collect_migrations(client: Client) -> list[Obj]:
+    """Every VirtualMachineInstanceMigration (none when KubeVirt is not installed)."""
+    return _listed(client, VirtualMachineInstanceMigration)
+
+
 def node(
     ledger: Ledger,
     classes: dict[str, Obj],
@@ -234,16 +249,24 @@ def node(
     claims: list[Obj],
     vmis: dict[tuple[str, str], Obj],
     *,
+    migrations: list[Obj] | None = None,
+    kubevirt: Obj | None = None,
     clock: Clock = SYSTEM,
 ) -> str:
     """What holds ``node_name``: ``claims`` are the claims bound there (or more: others are
-    skipped), ``vmis`` the VM instances by ``(namespace, name)``."""
+    skipped), ``vmis`` the VM instances by ``(namespace, name)``, ``migrations`` the
+    cluster's VirtualMachineInstanceMigrations, ``kubevirt`` the KubeVirt CR."""
     found = next((n for n in _nodes(ledger, node_name)), None)
     if found is None:
         return f"node {node_name}: not found, or it has no GPU resource"
     cordoned = draining.draining(found)
     out = [f"NODE {node_name}: {'cordoned' if cordoned else 'not cordoned'}"]
-    holds = draining.holds_on(node_name, claims, vmis)
+    known = {
+        gpuclaims.key(c): c for name in ledger.class_names() for c in ledger.claims_of_class(name)
+    }
+    known.update((gpuclaims.key(c), c) for c in claims)
+    migrating = draining.migrating_vmis(node_name, claims, vmis, kubevirt, known.get, classes)
+    holds = draining.holds_on(node_name, claims, vmis, migrating)
     by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
     rows = [["NAMESPACE", "CLAIM", "CLASS", "UNITS", "VM", "DRAIN"]]
     for h in holds:
@@ -266,6 +289,25 @@ def node(
         out[-1] += ", ".join(blocking)
     else:
         out.append("BLOCKING THE DRAIN: no VM")
+    flying = draining.in_flight(node_name, migrations or [], vmis, list(known.values()))
+    out.append("")
+    if flying:
+        out.append("MIGRATIONS IN FLIGHT")
+        rows = [["NAMESPACE", "MIGRATION", "VM", "CLAIMS", "SOURCE -> TARGET", "SINCE"]]
+        for f in flying:
+            rows.append(
+                [
+                    f.key[0],
+                    f.key[1],
+                    f.vmi[1],
+                    ",".join(f.claims) or "-",
+                    f"{f.source or '?'} -> {f.target or '(not chosen yet)'}",
+                    f.since or "-",
+                ]
+            )
+        out.append(_table(rows))
+    else:
+        out.append("MIGRATIONS IN FLIGHT: none")
     view = ledger.node(node_name)
     dra = [
         [
@@ -339,6 +381,8 @@ def _drain(
         return "released (being deleted)"
     if h.role is Role.BLOCKING:
         return f"BLOCKS: VM {'running' if h.running else 'not running'}"
+    if h.role is Role.MIGRATING:
+        return "LIVE-MIGRATES: VM running, evictionStrategy LiveMigrate"
     cls = classes.get(h.class_name)
     if cls is None:
         return f"idle hold; class {h.class_name} not found"

@@ -52,6 +52,18 @@ Choices where docs/design.md is silent:
 * ``status.refusedNodes`` keeps at most :data:`MAX_REFUSED_NODES` entries, one per node; an
   entry whose ``until`` cannot be read counts as expired.
 
+**Migration targets** (docs/design.md §5 "Live migration", :func:`migration_target`). A live
+migration's transient holds go to one node for all the VM's claims, by these rules: each
+claim's :func:`candidates` (eligible, free units, not refused), never the source, chosen by
+``placementPolicy`` (the free units of the claims' resource rank the nodes, less what older
+waiting claims keep there; with several resources, the fewest). A migration goes before
+younger waiting claims, not before older ones: this module's :func:`plan` of each class's
+waiting claims created before the youngest migrating claim (:func:`older_waiting`) says what
+they keep (:func:`kept_by`): the units its bindings take on their nodes and the whole of
+the node its nomination keeps. Waiting claims the binder would refuse for a budget or the
+entitlement are not told apart: they may keep units from a migration, never the other way
+round.
+
 Every function is pure and idempotent: the same claims, nodes, figures and time give the same
 plan.
 """
@@ -62,7 +74,7 @@ import bisect
 import dataclasses
 import datetime
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 from gpuoperator.model import capacity, claims, conditions, dra_devices, eligibility, orders
@@ -471,3 +483,118 @@ def plan(
         else:
             waiting[key] = _no_capacity(cls, need, frees, refused, largest, dra_counted=dra_counted)
     return Plan(bindings, waiting, nomination)
+
+
+# -- migration targets -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """What the older waiting claims of one class keep from a migration: the units their
+    plan's bindings take per node, and the node their nomination keeps (``""``: none)."""
+
+    units: Mapping[str, int]
+    nominated: str = ""
+
+
+def older_waiting(claims_of_class: Iterable[Obj], migrating: Iterable[Obj]) -> list[Obj]:
+    """The waiting claims (``pending_in_order``) created before the youngest of the
+    ``migrating`` claims: those a migration does not go before."""
+    youngest = max((orders.creation_order(c) for c in migrating), default=None)
+    if youngest is None:
+        return []
+    return [c for c in pending_in_order(claims_of_class) if orders.creation_order(c) < youngest]
+
+
+def kept_by(plan: Plan, queue: Iterable[Obj]) -> Kept:
+    """What ``plan`` (the binder's plan of the ``queue`` of :func:`older_waiting` claims)
+    keeps: its bindings' units per node and its nomination's node."""
+    counts = {claims.key(c): orders.ordered_count(c) for c in queue}
+    units: dict[str, int] = {}
+    for key, node in plan.bindings:
+        units[node] = units.get(node, 0) + counts.get(key, 0)
+    return Kept(units, plan.nomination.node if plan.nomination is not None else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class MigrationTarget:
+    """The node chosen for a migration's transient holds."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMigrationTarget:
+    """No node takes the migration: ``message`` says why, naming the units and class."""
+
+    message: str
+
+
+def migration_target(
+    migrating: Sequence[Obj],
+    classes: Mapping[str, Obj],
+    nodes: Iterable[Obj],
+    ledger: capacity.Ledger,
+    policy: Policy,
+    now: datetime.datetime,
+    *,
+    source: str,
+    kept: Mapping[str, Kept],
+) -> MigrationTarget | NoMigrationTarget:
+    """One target node for the transient holds of ``migrating`` (the VM's claims, Bound on
+    ``source``; ``classes`` by name) on the ledger's figures (module docstring, "Migration
+    targets"); ``kept`` is :func:`kept_by` of each class."""
+    nodes = list(nodes)
+    need: dict[str, int] = {}
+    resource_classes: dict[str, set[str]] = {}
+    allowed: set[str] | None = None
+    for claim in migrating:
+        cls = classes[orders.ordered_class(claim)]
+        resource = gpuclasses.resource_name(cls)
+        need[resource] = need.get(resource, 0) + orders.ordered_count(claim)
+        resource_classes.setdefault(resource, set()).add(gpuclasses.name(cls))
+        fitting = {n for n, _ in candidates(claim, cls, nodes, ledger, now)}
+        allowed = fitting if allowed is None else allowed & fitting
+    nominated = {k.nominated for k in kept.values() if k.nominated}
+    ranked: list[tuple[str, int]] = []
+    for node in sorted((allowed or set()) - {source} - nominated):
+        left = {
+            resource: ledger.free(node, resource)
+            - sum(kept[c].units.get(node, 0) for c in resource_classes[resource] if c in kept)
+            for resource in need
+        }
+        if all(left[resource] >= units for resource, units in need.items()):
+            ranked.append((node, min(left.values())))
+    chosen = choose(ranked, policy)
+    if chosen is not None:
+        return MigrationTarget(chosen)
+    return NoMigrationTarget(_no_target_message(migrating, classes, nodes, need, source, nominated))
+
+
+def _no_target_message(
+    migrating: Sequence[Obj],
+    classes: Mapping[str, Obj],
+    nodes: Sequence[Obj],
+    need: Mapping[str, int],
+    source: str,
+    nominated: set[str],
+) -> str:
+    names_ = sorted({orders.ordered_class(c) for c in migrating})
+    wanted = ", ".join(f"{_units(units)} of {resource}" for resource, units in sorted(need.items()))
+    others = [
+        eligibility.node_name(n)
+        for n in nodes
+        if eligibility.node_name(n) != source
+        and all(eligibility.is_eligible(n, classes[c]) for c in names_)
+    ]
+    why = (
+        f"no eligible node other than the source {source} has {wanted} free"
+        if others
+        else f"no node other than the source {source} is eligible for the class"
+    )
+    if nominated:
+        why += f"; kept for older waiting claims (served first): {', '.join(sorted(nominated))}"
+    return (
+        f"live migration needs {wanted} (class {', '.join(names_)}) on another node: {why}; "
+        "the migration was cancelled"
+    )

@@ -26,11 +26,26 @@ so callers recompute only those. Choices where docs/design.md is silent:
   VMI controls on node N (:func:`gpuoperator.model.pods.launcher_vmi`) are covered, per
   resource and all together, by at most the units that VMI's Bound claims hold on N
   (:func:`gpuoperator.model.claims.covering_vmi`); whatever they use beyond that counts like
-  any pod's. A label never covers anything, a migration target is an ordinary pod, and two
-  pods claiming one VMI share its cover instead of each getting it. A held claim covers through its
-  ``status.attachment.uid`` only (the attachments controller records name and UID together;
-  an attachment without UID, left by an earlier version, covers nothing until it has one):
-  a launcher pod on the node meanwhile counts in full (fewer free units, never more).
+  any pod's. A label never covers anything, and two pods claiming one VMI share its cover
+  instead of each getting it. A held claim covers through its ``status.attachment.uid`` only
+  (the attachments controller records name and UID together; an attachment without UID, left
+  by an earlier version, covers nothing until it has one): a launcher pod on the node
+  meanwhile counts in full (fewer free units, never more).
+* **Transient holds** (docs/design.md §5 "Live migration",
+  :func:`gpuoperator.model.migrations.transient_hold`). A Bound claim with
+  ``status.migration`` holds its ``spec.count`` units on ``status.migration.targetNode`` as
+  well as on ``status.nodeName``, until the field is cleared (not charged to budgets: budgets
+  count claims, not nodes). The transient hold covers, on its target node, only the VMI's
+  migration target pods of that migration (``kubevirt.io/migrationJobUID`` equal to
+  ``status.migration.uid``, :func:`gpuoperator.model.pods.migration_job`), as the claim covers
+  the launcher pod on its node. A target pod of another migration, or on another node, or of
+  a migration without a transient hold, is covered by nothing there and counts in full. The
+  claim's own hold covers every pod its VMI controls on the claim's node, migration target
+  pods included: once a migration has succeeded the claim is on the target node and the
+  target pod, which keeps its label, is the VM's launcher pod.
+* So every unit is counted at least once: a VMI's pods on one node get, per resource, at most
+  what its claims hold there (their own holds for any of its pods, a transient hold only for
+  the pods of its migration), and each hold is counted in ``claimed`` whoever it covers.
 * Pods and claims are kept per node name even when the node itself is unknown or removed
   (a node's object can go before the pods on it): free on an unknown node is 0, and the
   figures come back consistent if a node of that name reappears.
@@ -45,10 +60,11 @@ setters can be replayed (setting the same object twice changes nothing).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
-from gpuoperator.model import claims, eligibility, pods, quantities
+from gpuoperator.model import claims, eligibility, migrations, pods, quantities
 from gpuoperator.model import classes as gpuclasses
 
 Obj = dict[str, Any]
@@ -85,45 +101,77 @@ def _counts(resources: Any) -> dict[str, int]:
 @dataclasses.dataclass(frozen=True)
 class _Hold:
     """Where a claim holds units: ``count`` of ``resource`` on ``node``, covering the pods of
-    the VMI ``user`` (``(namespace, uid)``; ``None``: no pod)."""
+    the VMI ``user`` (``(namespace, uid)``; ``None``: no pod) there: any of them for the
+    claim's own hold (``job`` ``""``), only the target pods of migration ``job`` for a
+    transient hold."""
 
     node: str
     resource: str
     count: int
     user: Key | None
+    job: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class _Use:
     """Where a pod takes units: ``usage`` (resource → units, none at 0) on ``node``; ``vmi``
-    is the ``(namespace, uid)`` of the VMI controlling it when it is a launcher pod."""
+    is the ``(namespace, uid)`` of the VMI controlling it when it is a launcher pod, ``job``
+    the migration it is the target pod of (``""``: none)."""
 
     node: str
     usage: tuple[tuple[str, int], ...]
     vmi: Key | None
+    job: str = ""
 
 
 @dataclasses.dataclass
 class _Group:
     """The launcher pods of one VMI on one node and the units its claims hold there.
 
-    Invariants: ``usage[R]`` is the sum of usage of R over ``pods``; ``cover[R]`` the sum of
-    ``count`` over the VMI's claims holding R on this node; the group's contribution to the
-    node's ``requested`` is ``Σ_R max(0, usage[R] - cover[R])`` (its pods together get at
-    most what its claims hold, whatever the number of pods). Kept while it has a pod or a
-    claim."""
+    Invariants: ``usage[J][R]`` is the sum of usage of R over the ``pods`` of migration ``J``
+    (``""``: pods that are no migration's target); ``cover[R]`` the sum of ``count`` over the
+    VMI's claims holding R on this node; ``job_cover[J][R]`` the same over the transient
+    holds of migration ``J`` on this node. A transient hold covers only its migration's pods,
+    a claim's own hold any pod of the group, so the group's contribution to the node's
+    ``requested`` is ``Σ_R max(0, Σ_J max(0, usage[J][R] - job_cover[J][R]) - cover[R])``
+    (its pods together get at most what its holds there cover, whatever the number of pods).
+    Kept while it has a pod or a hold."""
 
     pods: set[Key] = dataclasses.field(default_factory=set)
     claims: int = 0
-    usage: dict[str, int] = dataclasses.field(default_factory=dict)
+    usage: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     cover: dict[str, int] = dataclasses.field(default_factory=dict)
+    job_cover: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def excess(self) -> dict[str, int]:
+        left: dict[str, int] = {}
+        for job, used in self.usage.items():
+            kept = self.job_cover.get(job, {}) if job else {}
+            for r, units in used.items():
+                if units > kept.get(r, 0):
+                    left[r] = left.get(r, 0) + units - kept.get(r, 0)
         return {
             r: units - self.cover.get(r, 0)
-            for r, units in self.usage.items()
+            for r, units in left.items()
             if units > self.cover.get(r, 0)
         }
+
+    def use(self, job: str, usage: Iterable[tuple[str, int]], sign: int) -> None:
+        used = self.usage.setdefault(job, {})
+        for resource, units in usage:
+            _shift(used, resource, sign * units)
+        if not used:
+            del self.usage[job]
+
+    def hold(self, hold: _Hold, sign: int) -> None:
+        self.claims += sign
+        if not hold.job:
+            _shift(self.cover, hold.resource, sign * hold.count)
+            return
+        kept = self.job_cover.setdefault(hold.job, {})
+        _shift(kept, hold.resource, sign * hold.count)
+        if not kept:
+            del self.job_cover[hold.job]
 
 
 @dataclasses.dataclass
@@ -171,20 +219,27 @@ def _shift(figures: dict[str, int], resource: str, delta: int) -> None:
         figures.pop(resource, None)
 
 
-def _hold_of(claim: Obj, resource_name: str | None) -> _Hold | None:
-    """What ``claim`` holds (see :meth:`Ledger.set_claim`); ``None`` when nothing."""
+def _holds_of(claim: Obj, resource_name: str | None) -> tuple[_Hold, ...]:
+    """What ``claim`` holds (see :meth:`Ledger.set_claim`): nothing, its hold on its node, or
+    that and its transient hold on a migration's target node."""
     count = quantities.parse_count((claim.get("spec") or {}).get("count"))
-    if claims.is_bound(claim) and resource_name and count:
-        return _Hold(claims.node_name(claim), resource_name, count, claims.covering_vmi(claim))
-    return None
+    if not (claims.is_bound(claim) and resource_name and count):
+        return ()
+    user = claims.covering_vmi(claim)
+    own = _Hold(claims.node_name(claim), resource_name, count, user)
+    transient = migrations.transient_hold(claim)
+    if transient is None:
+        return (own,)
+    return (own, _Hold(transient.target_node, resource_name, count, user, transient.uid))
 
 
 class Ledger:
     """Per-node figures of GPU units: allocatable, held by bound claims, used by other pods.
 
     Invariants: a pod key appears in at most one node's figures (its current node) and only
-    while it uses something; a claim key holds on at most one node, plus at most one
-    *released* hold (:meth:`keep_released`); every figure equals a recomputation from the
+    while it uses something; a claim key holds on at most one node plus the target node of
+    its transient hold, and keeps at most one *released* version's holds
+    (:meth:`keep_released`); every figure equals a recomputation from the
     current nodes, pods and claims given to the setters. Not thread-safe: callers serialise
     access.
     """
@@ -192,9 +247,10 @@ class Ledger:
     def __init__(self) -> None:
         self._nodes: dict[str, _NodeFigures] = {}
         self._pods: dict[Key, _Use] = {}
-        self._claims: dict[Key, _Hold] = {}
-        #: claim key -> the hold of a stored version kept while its release is unconfirmed
-        self._released: dict[Key, _Hold] = {}
+        #: claim key -> its holds (its node's, and a transient hold's), never empty
+        self._claims: dict[Key, tuple[_Hold, ...]] = {}
+        #: claim key -> the holds of a stored version kept while its release is unconfirmed
+        self._released: dict[Key, tuple[_Hold, ...]] = {}
 
     # -- updates -------------------------------------------------------------------------
 
@@ -248,7 +304,13 @@ class Ledger:
         key = claims.key(pod)
         node = pods.node_name(pod)
         usage = pods.pod_usage(pod) if node else {}
-        new = _Use(node, tuple(sorted(usage.items())), pods.launcher_vmi(pod)) if usage else None
+        new = (
+            _Use(
+                node, tuple(sorted(usage.items())), pods.launcher_vmi(pod), pods.migration_job(pod)
+            )
+            if usage
+            else None
+        )
         old = self._pods.get(key)
         if old == new:
             return set()
@@ -267,8 +329,7 @@ class Ledger:
 
                 def join(group: _Group) -> None:
                     group.pods.add(key)
-                    for resource, units in new.usage:
-                        _shift(group.usage, resource, units)
+                    group.use(new.job, new.usage, 1)
 
                 figures.change_group(new.vmi, join)
         return {n for n in touched if self._fingerprint(n, groups, key) != before[n]}
@@ -296,8 +357,7 @@ class Ledger:
 
             def leave(group: _Group) -> None:
                 group.pods.discard(key)
-                for resource, units in old.usage:
-                    _shift(group.usage, resource, -units)
+                group.use(old.job, old.usage, -1)
 
             figures.change_group(old.vmi, leave)
         self._tidy(old.node)
@@ -311,62 +371,61 @@ class Ledger:
         VMI it serves there (:func:`gpuoperator.model.claims.covering_vmi`). Returns the
         nodes whose figures changed: none, the claim's node, or its old and new node when it
         was rebound."""
-        return self._set_hold(self._claims, claims.key(claim), _hold_of(claim, resource_name))
+        return self._set_hold(self._claims, claims.key(claim), _holds_of(claim, resource_name))
 
     def keep_released(self, claim: Obj, resource_name: str | None) -> set[str]:
         """Keep counting the hold of ``claim`` — a stored version that a newer state, not
         confirmed yet, releases or moves — beside the claim's current hold (:meth:`set_claim`),
         until :meth:`drop_released` or :meth:`remove_claim`: if the release never lands the
-        stored version still holds those units. Returns the nodes whose figures changed."""
-        return self._set_hold(self._released, claims.key(claim), _hold_of(claim, resource_name))
+        stored version still holds those units. A hold on a node where the claim's current
+        hold (:meth:`set_claim`, called first) holds its resource is not counted twice (a
+        claim moving to its transient hold's node); call it again after each
+        :meth:`set_claim` of the claim. Returns the nodes whose figures changed."""
+        key = claims.key(claim)
+        current = {(h.node, h.resource) for h in self._claims.get(key, ())}
+        kept = tuple(
+            h for h in _holds_of(claim, resource_name) if (h.node, h.resource) not in current
+        )
+        return self._set_hold(self._released, key, kept)
 
     def drop_released(self, key: Key) -> set[str]:
         """Stop counting the released hold of claim ``key`` (its release is confirmed, or
         forgotten). Returns its node if its figures changed."""
-        return self._set_hold(self._released, key, None)
+        return self._set_hold(self._released, key, ())
 
     def remove_claim(self, key: Key) -> set[str]:
         """Forget a claim (deleted): its hold and its released hold. Returns the nodes whose
         figures changed."""
-        return self._set_hold(self._claims, key, None) | self._set_hold(self._released, key, None)
+        return self._set_hold(self._claims, key, ()) | self._set_hold(self._released, key, ())
 
-    def _set_hold(self, table: dict[Key, _Hold], key: Key, new: _Hold | None) -> set[str]:
-        old = table.get(key)
+    def _set_hold(
+        self, table: dict[Key, tuple[_Hold, ...]], key: Key, new: tuple[_Hold, ...]
+    ) -> set[str]:
+        old = table.get(key, ())
         if old == new:
             return set()
-        touched = {h.node for h in (old, new) if h is not None}
-        groups = {h.user for h in (old, new) if h is not None and h.user is not None}
+        touched = {h.node for h in (*old, *new)}
+        groups = {h.user for h in (*old, *new) if h.user is not None}
         before = {n: self._fingerprint(n, groups) for n in touched}
         self._drop_hold(table, key)
-        if new is not None:
+        if new:
             table[key] = new
-            figures = self._figures(new.node)
+        for hold in new:
+            figures = self._figures(hold.node)
             figures.claims += 1
-            _shift(figures.claimed, new.resource, new.count)
-            if new.user is not None:
-
-                def join(group: _Group) -> None:
-                    group.claims += 1
-                    _shift(group.cover, new.resource, new.count)
-
-                figures.change_group(new.user, join)
+            _shift(figures.claimed, hold.resource, hold.count)
+            if hold.user is not None:
+                figures.change_group(hold.user, functools.partial(_Group.hold, hold=hold, sign=1))
         return {n for n in touched if self._fingerprint(n, groups) != before[n]}
 
-    def _drop_hold(self, table: dict[Key, _Hold], key: Key) -> None:
-        old = table.pop(key, None)
-        if old is None:
-            return
-        figures = self._nodes[old.node]
-        figures.claims -= 1
-        _shift(figures.claimed, old.resource, -old.count)
-        if old.user is not None:
-
-            def leave(group: _Group) -> None:
-                group.claims -= 1
-                _shift(group.cover, old.resource, -old.count)
-
-            figures.change_group(old.user, leave)
-        self._tidy(old.node)
+    def _drop_hold(self, table: dict[Key, tuple[_Hold, ...]], key: Key) -> None:
+        for old in table.pop(key, ()):
+            figures = self._nodes[old.node]
+            figures.claims -= 1
+            _shift(figures.claimed, old.resource, -old.count)
+            if old.user is not None:
+                figures.change_group(old.user, functools.partial(_Group.hold, hold=old, sign=-1))
+            self._tidy(old.node)
 
     def _fingerprint(self, node: str, groups: set[Key], pod: Key | None = None) -> tuple[Any, ...]:
         """The figures a reader can see on ``node`` that an update of ``pod`` (or of a claim)

@@ -14,6 +14,13 @@ What each transition sets (``Bound`` is the claim's ``Bound`` condition,
 * :func:`moved` (a Bound claim changes node): phase ``Bound``, ``nodeName`` the target,
   ``boundTime`` now, ``Bound`` True with reason ``Moved``; ``lostNode`` removed, and the
   conditions the caller names cleared.
+* :func:`migrating` (a live migration of the claim's VM got a target): ``migration`` the
+  transient hold, the ``Migrating`` condition True; phase and node stay.
+* :func:`migrated` (the VM completed its migration): what :func:`moved` sets, to the
+  transient hold's node with the ``Bound`` reason ``Migrated``, ``migration`` removed and the
+  ``Migrating`` condition False (``Migrated``), in one write; usage goes on as for any move.
+* :func:`migration_cleared` (the migration ended otherwise, or got no target): ``migration``
+  removed, the ``Migrating`` condition False with the caller's reason; phase and node stay.
 * :func:`refused` (a node refused the claim's set): the node joins ``refusedNodes``; a claim
   bound to that very node is also unbound: phase ``Pending``, no ``nodeName``,
   ``boundTime``, ``devices`` nor ``resourceClaimName``, ``Bound`` False with the caller's
@@ -56,7 +63,15 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuoperator.model import attachments, binding, conditions, dra_devices, dra_holds, gpu_hours
+from gpuoperator.model import (
+    attachments,
+    binding,
+    conditions,
+    dra_devices,
+    dra_holds,
+    gpu_hours,
+    migrations,
+)
 from gpuoperator.model import claims as gpuclaims
 
 Obj = dict[str, Any]
@@ -152,19 +167,91 @@ def moved(
     now: datetime.datetime,
     *,
     clear: Iterable[str] = (),
+    reason: str = MOVED,
 ) -> Obj:
     """``claim`` (Bound) moved to ``target`` at ``now``: the ``Bound`` condition says
-    ``Moved`` with ``message``; the conditions of the types in ``clear`` are removed."""
+    ``reason`` (``Moved``) with ``message``; the conditions of the types in ``clear`` are
+    removed."""
     status = _status(claim)
     status.pop(LOST_NODE_FIELD, None)
     gone = set(clear)
-    kept = _bound_condition(claim, status, True, MOVED, message, now)
+    kept = _bound_condition(claim, status, True, reason, message, now)
     status.update(
         phase=gpuclaims.Phase.BOUND,
         nodeName=target,
         boundTime=conditions.stamp(now),
         conditions=[c for c in kept if c.get("type") not in gone],
     )
+    return status
+
+
+def _migration_condition(
+    claim: Mapping[str, Any],
+    status: Obj,
+    ok: bool,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+) -> list[Obj]:
+    return conditions.set_condition(
+        status.get("conditions"),
+        migrations.CONDITION,
+        ok,
+        reason,
+        message,
+        now=now,
+        observed_generation=_generation(claim),
+    )
+
+
+def migrating(
+    claim: Mapping[str, Any], hold: migrations.TransientHold, now: datetime.datetime
+) -> Obj:
+    """``claim`` (Bound) with the transient hold ``hold`` of its VM's live migration:
+    ``migration`` recorded, the ``Migrating`` condition True."""
+    status = _status(claim)
+    status[migrations.FIELD] = migrations.as_status(hold)
+    message = f"units held on node {hold.target_node} for live migration {hold.uid}"
+    status["conditions"] = _migration_condition(
+        claim, status, True, migrations.MIGRATING, message, now
+    )
+    return status
+
+
+def migrated_message(source: str, target: str) -> str:
+    """The ``Bound`` condition's (and Event's) message of a claim that moved with its VM."""
+    return f"moved from node {source} to node {target} with its VM's live migration"
+
+
+def migrated(claim: Mapping[str, Any], now: datetime.datetime) -> Obj:
+    """``claim`` (Bound, with a transient hold) whose VM completed its live migration: it
+    moves to the transient hold's node (:func:`moved`, the ``Bound`` reason ``Migrated``),
+    ``migration`` removed, the ``Migrating`` condition False with reason ``Migrated``."""
+    hold = migrations.transient_hold(claim)
+    if hold is None:
+        raise ValueError("only a claim with a transient hold moves with its VM's migration")
+    message = migrated_message(gpuclaims.node_name(claim), hold.target_node)
+    status = moved(claim, hold.target_node, message, now, reason=migrations.MIGRATED)
+    status.pop(migrations.FIELD, None)
+    status["conditions"] = _migration_condition(
+        claim, status, False, migrations.MIGRATED, message, now
+    )
+    return status
+
+
+def migration_cleared(
+    claim: Mapping[str, Any], reason: str, message: str, now: datetime.datetime
+) -> Obj | None:
+    """``claim`` without a transient hold (its migration ended without it, or never got
+    one): it stays where it is, ``migration`` removed, the ``Migrating`` condition False
+    with ``reason`` and ``message``; ``None`` when it says exactly that already."""
+    status = _status(claim)
+    current = conditions.find(status.get("conditions"), migrations.CONDITION) or {}
+    said = (current.get("status"), current.get("reason"), current.get("message"))
+    if migrations.FIELD not in status and said == ("False", reason, message):
+        return None
+    status.pop(migrations.FIELD, None)
+    status["conditions"] = _migration_condition(claim, status, False, reason, message, now)
     return status
 
 

@@ -11,7 +11,9 @@ patches the pod webhook and the placement controller make to it.
 Choices where docs/design.md is silent:
 
 * The temporary WaitForFirstConsumer pod is recognised by the presence of its annotation, as
-  KubeVirt itself does; a migration target is recognised first and never touched.
+  KubeVirt itself does; a migration target is recognised first (its label) and gated, pinned
+  and deleted when rejected like a launcher pod, on its transient holds' node
+  (``model.migration_targets`` says which targets are gated and where they go).
 * Tolerations compare by key, operator (default ``Equal``), value and effect.
 * The pin is ``matchFields`` ``metadata.name In [node]`` appended to every non-empty
   required term (an empty term matches no node, and stays so).
@@ -39,8 +41,9 @@ HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
 LauncherPodKind = Literal["launcher", "ephemeral", "migration-target", "other"]
 
-#: The kinds of pod the placement controller gates, pins and deletes when rejected.
-PLACED_KINDS: Final = ("launcher", "ephemeral")
+#: The kinds of pod the pod webhook gates and the placement controller pins and deletes when
+#: rejected (a migration target only when ``model.migration_targets.gated`` says so).
+PLACED_KINDS: Final = ("launcher", "ephemeral", "migration-target")
 #: kube-scheduler's reason for a pod it cannot place (``PodScheduled`` False).
 UNSCHEDULABLE: Final = "Unschedulable"
 
@@ -50,8 +53,9 @@ def launcher_pod_kind(pod: Mapping[str, Any]) -> LauncherPodKind:
 
     * ``other``: not a virt-launcher pod (label ``kubevirt.io=virt-launcher``) with the claims
       label — nothing to do;
-    * ``migration-target``: a migration target (label ``kubevirt.io/migrationJobUID``) — left
-      untouched (KubeVirt renders it afresh and deletes it when it stays pending);
+    * ``migration-target``: a migration target (label ``kubevirt.io/migrationJobUID``) —
+      gated like the launcher when its claims hold units through the operator
+      (``model.migration_targets.gated``), then pinned to their transient holds' node;
     * ``ephemeral``: KubeVirt's temporary pod for WaitForFirstConsumer volumes (annotation
       ``kubevirt.io/ephemeral-provisioning``; like KubeVirt, its presence decides) — gated and
       pinned like the launcher, so the volume is provisioned on the claims' node;
@@ -315,17 +319,18 @@ def is_unschedulable(pod: Mapping[str, Any]) -> bool:
 
 
 def _placed(pod: Mapping[str, Any]) -> bool:
-    """A launcher (or temporary) pod not being deleted."""
+    """A launcher, temporary or migration target pod not being deleted."""
     return launcher_pod_kind(pod) in PLACED_KINDS and not objects.meta(pod).get("deletionTimestamp")
 
 
 def needs_pin(pod: Mapping[str, Any]) -> bool:
-    """A launcher (or temporary) pod still held at the placement gate."""
+    """A launcher, temporary or migration target pod still held at the placement gate."""
     return _placed(pod) and is_gated(pod)
 
 
 def maybe_rejected(pod: Mapping[str, Any]) -> bool:
-    """A launcher (or temporary) pod without the gate that kube-scheduler cannot place: its
+    """A launcher, temporary or migration target pod without the gate that kube-scheduler
+    cannot place: its
     node rejects it if the operator pinned it (only the full pod shows the affinity,
     :func:`pinned_node`)."""
     return (

@@ -52,6 +52,9 @@ class Rejection:
     vmi_name: str
     vmi_uid: str
     claim_names: tuple[str, ...]
+    #: the UID of the migration whose target pod was refused (``""``: a launcher or temporary
+    #: pod). A refused target never unbinds a claim: the VM still runs on its source.
+    migration: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,10 @@ uses its units until it is gone, as it does for the scheduler. Which of a pod's 
 already holds is decided by ownership, never by a label a tenant can set (docs/design.md §5, §10):
 :func:`launcher_vmi` names the VMI controlling a virt-launcher pod, and the ledger
 (:mod:`gpuoperator.model.capacity`) subtracts only the units that VMI's Bound claims hold on
-the pod's node. A migration target is an ordinary pod for accounting: its claims are bound
-to the source node, and its units on the target are real.
+the pod's node. A migration target pod (``kubevirt.io/migrationJobUID``) is a launcher pod of
+its VMI too: :func:`migration_job` names its migration, whose transient hold covers it on its
+target node (docs/design.md §5 "Live migration"); without one it is covered by nothing
+there, its claims being bound to the source node.
 
 Pods are the slim dicts of :func:`gpuoperator.model.slimming.slim_pod` (whole pods work
 too). Every function is pure and idempotent.
@@ -100,19 +102,28 @@ def launcher_vmi(pod: Obj) -> claims.Key | None:
     """``(namespace, VMI UID)`` of the VMI that controls this virt-launcher pod, the one
     whose claims may account for its units; ``None`` for every other pod.
 
-    A pod qualifies only when it carries KubeVirt's ``kubevirt.io=virt-launcher`` label, is
-    not a migration target (``kubevirt.io/migrationJobUID``) and has a controller
-    ownerReference to a ``kubevirt.io`` VirtualMachineInstance with a UID. The claims label
-    plays no part: anyone who can create a pod can set it.
+    A pod qualifies only when it carries KubeVirt's ``kubevirt.io=virt-launcher`` label and
+    has a controller ownerReference to a ``kubevirt.io`` VirtualMachineInstance with a UID; a
+    migration target pod qualifies too (which hold covers it is the ledger's:
+    :func:`migration_job`). The claims label plays no part: anyone who can create a pod can
+    set it.
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    if labels.get(names.KUBEVIRT_LABEL) != names.VIRT_LAUNCHER or names.MIGRATION_LABEL in labels:
+    if labels.get(names.KUBEVIRT_LABEL) != names.VIRT_LAUNCHER:
         return None
     owner = claims.controlling_vmi(pod)
     if owner is None or not owner.uid:
         return None
     return (str(meta.get("namespace") or ""), owner.uid)
+
+
+def migration_job(pod: Obj) -> str:
+    """The UID of the migration whose target pod this is (its ``kubevirt.io/migrationJobUID``
+    label), ``""`` for any other pod."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    job = labels.get(names.MIGRATION_LABEL) if isinstance(labels, dict) else None
+    return job if isinstance(job, str) else ""
 
 
 def pod_usage(pod: Obj) -> dict[str, int]:

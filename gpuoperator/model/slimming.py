@@ -277,6 +277,15 @@ _DEVICE_FIELDS = (
 #: The fields of a VMI's ``spec.resourceClaims`` entries kept (a pod's claim name is a DNS
 #: label, the ResourceClaim's a subdomain).
 _RESOURCE_CLAIM_FIELDS: Final = (("name", MAX_LABEL), ("resourceClaimName", MAX_SUBDOMAIN))
+#: What the migrations controller reads of a VMI's ``status.migrationState``.
+_MIGRATION_STATE_FIELDS: Final = (
+    ("migrationUid", MAX_LABEL),
+    ("targetNode", MAX_SUBDOMAIN),
+    ("sourceNode", MAX_SUBDOMAIN),
+    ("completed", 0),
+    ("failed", 0),
+    ("abortStatus", MAX_LABEL),
+)
 
 
 def _devices(entries: Any) -> list[Obj]:
@@ -297,7 +306,9 @@ def slim_vmi(vmi: Obj) -> Obj:
     controller ownerReference. Spec: the ``gpus`` and ``hostDevices`` entries (name,
     deviceName, claimName, requestName) and the ``resourceClaims`` entries (name,
     resourceClaimName: the template controller compares them with what the VMI webhook
-    writes for a claim of a DRA class). Status: phase and nodeName."""
+    writes for a claim of a DRA class) and ``evictionStrategy`` (a drain live-migrates a VM
+    whose strategy is ``LiveMigrate``). Status: phase, nodeName and of ``migrationState``
+    what the migrations controller reads (``model.migrations.migration_state``)."""
     meta = _tenant_meta(
         vmi.get("metadata"),
         labels=(names.CLAIMS_LABEL,),
@@ -319,11 +330,21 @@ def slim_vmi(vmi: Obj) -> Obj:
             for e in claims[:MAX_DEVICE_ENTRIES]
             if isinstance(e, dict)
         ]
+    strategy = spec.get("evictionStrategy") if isinstance(spec, dict) else None
+    if isinstance(strategy, str):
+        out_spec["evictionStrategy"] = clip(strategy, MAX_LABEL)
     status = vmi.get("status")
     out_status: Obj = {}
     for key, limit in (("phase", MAX_LABEL), ("nodeName", MAX_SUBDOMAIN)):
         if isinstance(status, dict) and key in status:
             out_status[key] = clip(status[key], limit)
+    state = status.get("migrationState") if isinstance(status, dict) else None
+    if isinstance(state, dict):
+        out_status["migrationState"] = {
+            k: clip(state[k], limit) if isinstance(state[k], str) else state[k]
+            for k, limit in _MIGRATION_STATE_FIELDS
+            if k in state and isinstance(state[k], str | bool)
+        }
     return {
         **_type(vmi),
         "metadata": meta,

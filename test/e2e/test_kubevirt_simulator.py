@@ -1,6 +1,10 @@
 """The KubeVirt stand-in on the real control plane: the launcher pod it creates is placed by
 the real kube-scheduler on a simulated GPU node, kwok runs it, and the VMI mirrors it; a
-deleted pod fails its VMI; a GPU the KubeVirt CR does not permit gets no pod."""
+deleted pod fails its VMI; a GPU the KubeVirt CR does not permit gets no pod. Live
+migrations: a VMI without GPUs moves to another node; a target pod that cannot schedule
+fails its migration after the timeout; a migration deleted before it ends aborts; a VMI
+KubeVirt would not migrate fails its migration at once. VirtualMachines start and stop
+their VMI by their run strategy."""
 
 from __future__ import annotations
 
@@ -11,7 +15,13 @@ from typing import Any
 import pykube
 import pytest
 
-from gpuoperator.kinds import KubeVirt, VirtualMachineInstance
+from gpuoperator.kinds import (
+    KubeVirt,
+    VirtualMachine,
+    VirtualMachineInstance,
+    VirtualMachineInstanceMigration,
+)
+from harness.claims import event_messages
 from harness.kubevirt import KubeVirtSimulator
 from harness.waiting import wait_for
 
@@ -391,3 +401,335 @@ def test_a_pod_event_alone_moves_its_vmi(
         phase_is("Scheduled"),
     )
     assert status["nodeName"] == node
+
+
+# ---- live migration ---------------------------------------------------------------------
+
+#: The two A10 nodes of the test cluster's profile: a VMI kept to them has one node to move to.
+A10_NODES = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A10"}}
+
+
+def on_node(node: str) -> Obj:
+    """A VMI's affinity to exactly one node, which its migration's target pod inherits."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+
+
+def running_vmi(
+    api: pykube.HTTPClient, namespace: str, name: str, gpus: list[str], **spec: Any
+) -> Obj:
+    """A VMI once it is Scheduled (the stand-in's running), with its launcher pod."""
+    create_vmi(api, namespace, name, gpus, tolerations=[GPU_TOLERATION], **spec)
+    wait_for(
+        f"{name} to be Scheduled", lambda: vmi_status(api, namespace, name), phase_is("Scheduled")
+    )
+    return running_vmi_obj(api, namespace, name)
+
+
+def running_vmi_obj(api: pykube.HTTPClient, namespace: str, name: str) -> Obj:
+    return dict(VirtualMachineInstance.objects(api, namespace=namespace).get(name=name).obj)
+
+
+def migrate(
+    api: pykube.HTTPClient, namespace: str, vmi: str, name: str = "", **annotations: str
+) -> Obj:
+    obj = VirtualMachineInstanceMigration(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {
+                "name": name or f"migrate-{vmi}",
+                "namespace": namespace,
+                "annotations": annotations,
+            },
+            "spec": {"vmiName": vmi},
+        },
+    )
+    obj.create()
+    return dict(obj.obj)
+
+
+def migration(api: pykube.HTTPClient, namespace: str, name: str) -> Obj | None:
+    found = VirtualMachineInstanceMigration.objects(api, namespace=namespace).get_or_none(name=name)
+    return dict(found.obj) if found is not None else None
+
+
+def migration_phase(api: pykube.HTTPClient, namespace: str, name: str) -> str:
+    found = migration(api, namespace, name)
+    return str(((found or {}).get("status") or {}).get("phase") or "")
+
+
+def target_pods(api: pykube.HTTPClient, namespace: str, uid: str) -> list[Obj]:
+    query = pykube.Pod.objects(api, namespace=namespace).filter(
+        selector={"kubevirt.io/migrationJobUID": uid}
+    )
+    return [dict(p.obj) for p in query.iterator()]
+
+
+def test_a_vmi_without_gpus_migrates_to_another_node(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    vmi = running_vmi(api, namespace, "vm-mover", [], **A10_NODES)
+    uid = vmi["metadata"]["uid"]
+    source = vmi["status"]["nodeName"]
+    [source_pod] = launcher_pods(api, namespace, "vm-mover")
+
+    job = migrate(api, namespace, "vm-mover")
+    job_uid = job["metadata"]["uid"]
+    wait_for(
+        "the migration to succeed",
+        lambda: migration_phase(api, namespace, job["metadata"]["name"]),
+        until=lambda phase: phase in ("Succeeded", "Failed"),
+        timeout=60,
+    )
+    done = migration(api, namespace, job["metadata"]["name"])
+    assert done is not None and done["status"]["phase"] == "Succeeded"
+    assert [t["phase"] for t in done["status"]["phaseTransitionTimestamps"]] == [
+        "Pending",
+        "Scheduling",
+        "Scheduled",
+        "PreparingTarget",
+        "TargetReady",
+        "Running",
+        "Succeeded",
+    ]
+
+    moved = running_vmi_obj(api, namespace, "vm-mover")
+    state = moved["status"]["migrationState"]
+    target = state["targetNode"]
+    assert target != source and target.startswith("a10-"), state
+    assert moved["status"]["nodeName"] == target
+    assert moved["status"]["phase"] == "Scheduled"
+    assert moved["metadata"]["labels"]["kubevirt.io/nodeName"] == target
+    assert state["migrationUid"] == job_uid
+    assert state["sourceNode"] == source
+    assert state["sourcePod"] == source_pod["metadata"]["name"]
+    assert state["completed"] is True and not state.get("failed")
+    assert state["startTimestamp"] <= state["endTimestamp"]
+    assert done["status"]["migrationState"]["targetPod"] == state["targetPod"]
+
+    # The source pod went; the target pod is now the VMI's one launcher pod.
+    wait_for(
+        "the source pod gone",
+        lambda: launcher_pods(api, namespace, "vm-mover"),
+        until=lambda pods: len(pods) == 1,
+    )
+    settled(kubevirt)
+    [pod] = launcher_pods(api, namespace, "vm-mover")
+    assert pod["metadata"]["name"] == state["targetPod"]
+    assert pod["spec"]["nodeName"] == target
+    assert pod["metadata"]["labels"]["kubevirt.io/migrationJobUID"] == job_uid
+    assert pod["metadata"]["annotations"]["kubevirt.io/migrationJobName"] == job["metadata"]["name"]
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert pod["spec"]["affinity"]["podAntiAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {
+                    "matchExpressions": [
+                        {"key": "kubevirt.io/created-by", "operator": "In", "values": [uid]}
+                    ]
+                },
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
+    assert event_messages(api, namespace, job["metadata"]["name"], "SuccessfulMigration") == [
+        "Source node reported migration succeeded"
+    ]
+
+
+def test_a_target_that_cannot_schedule_fails_the_migration_after_the_timeout(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    vmi = running_vmi(api, namespace, "vm-pinned", [], affinity=on_node("cpu-0"))
+    [source_pod] = launcher_pods(api, namespace, "vm-pinned")
+    # Its target pod may go only to cpu-0, where the anti-affinity to the VMI's pod keeps
+    # it out: unschedulable, so KubeVirt's per-migration timeout ends it.
+    job = migrate(
+        api, namespace, "vm-pinned", **{"kubevirt.io/migrationUnschedulablePodTimeoutSeconds": "3"}
+    )
+    name, job_uid = job["metadata"]["name"], job["metadata"]["uid"]
+    wait_for(
+        "the target pod",
+        lambda: target_pods(api, namespace, job_uid),
+        until=lambda pods: len(pods) == 1,
+    )
+    wait_for(
+        "the migration to fail",
+        lambda: migration_phase(api, namespace, name),
+        until=lambda phase: phase in ("Succeeded", "Failed"),
+        timeout=60,
+    )
+    assert migration_phase(api, namespace, name) == "Failed"
+    wait_for(
+        "the target pod gone",
+        lambda: target_pods(api, namespace, job_uid),
+        until=lambda pods: pods == [],
+    )
+    assert event_messages(api, namespace, name, "migrationTargetPodUnschedulable")
+    [deleted] = event_messages(api, namespace, name, "SuccessfulDelete")
+    assert deleted.startswith(f"unschedulable pod {namespace}/virt-launcher-vm-pinned-")
+    assert deleted.endswith(" timeout period exceeded")
+    assert event_messages(api, namespace, name, "FailedMigration") == [
+        "Migration target pod was removed during active migration."
+    ]
+    # The VM runs on where it was, and was never handed off (KubeVirt writes the VMI's
+    # migrationState only once the target pod runs).
+    settled(kubevirt)
+    status = vmi_status(api, namespace, "vm-pinned")
+    assert status["phase"] == "Scheduled" and status["nodeName"] == "cpu-0"
+    assert "migrationState" not in status
+    assert [p["metadata"]["name"] for p in launcher_pods(api, namespace, "vm-pinned")] == [
+        source_pod["metadata"]["name"]
+    ]
+    assert vmi["status"]["nodeName"] == "cpu-0"
+
+
+def test_a_migration_deleted_before_it_ends_aborts(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator
+) -> None:
+    ready_for_pods(api, namespace)
+    running_vmi(api, namespace, "vm-stays", [], affinity=on_node("cpu-0"))
+    [source_pod] = launcher_pods(api, namespace, "vm-stays")
+    job = migrate(api, namespace, "vm-stays")  # the default timeouts: minutes
+    name, job_uid = job["metadata"]["name"], job["metadata"]["uid"]
+    wait_for(
+        "the migration Scheduling",
+        lambda: migration_phase(api, namespace, name),
+        until=lambda phase: phase == "Scheduling",
+    )
+    [target] = target_pods(api, namespace, job_uid)
+    assert target["status"]["phase"] == "Pending"
+
+    VirtualMachineInstanceMigration(api, job).delete()
+    wait_for(
+        "the target pod gone",
+        lambda: target_pods(api, namespace, job_uid),
+        until=lambda pods: pods == [],
+    )
+    settled(kubevirt)
+    status = vmi_status(api, namespace, "vm-stays")
+    assert status["phase"] == "Scheduled" and status["nodeName"] == "cpu-0"
+    assert [p["metadata"]["name"] for p in launcher_pods(api, namespace, "vm-stays")] == [
+        source_pod["metadata"]["name"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        ([A10], "VMI specifies a GPU but feature gate VGPULiveMigration is not enabled"),
+        ([A10, A10], "VMI specifies too many GPUs"),
+    ],
+)
+def test_a_vmi_with_passthrough_gpus_is_not_migrated(
+    api: pykube.HTTPClient,
+    namespace: str,
+    kubevirt: KubeVirtSimulator,
+    gpus: list[str],
+    message: str,
+) -> None:
+    ready_for_pods(api, namespace)
+    running_vmi(api, namespace, "vm-gpu", gpus)
+    job = migrate(api, namespace, "vm-gpu")
+    name = job["metadata"]["name"]
+    wait_for(
+        "the migration to fail",
+        lambda: migration_phase(api, namespace, name),
+        until=lambda phase: phase != "",
+    )
+    assert migration_phase(api, namespace, name) == "Failed"
+    assert event_messages(api, namespace, name, "FailedMigration") == [
+        f"Cannot migrate VMI, Reason: HostDeviceNotLiveMigratable, Message: {message}"
+    ]
+    settled(kubevirt)
+    assert target_pods(api, namespace, job["metadata"]["uid"]) == []
+    assert "migrationState" not in vmi_status(api, namespace, "vm-gpu")
+
+
+# ---- VirtualMachines --------------------------------------------------------------------
+
+
+def vm_status(api: pykube.HTTPClient, namespace: str, name: str) -> Obj:
+    found = VirtualMachine.objects(api, namespace=namespace).get(name=name).obj
+    return dict(found.get("status") or {})
+
+
+@pytest.mark.parametrize(
+    ("run", "halt"),
+    [
+        ({"runStrategy": "Always"}, {"runStrategy": "Halted"}),
+        ({"running": True}, {"running": False}),
+    ],
+    ids=["runStrategy", "running"],
+)
+def test_a_virtual_machine_starts_and_stops_its_vmi(
+    api: pykube.HTTPClient, namespace: str, kubevirt: KubeVirtSimulator, run: Obj, halt: Obj
+) -> None:
+    ready_for_pods(api, namespace)
+    vm = VirtualMachine(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "metadata": {"name": "vm-web", "namespace": namespace},
+            "spec": {
+                **run,
+                "template": {
+                    "metadata": {"labels": {"app": "web"}, "annotations": {"note": "kept"}},
+                    "spec": {
+                        "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
+                        "tolerations": [GPU_TOLERATION],
+                    },
+                },
+            },
+        },
+    )
+    vm.create()
+    status = wait_for(
+        "the VM Running",
+        lambda: vm_status(api, namespace, "vm-web"),
+        until=lambda s: s.get("printableStatus") == "Running",
+    )
+    assert status["ready"] is True and status["created"] is True
+    vmi = VirtualMachineInstance.objects(api, namespace=namespace).get(name="vm-web").obj
+    assert vmi["metadata"]["labels"] == {"app": "web"}
+    assert vmi["metadata"]["annotations"] == {"note": "kept"}
+    assert vmi["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "name": "vm-web",
+            "uid": vm.obj["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert vmi["spec"]["tolerations"] == [GPU_TOLERATION]
+    assert vmi["status"]["phase"] == "Scheduled"
+
+    vm.reload()
+    vm.obj["spec"].update(halt)
+    vm.update()
+    wait_for(
+        "the VMI gone",
+        lambda: VirtualMachineInstance.objects(api, namespace=namespace).get_or_none(name="vm-web"),
+        until=lambda v: v is None,
+    )
+    status = wait_for(
+        "the VM Stopped",
+        lambda: vm_status(api, namespace, "vm-web"),
+        until=lambda s: s.get("printableStatus") == "Stopped",
+    )
+    assert status["ready"] is False and status["created"] is False
+    settled(kubevirt)
+    assert (
+        VirtualMachineInstance.objects(api, namespace=namespace).get_or_none(name="vm-web") is None
+    ), "a halted VM gets no new VMI"

@@ -1,7 +1,8 @@
 """Preemptible classes on the real control plane: a guaranteed order that fits nowhere takes
 back idle spot holds on the same resource (newest first, no more than it needs) and is bound
-in the same pass; running spot VMs, guaranteed holds and spot orders take nothing. The
-suite's over-allocation check closes every test."""
+in the same pass; running spot VMs, guaranteed holds and spot orders take nothing; a running
+spot VM is told, then stopped after the grace (a VirtualMachine halted, a bare VMI deleted).
+The suite's over-allocation check closes every test."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from functools import partial
 import pykube
 import pytest
 
-from gpuoperator.kinds import GPUClass, VirtualMachineInstance
+from gpuoperator.kinds import GPUClass, VirtualMachine, VirtualMachineInstance
 from harness.claims import bound_node, claim_status, create_claim, event_messages, start_vm
 from harness.fleet import Fleet, published
 from harness.kube import Obj
@@ -182,18 +183,19 @@ def vmi_gone(api: pykube.HTTPClient, ns: str, name: str) -> bool:
 
 
 def spot_vm_filling_a_node(
-    api: pykube.HTTPClient, fleet: Fleet, tenant: str, units: int
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str, units: int, run: Obj | None = None
 ) -> tuple[str, str]:
     """A guaranteed class and a spot one on a node of ``units``, all of them held by the
-    spot claim ``spot-vm`` that VM ``vm-1`` runs on; the guaranteed class counting them as
-    what it may take back. Returns the guaranteed class and the node."""
+    spot claim ``spot-vm`` that VM ``vm-1`` runs on (a VirtualMachine running as ``run``
+    says, if given); the guaranteed class counting them as what it may take back. Returns
+    the guaranteed class and the node."""
     guaranteed = fleet.gpu_class()
     spot = fleet.gpu_class("-spot", preemptible=True)
     node = fleet.node(units)
     published(api, spot, units)
     create_claim(api, tenant, "spot-vm", spot, units)
     assert bound_node(api, tenant, "spot-vm") == node
-    start_vm(api, tenant, "vm-1", "spot-vm", timeout=CONVERGE)
+    start_vm(api, tenant, "vm-1", "spot-vm", timeout=CONVERGE, run=run)
     wait_for(
         f"class {guaranteed} counting the running VM's units",
         partial(class_status, api, guaranteed),
@@ -261,3 +263,52 @@ def test_a_notice_is_withdrawn_when_the_order_goes_and_the_vm_keeps_running(
     ]
     assert not vmi_gone(api, tenant, "vm-1")
     assert claim_status(api, tenant, "spot-vm")["nodeName"] == node
+
+
+def vm_of(api: pykube.HTTPClient, ns: str, name: str) -> Obj:
+    return dict(VirtualMachine.objects(api, namespace=ns).get(name=name).obj)
+
+
+@pytest.mark.operator_process  # the module's replica runs with a short preemptionGrace
+@pytest.mark.parametrize(
+    ("run", "halted"),
+    [
+        ({"runStrategy": "Always"}, {"runStrategy": "Halted"}),
+        ({"running": True}, {"running": False}),
+    ],
+    ids=["runStrategy", "running"],
+)
+def test_a_running_spot_virtual_machine_is_halted_and_its_hold_goes_to_the_order(
+    api: pykube.HTTPClient, fleet: Fleet, tenant: str, run: Obj, halted: Obj
+) -> None:
+    guaranteed, node = spot_vm_filling_a_node(api, fleet, tenant, 2, run=run)
+    vmi = VirtualMachineInstance.objects(api, namespace=tenant).get(name="vm-1").obj
+    assert [o["kind"] for o in vmi["metadata"]["ownerReferences"]] == ["VirtualMachine"]
+
+    create_claim(api, tenant, "order", guaranteed, 2)
+    notice = wait_for(
+        "the notice on spot-vm",
+        partial(preempting, api, tenant, "spot-vm"),
+        until=lambda c: c is not None and c["status"] == "True",
+        timeout=CONVERGE,
+    )
+    assert notice is not None and notice["reason"] == "StopScheduled"
+    assert vm_of(api, tenant, "vm-1")["spec"].items() >= run.items(), "told, not yet halted"
+
+    # After the grace the VirtualMachine is halted (in the field it uses), and KubeVirt's VM
+    # controller stops its VMI; nothing starts a new one.
+    stopped = wait_for(
+        "vm-1 Stopped",
+        partial(vm_of, api, tenant, "vm-1"),
+        until=lambda vm: (vm.get("status") or {}).get("printableStatus") == "Stopped",
+        timeout=GRACE + CONVERGE,
+    )
+    assert stopped["spec"].items() >= halted.items(), stopped["spec"]
+    assert stopped["status"]["created"] is False and stopped["status"]["ready"] is False
+    assert vmi_gone(api, tenant, "vm-1")
+    assert bound_node(api, tenant, "order", node, timeout=CONVERGE) == node
+    assert claim_status(api, tenant, "spot-vm").get("phase") == "Pending"
+    assert event_messages(api, tenant, "spot-vm", "VMStopped") == [
+        f"VM {tenant}/vm-1 was stopped: guaranteed claim {tenant}/order takes back the units "
+        "it used"
+    ]

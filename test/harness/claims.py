@@ -1,6 +1,6 @@
 """GPUClaims on a real API server, for end-to-end tests: order one, read its status, wait
-for it to be Bound; make a VMI on claims and wait for it to run; read the Events about an
-object; print ``gpuoperator status --node``."""
+for it to be Bound; make a VMI (or a VirtualMachine) on claims and wait for it to run; read
+the Events about an object; print ``gpuoperator status --node``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pykube
 
 from gpuoperator import names
-from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
+from gpuoperator.kinds import GPUClaim, VirtualMachine, VirtualMachineInstance
 from harness.kube import Obj
 from harness.waiting import wait_for
 
@@ -66,6 +66,11 @@ def vmi_metadata(ns: str, name: str, refs: list[Obj]) -> Obj:
     }
 
 
+def vmi_spec(**spec: Any) -> Obj:
+    """A VMI's spec: 1Gi of memory and no devices; ``spec`` adds to it."""
+    return {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}, **spec}
+
+
 def create_vmi(
     api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], **spec: Any
 ) -> VirtualMachineInstance:
@@ -77,27 +82,60 @@ def create_vmi(
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachineInstance",
             "metadata": vmi_metadata(ns, name, refs),
-            "spec": {
-                "domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
-                **spec,
-            },
+            "spec": vmi_spec(**spec),
         },
     )
     v.create()
     return v
 
 
+def create_virtual_machine(
+    api: pykube.HTTPClient, ns: str, name: str, refs: list[Obj], run: Obj, **spec: Any
+) -> VirtualMachine:
+    """A VirtualMachine that runs as ``run`` says (``{"runStrategy": ...}`` or the
+    deprecated ``{"running": ...}``), its template the VMI ``create_vmi`` would make."""
+    template = vmi_metadata(ns, name, refs)
+    del template["name"], template["namespace"]
+    vm = VirtualMachine(
+        api,
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {**run, "template": {"metadata": template, "spec": vmi_spec(**spec)}},
+        },
+    )
+    vm.create()
+    return vm
+
+
 def start_vm(
-    api: pykube.HTTPClient, ns: str, name: str, claim: str, *, timeout: float = 30.0
+    api: pykube.HTTPClient,
+    ns: str,
+    name: str,
+    claim: str,
+    *,
+    timeout: float = 30.0,
+    run: Obj | None = None,
+    **spec: Any,
 ) -> None:
-    """A VMI on ``claim``, once the KubeVirt stand-in says it is ``Scheduled``."""
-    create_vmi(api, ns, name, [{"claim": claim}])
+    """A VMI on ``claim``, once the KubeVirt stand-in says it is ``Scheduled``; with ``run``
+    a VirtualMachine (``create_virtual_machine``) whose VMI that is. ``spec`` adds to the
+    VMI's spec."""
+    if run is None:
+        create_vmi(api, ns, name, [{"claim": claim}], **spec)
+    else:
+        create_virtual_machine(api, ns, name, [{"claim": claim}], run, **spec)
     wait_for(
         f"VM {name} running",
-        lambda: VirtualMachineInstance.objects(api, namespace=ns).get(name=name).obj,
-        until=lambda v: (v.get("status") or {}).get("phase") == "Scheduled",
+        lambda: _found(VirtualMachineInstance.objects(api, namespace=ns).get_or_none(name=name)),
+        until=lambda v: v is not None and (v.get("status") or {}).get("phase") == "Scheduled",
         timeout=timeout,
     )
+
+
+def _found(obj: Any) -> Obj | None:
+    return None if obj is None else dict(obj.obj)
 
 
 def event_messages(api: pykube.HTTPClient, ns: str, name: str, reason: str) -> list[str]:

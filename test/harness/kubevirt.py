@@ -1,7 +1,9 @@
 """A stand-in for KubeVirt's virt-controller, for the e2e suite (docs/design.md §8).
 
-The e2e cluster has no KubeVirt, only its two CRDs (``test/harness/crds/``). This module
-does to a ``kubevirt.io/v1`` VirtualMachineInstance what virt-controller does and what
+The e2e cluster has no KubeVirt, only stand-ins of its CRDs (``test/harness/crds/``:
+VirtualMachineInstance, VirtualMachineInstanceMigration, VirtualMachine, KubeVirt). This
+module does to a ``kubevirt.io/v1`` VirtualMachineInstance, its migrations and its
+VirtualMachine what virt-controller does (and, for migrations, virt-handler) and what
 gpuoperator depends on, and nothing more:
 
 * it renders the VMI's launcher pod the way KubeVirt v1.7 does in the respects the operator
@@ -16,6 +18,33 @@ gpuoperator depends on, and nothing more:
 * it mirrors the pod into the VMI status: Pending → Scheduling once the pod exists →
   Scheduled (with ``status.nodeName``) once the pod runs; Failed once the pod is deleted or
   terminates before the VMI is final. A Failed VMI never gets a new pod.
+* it live-migrates a VMI for a ``VirtualMachineInstanceMigration`` (``spec.vmiName``) as
+  virt-controller's migration controller, through KubeVirt's phases (Pending, Scheduling,
+  Scheduled, PreparingTarget, TargetReady, Running, then Succeeded or Failed, each in
+  ``status.phaseTransitionTimestamps``): a target pod rendered like the launcher pod plus
+  the ``kubevirt.io/migrationJobUID`` label and KubeVirt's required anti-affinity to the
+  VMI's pods per hostname; once it runs, the hand-off writes the VMI's
+  ``status.migrationState`` (migrationUid, sourceNode, sourcePod, targetNode, targetPod),
+  then, as virt-handler, ``startTimestamp``, and at once ``endTimestamp`` and ``completed``
+  with the VMI's ``status.nodeName`` and ``kubevirt.io/nodeName`` label on the target; then
+  the source pod is deleted and the migration Succeeded. A target pod pending past KubeVirt's
+  timeouts (unschedulable: 5 minutes, else 15; the constructor's arguments, and per
+  migration the annotations ``kubevirt.io/migrationUnschedulablePodTimeoutSeconds`` and
+  ``kubevirt.io/migrationPendingPodTimeoutSeconds``) is deleted, and a target pod gone or
+  down fails the migration. A migration deleted before it ends is aborted: its target pod
+  deleted and, if it was handed off, ``migrationState.abortStatus: Succeeded``. A VMI
+  KubeVirt would not migrate fails its migration at once, with virt-handler's
+  ``LiveMigratable`` reason in a ``FailedMigration`` Event (``live_migratable``: host
+  devices; more than one GPU; a GPU only with the ``VGPULiveMigration`` feature gate and a
+  ``mediatedDevices`` entry of ``permittedHostDevices``, so never a passthrough or DRA GPU),
+  as does one that is not running or has an older migration unfinished. As KubeVirt, the
+  VMI's migrationState is written only at the hand-off: a migration that fails before
+  (timeout, cancel) leaves it as it was.
+* it runs a ``VirtualMachine`` as virt-controller's VM controller: ``runStrategy: Always``
+  (or ``RerunOnFailure``, or the deprecated ``running: true``) creates the VMI from
+  ``spec.template`` (the VM's name, a controller ownerReference to the VM); ``Halted`` (or
+  ``running: false``) deletes it; ``status.created``, ``ready`` and ``printableStatus``
+  (Starting, Running, Migrating, Stopping, Stopped, Terminating) follow the VMI.
 
 Like virt-controller it finds its pod by the ``kubevirt.io=virt-launcher`` label and the
 controller ownerReference, and it never compares the live pod with what it rendered nor
@@ -28,13 +57,16 @@ idempotent, no I/O, so the unit tests pin them down. ``KubeVirtSimulator`` is th
 shaped like virt-controller's VMI controller:
 
 * watch caches (informers: list, then watch from its resourceVersion, relist on 410 or any
-  failure) of VMIs, launcher pods (``kubevirt.io=virt-launcher``) and KubeVirt CRs;
+  failure) of VMIs, launcher pods (``kubevirt.io=virt-launcher``, migration targets
+  included), KubeVirt CRs, migrations and VMs;
 * one rate-limited work queue keyed by VMI namespace/name (the product's generic
   ``gpuoperator.runtime.queueing.WorkQueue``, client-go's semantics): a VMI event queues
   its key, a pod event its owning VMI's key (controller ownerReference, else the
   ``vm.kubevirt.io/name`` label), a KubeVirt CR event every VMI's key, and every
   ``RESYNC_SECONDS`` all of them; a key is queued once however many events arrive while it
   waits, never synced by two workers at once, and a failed sync is retried with backoff;
+  migrations and VMs have queues (and a worker each) of their own, fed by their own events
+  and by those of their VMI and its pods;
 * ``WORKERS`` worker threads, each syncing one key from the caches;
 * expectations, as KubeVirt's ``ControllerExpectations``: after creating a pod for a VMI
   no sync creates another until the pod cache has shown it (or ``EXPECTATION_SECONDS``
@@ -43,9 +75,13 @@ shaped like virt-controller's VMI controller:
 ``KubeVirtSimulator.settle()`` waits until the simulator has acted on everything the API
 server holds at call time, for tests that assert that something did *not* happen.
 
-Simplifications, on purpose: no virt-handler (a VMI never becomes Running), no memory
-overhead on the compute container, no VirtualMachine controller (nothing restarts a Failed
-VMI), no migrations. CPU and memory go where KubeVirt puts them: the VMI's
+Simplifications, on purpose: no virt-handler (a VMI never becomes Running; where KubeVirt
+asks whether a VMI runs, for a migration or a VM's ``ready``, ``Scheduled`` counts), no
+memory overhead on the compute container, nothing restarts a final VMI (no start-failure
+backoff: a VM's Failed VMI stays, Stopped), a migration's transfer takes no time (it
+completes in the sync after it starts), no migration finalizer (a deleted migration is gone
+at once; the VMI's sync removes its target pod), no limits on parallel migrations, no
+garbage collection of finished migrations. CPU and memory go where KubeVirt puts them: the VMI's
 ``spec.domain.resources.requests`` into the compute container's requests, its ``limits``
 into its limits. The VMI stand-in CRD has no status subresource, so status is written by
 replacing the whole object under its resourceVersion.
@@ -54,6 +90,7 @@ replacing the whole object under its resourceVersion.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import logging
 import threading
@@ -65,7 +102,12 @@ from typing import Any, Final, cast
 import prometheus_client
 import pykube
 
-from gpuoperator.kinds import KubeVirt, VirtualMachineInstance
+from gpuoperator.kinds import (
+    KubeVirt,
+    VirtualMachine,
+    VirtualMachineInstance,
+    VirtualMachineInstanceMigration,
+)
 from gpuoperator.runtime.queueing import WorkQueue
 from gpuoperator.runtime.ratelimiting import ItemExponentialFailureRateLimiter
 from harness import accounts
@@ -139,17 +181,12 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return cast("Mapping[str, Any]", obj.get("metadata") or {})
 
 
-def permitted_devices(kubevirts: Iterable[Mapping[str, Any]]) -> frozenset[str] | None:
-    """The resource names the cluster's ``KubeVirt`` CR permits for GPUs, or None for "all".
-
-    KubeVirt honours one KubeVirt CR; with several, the oldest live one decides (KubeVirt
-    marks the later ones as failed). No CR, or a CR without
-    ``spec.configuration.permittedHostDevices``, permits everything; a table that is set but
-    lists nothing permits nothing. Both ``pciHostDevices`` and ``mediatedDevices`` count.
-    """
+def _configuration(kubevirts: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """``spec.configuration`` of the KubeVirt CR that KubeVirt honours (the oldest live one;
+    KubeVirt marks later ones as failed), ``{}`` without one."""
     live = [kv for kv in kubevirts if not _meta(kv).get("deletionTimestamp")]
     if not live:
-        return None
+        return {}
     oldest = min(
         live,
         key=lambda kv: (
@@ -158,7 +195,18 @@ def permitted_devices(kubevirts: Iterable[Mapping[str, Any]]) -> frozenset[str] 
             str(_meta(kv).get("name") or ""),
         ),
     )
-    table = ((oldest.get("spec") or {}).get("configuration") or {}).get("permittedHostDevices")
+    return cast("Mapping[str, Any]", (oldest.get("spec") or {}).get("configuration") or {})
+
+
+def permitted_devices(kubevirts: Iterable[Mapping[str, Any]]) -> frozenset[str] | None:
+    """The resource names the cluster's ``KubeVirt`` CR permits for GPUs, or None for "all".
+
+    KubeVirt honours one KubeVirt CR; with several, the oldest live one decides (KubeVirt
+    marks the later ones as failed). No CR, or a CR without
+    ``spec.configuration.permittedHostDevices``, permits everything; a table that is set but
+    lists nothing permits nothing. Both ``pciHostDevices`` and ``mediatedDevices`` count.
+    """
+    table = _configuration(kubevirts).get("permittedHostDevices")
     if table is None:
         return None
     names: set[str] = set()
@@ -294,14 +342,19 @@ def find_launcher_pod(
     """The VMI's launcher pod among ``pods``, found as KubeVirt finds it.
 
     A pod counts when it carries ``kubevirt.io=virt-launcher`` and a controller
-    ownerReference to the VMI's uid. Should there be several, a live one is preferred over
-    one being deleted, then the newest.
+    ownerReference to the VMI's uid and, once the VMI has a ``status.nodeName``, runs on
+    that node (KubeVirt's ``CurrentVMIPod``: a migration's target pod on another node is
+    not the VMI's pod until the VMI has moved there). Should there be several, a live one
+    is preferred over one being deleted, then the newest.
     """
     uid = str(_meta(vmi).get("uid") or "")
+    node = str((vmi.get("status") or {}).get("nodeName") or "")
     mine = [
         p
         for p in pods
-        if (_meta(p).get("labels") or {}).get(APP_LABEL) == LAUNCHER and _controlled_by(p, uid)
+        if (_meta(p).get("labels") or {}).get(APP_LABEL) == LAUNCHER
+        and _controlled_by(p, uid)
+        and (not node or (p.get("spec") or {}).get("nodeName") == node)
     ]
     if not mine:
         return None
@@ -380,6 +433,588 @@ def vmi_status(
     return status
 
 
+# ---- live migration (virt-controller's migration controller, virt-handler's part) ------
+
+#: KubeVirt's names for migrations.
+MIGRATION_KIND: Final = "VirtualMachineInstanceMigration"
+MIGRATION_JOB_LABEL: Final = "kubevirt.io/migrationJobUID"
+MIGRATION_JOB_NAME_ANNOTATION: Final = "kubevirt.io/migrationJobName"
+NODE_NAME_LABEL: Final = "kubevirt.io/nodeName"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+#: Per-migration overrides of the target pod's pending timeouts, in seconds (KubeVirt's).
+UNSCHEDULABLE_TIMEOUT_ANNOTATION: Final = "kubevirt.io/migrationUnschedulablePodTimeoutSeconds"
+PENDING_TIMEOUT_ANNOTATION: Final = "kubevirt.io/migrationPendingPodTimeoutSeconds"
+#: KubeVirt's defaults: a target pod unschedulable for 5 minutes, or pending for any reason
+#: for 15, is deleted and its migration fails.
+UNSCHEDULABLE_TIMEOUT_SECONDS: Final = 300.0
+PENDING_TIMEOUT_SECONDS: Final = 900.0
+
+# Migration phases (KubeVirt's VirtualMachineInstanceMigrationPhase; "" is unset).
+MIGRATION_PENDING: Final = "Pending"
+MIGRATION_SCHEDULING: Final = "Scheduling"
+MIGRATION_SCHEDULED: Final = "Scheduled"
+MIGRATION_PREPARING_TARGET: Final = "PreparingTarget"
+MIGRATION_TARGET_READY: Final = "TargetReady"
+MIGRATION_RUNNING: Final = "Running"
+MIGRATION_SUCCEEDED: Final = "Succeeded"
+MIGRATION_FAILED: Final = "Failed"
+MIGRATION_FINAL: Final = frozenset({MIGRATION_SUCCEEDED, MIGRATION_FAILED})
+#: Phases after the target pod was created: if it is gone now, the migration fails.
+TARGET_CREATED_PHASES: Final = frozenset(
+    {
+        MIGRATION_SCHEDULING,
+        MIGRATION_SCHEDULED,
+        MIGRATION_PREPARING_TARGET,
+        MIGRATION_TARGET_READY,
+        MIGRATION_RUNNING,
+    }
+)
+ABORT_REQUESTED: Final = "migrationAbortRequested"
+ABORT_SUCCEEDED: Final = "Succeeded"
+#: The VMI condition saying whether KubeVirt would live-migrate it, and its reason here.
+LIVE_MIGRATABLE: Final = "LiveMigratable"
+HOST_DEVICE_NOT_MIGRATABLE: Final = "HostDeviceNotLiveMigratable"
+VGPU_LIVE_MIGRATION: Final = "VGPULiveMigration"
+# Event reasons virt-controller gives migrations.
+FAILED_MIGRATION: Final = "FailedMigration"
+SUCCESSFUL_MIGRATION: Final = "SuccessfulMigration"
+TARGET_UNSCHEDULABLE: Final = "migrationTargetPodUnschedulable"
+SUCCESSFUL_DELETE: Final = "SuccessfulDelete"
+#: What the stand-in's virt-handler reports as the target's migration address.
+TARGET_ADDRESS: Final = "127.0.0.1"
+
+
+def vmi_runs(vmi: Mapping[str, Any]) -> bool:
+    """Whether the VMI runs, where KubeVirt asks ``vmi.IsRunning()``. With no virt-handler
+    the stand-in's VMIs never reach ``Running``: ``Scheduled`` (its pod runs) counts."""
+    phase = (vmi.get("status") or {}).get("phase")
+    return phase in (SCHEDULED, RUNNING) and not _meta(vmi).get("deletionTimestamp")
+
+
+def live_migratable(
+    vmi: Mapping[str, Any], kubevirts: Iterable[Mapping[str, Any]]
+) -> SyncError | None:
+    """Why KubeVirt would not live-migrate ``vmi`` (its ``LiveMigratable`` condition's
+    reason and message), None when it would, by virt-handler's host-device rules: no
+    ``hostDevices``; at most one GPU; a GPU only with the ``VGPULiveMigration`` feature gate
+    and when its ``deviceName`` is a mediated device of ``permittedHostDevices`` (so never a
+    passthrough GPU, nor a DRA GPU, which has no ``deviceName``)."""
+    devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
+    gpus = list(devices.get("gpus") or [])
+    config = _configuration(kubevirts)
+    reason = ""
+    if devices.get("hostDevices"):
+        reason = "VMI specifies non-migratable generic PCI host device"
+    elif len(gpus) > 1:
+        reason = "VMI specifies too many GPUs"
+    elif gpus:
+        gates = (config.get("developerConfiguration") or {}).get("featureGates") or []
+        mediated = {
+            str(d.get("resourceName"))
+            for d in (config.get("permittedHostDevices") or {}).get("mediatedDevices") or []
+        }
+        if VGPU_LIVE_MIGRATION not in gates:
+            reason = f"VMI specifies a GPU but feature gate {VGPU_LIVE_MIGRATION} is not enabled"
+        elif gpus[0].get("deviceName") not in mediated:
+            reason = "VMI specifies non-migratable GPU device"
+    return SyncError(HOST_DEVICE_NOT_MIGRATABLE, reason) if reason else None
+
+
+def render_target_pod(
+    vmi: Mapping[str, Any], migration: Mapping[str, Any], permitted: frozenset[str] | None
+) -> Obj | SyncError:
+    """The migration's target pod: the launcher pod ``render_launcher_pod`` renders, plus
+    the ``kubevirt.io/migrationJobUID`` label and ``kubevirt.io/migrationJobName``
+    annotation, and KubeVirt's required pod anti-affinity to every pod of the VMI
+    (``kubevirt.io/created-by``) per hostname, so it never lands on the source's node."""
+    pod = render_launcher_pod(vmi, permitted)
+    if isinstance(pod, SyncError):
+        return pod
+    meta = _meta(migration)
+    pod["metadata"]["labels"][MIGRATION_JOB_LABEL] = str(meta["uid"])
+    pod["metadata"]["annotations"][MIGRATION_JOB_NAME_ANNOTATION] = str(meta["name"])
+    term = {
+        "labelSelector": {
+            "matchExpressions": [
+                {"key": CREATED_BY_LABEL, "operator": "In", "values": [str(_meta(vmi)["uid"])]}
+            ]
+        },
+        "topologyKey": HOSTNAME_LABEL,
+    }
+    anti = pod["spec"].setdefault("affinity", {}).setdefault("podAntiAffinity", {})
+    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    return pod
+
+
+def target_pod(
+    vmi: Mapping[str, Any], migration_uid: str, pods: Iterable[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The migration's target pod among ``pods``: a launcher pod of the VMI labelled with
+    the migration's uid (a live one first, then the newest)."""
+    uid = str(_meta(vmi).get("uid") or "")
+    mine = [
+        p
+        for p in pods
+        if (_meta(p).get("labels") or {}).get(MIGRATION_JOB_LABEL) == migration_uid
+        and _controlled_by(p, uid)
+    ]
+    if not mine:
+        return None
+    return max(
+        mine,
+        key=lambda p: (
+            not _meta(p).get("deletionTimestamp"),
+            str(_meta(p).get("creationTimestamp") or ""),
+        ),
+    )
+
+
+def _timeout(migration: Mapping[str, Any], annotation: str, default: float) -> float:
+    """The migration's override of a timeout (an annotation of whole seconds), else
+    ``default``; a value that is not a number is ignored, as KubeVirt does."""
+    text = (_meta(migration).get("annotations") or {}).get(annotation)
+    try:
+        return float(int(str(text))) if text is not None else default
+    except ValueError:
+        return default
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled"
+        and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _seconds(timestamp: Any) -> float | None:
+    """An RFC 3339 timestamp as epoch seconds, None when absent or malformed."""
+    try:
+        return datetime.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _stamp(now: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+
+
+@dataclass(frozen=True)
+class MigrationStep:
+    """What one sync of a migration does. ``status`` is the migration's status after it;
+    ``vmi`` the VMI's new status and labels (``{"status": ..., "labels": ...}``, written
+    before the migration's), None to leave it; ``create_target`` asks for the target pod;
+    ``delete_pods`` names pods to delete (after the writes); ``delete_migration`` deletes
+    the migration itself (its VMI is gone); ``events`` are (type, reason, message) on the
+    migration; ``recheck_after`` asks for another sync that many seconds later."""
+
+    status: Obj
+    vmi: Obj | None = None
+    create_target: bool = False
+    delete_pods: tuple[str, ...] = ()
+    delete_migration: bool = False
+    events: tuple[tuple[str, str, str], ...] = ()
+    recheck_after: float | None = None
+
+
+def _with_phase(status: Obj, phase: str, now: float) -> Obj:
+    if status.get("phase") != phase:
+        status["phase"] = phase
+        stamps = list(status.get("phaseTransitionTimestamps") or [])
+        stamps.append({"phase": phase, "phaseTransitionTimestamp": _stamp(now)})
+        status["phaseTransitionTimestamps"] = stamps
+    return status
+
+
+def _migration_state(vmi: Mapping[str, Any]) -> Mapping[str, Any]:
+    return cast("Mapping[str, Any]", (vmi.get("status") or {}).get("migrationState") or {})
+
+
+def _vmi_change(vmi: Mapping[str, Any], state: Obj, node: str | None = None) -> Obj:
+    """The VMI's status with ``state`` as its migrationState (and, with ``node``, moved to
+    that node), and its labels (the ``kubevirt.io/nodeName`` label following the node)."""
+    status = copy.deepcopy(dict(vmi.get("status") or {}))
+    status["migrationState"] = state
+    labels = dict(_meta(vmi).get("labels") or {})
+    if node is not None:
+        status["nodeName"] = node
+        labels[NODE_NAME_LABEL] = node
+    return {"status": status, "labels": labels}
+
+
+def _fail(
+    status: Obj, now: float, message: str, *pods: str, vmi: Obj | None = None
+) -> MigrationStep:
+    return MigrationStep(
+        _with_phase(status, MIGRATION_FAILED, now),
+        vmi=vmi,
+        delete_pods=tuple(pods),
+        events=(("Warning", FAILED_MIGRATION, message),),
+    )
+
+
+def _failed_state(state: Mapping[str, Any], now: float, reason: str, *, abort: bool) -> Obj:
+    """A handed-off migrationState marked failed (and aborted), as virt-handler marks it."""
+    out = dict(state)
+    out.update({"failed": True, "completed": True})
+    out.setdefault("startTimestamp", _stamp(now))
+    out.setdefault("endTimestamp", _stamp(now))
+    out.setdefault("failureReason", reason)
+    if abort:
+        out["abortStatus"] = ABORT_SUCCEEDED
+    return out
+
+
+def migration_step(
+    migration: Mapping[str, Any],
+    vmi: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    kubevirts: Iterable[Mapping[str, Any]] = (),
+    busy: bool = False,
+    now: float,
+    unschedulable_timeout: float = UNSCHEDULABLE_TIMEOUT_SECONDS,
+    pending_timeout: float = PENDING_TIMEOUT_SECONDS,
+) -> MigrationStep:
+    """One sync of ``migration`` (a VirtualMachineInstanceMigration) of ``vmi`` (None: no
+    such VMI), given the VMI's launcher pods ``pods``; ``busy`` says an older unfinished
+    migration of the VMI exists. Pure: the caller writes what the step says.
+
+    Phases, one step per sync as virt-controller: unset → Pending (or Failed when the VMI
+    does not run, would not be live-migrated, or is busy) → the target pod is created →
+    Scheduling → (target pod runs) Scheduled → the hand-off writes the VMI's
+    ``migrationState`` (migrationUid, sourceNode, targetNode, targetPod, sourcePod) →
+    PreparingTarget → as virt-handler: the target's address and ``startTimestamp`` →
+    TargetReady → Running → as virt-handler: ``endTimestamp``, ``completed`` and the VMI's
+    ``status.nodeName`` and ``kubevirt.io/nodeName`` label moved to the target → Succeeded,
+    the source pod deleted. A target pod pending past its timeout (unschedulable:
+    ``unschedulable_timeout``, any other reason: ``pending_timeout``; the migration's
+    annotations override both) is deleted, and a target pod gone or down before the end
+    fails the migration. A migration being deleted before the hand-off gets the
+    ``migrationAbortRequested`` condition and fails, its target pod deleted; after the
+    hand-off the VMI's ``migrationState`` says ``abortStatus: Succeeded``, ``failed``.
+    """
+    meta = _meta(migration)
+    uid = str(meta.get("uid") or "")
+    status: Obj = copy.deepcopy(dict(migration.get("status") or {}))
+    phase = str(status.get("phase") or "")
+    if vmi is None:
+        if meta.get("deletionTimestamp") or phase in MIGRATION_FINAL:
+            return MigrationStep(status)
+        return MigrationStep(status, delete_migration=True)
+    pods = list(pods)
+    target = target_pod(vmi, uid, pods)
+    target_name = str(_meta(target)["name"]) if target is not None else ""
+    live_target = (
+        target_name if target is not None and not _meta(target).get("deletionTimestamp") else ""
+    )
+    state = _migration_state(vmi)
+    handed_off = state.get("migrationUid") == uid
+    vmi_phase = str((vmi.get("status") or {}).get("phase") or "")
+
+    if phase in MIGRATION_FINAL:
+        if phase == MIGRATION_FAILED and live_target:
+            return MigrationStep(status, delete_pods=(live_target,))
+        return MigrationStep(status)
+    if vmi_phase in FINAL_PHASES:
+        return _fail(status, now, "Migration failed vmi shutdown during migration.", live_target)
+    if meta.get("deletionTimestamp"):
+        conditions = list(status.get("conditions") or [])
+        if not any(c.get("type") == ABORT_REQUESTED for c in conditions):
+            conditions.append(
+                {"type": ABORT_REQUESTED, "status": "True", "lastProbeTime": _stamp(now)}
+            )
+        status["conditions"] = conditions
+        change = None
+        if handed_off and not state.get("completed"):
+            aborted = _failed_state(state, now, "Live migration has been aborted", abort=True)
+            change = _vmi_change(vmi, aborted)
+        return _fail(
+            status,
+            now,
+            "Migration failed due to being canceled",
+            *([live_target] if live_target else []),
+            vmi=change,
+        )
+    if phase in TARGET_CREATED_PHASES and target is None:
+        change = None
+        if handed_off and not state.get("completed"):
+            change = _vmi_change(vmi, _failed_state(state, now, "Target pod is down", abort=False))
+        return _fail(
+            status, now, "Migration target pod was removed during active migration.", vmi=change
+        )
+    if target is not None and (target.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        change = None
+        if handed_off and not state.get("completed"):
+            change = _vmi_change(vmi, _failed_state(state, now, "Target pod is down", abort=False))
+        return _fail(
+            status,
+            now,
+            "Migration failed because target pod shutdown during migration",
+            *([live_target] if live_target else []),
+            vmi=change,
+        )
+
+    if phase == "":
+        if not vmi_runs(vmi):
+            return _fail(status, now, "Cannot migrate VMI, VMI is not running")
+        refusal = live_migratable(vmi, kubevirts)
+        if refusal is not None:
+            return _fail(
+                status,
+                now,
+                f"Cannot migrate VMI, Reason: {refusal.reason}, Message: {refusal.message}",
+            )
+        if busy:
+            return _fail(
+                status,
+                now,
+                "VMI is not eligible for migration because another migration job is in progress.",
+            )
+        return MigrationStep(_with_phase(status, MIGRATION_PENDING, now))
+    if phase == MIGRATION_PENDING:
+        if target is None:
+            return MigrationStep(status, create_target=True)
+        return MigrationStep(_with_phase(status, MIGRATION_SCHEDULING, now))
+    if phase == MIGRATION_SCHEDULING:
+        assert target is not None
+        if _pod_running(target):
+            return MigrationStep(_with_phase(status, MIGRATION_SCHEDULED, now))
+        return _pending_timeout(
+            migration, vmi, target, status, now, unschedulable_timeout, pending_timeout
+        )
+    if phase == MIGRATION_SCHEDULED:
+        assert target is not None
+        if handed_off and state.get("targetNode"):
+            return MigrationStep(_with_phase(status, MIGRATION_PREPARING_TARGET, now))
+        source = find_launcher_pod(vmi, pods)
+        handoff: Obj = {
+            "migrationUid": uid,
+            "sourceNode": str((vmi.get("status") or {}).get("nodeName") or ""),
+            "targetNode": str((target.get("spec") or {}).get("nodeName") or ""),
+            "targetPod": target_name,
+        }
+        if source is not None:
+            handoff["sourcePod"] = str(_meta(source)["name"])
+        return MigrationStep(status, vmi=_vmi_change(vmi, handoff))
+    if phase == MIGRATION_PREPARING_TARGET:
+        if state.get("targetNodeAddress"):
+            return MigrationStep(_with_phase(status, MIGRATION_TARGET_READY, now))
+        started = dict(state)
+        started.update(
+            {
+                "targetNodeAddress": TARGET_ADDRESS,
+                "targetNodeDomainDetected": True,
+                "startTimestamp": _stamp(now),
+                "mode": "PreCopy",
+            }
+        )
+        return MigrationStep(status, vmi=_vmi_change(vmi, started))
+    if phase == MIGRATION_TARGET_READY:
+        return MigrationStep(_with_phase(status, MIGRATION_RUNNING, now))
+    # Running: the stand-in's virt-handlers finish the transfer at once.
+    if state.get("completed"):
+        status["migrationState"] = copy.deepcopy(dict(state))
+        source_pod = str(state.get("sourcePod") or "")
+        return MigrationStep(
+            _with_phase(status, MIGRATION_SUCCEEDED, now),
+            delete_pods=tuple(p for p in [source_pod] if p and p != target_name),
+            events=(("Normal", SUCCESSFUL_MIGRATION, "Source node reported migration succeeded"),),
+        )
+    done = dict(state)
+    done.update(
+        {
+            "completed": True,
+            "endTimestamp": _stamp(now),
+            "targetNodeDomainReadyTimestamp": _stamp(now),
+        }
+    )
+    return MigrationStep(status, vmi=_vmi_change(vmi, done, node=str(state.get("targetNode"))))
+
+
+def _pending_timeout(
+    migration: Mapping[str, Any],
+    vmi: Mapping[str, Any],
+    target: Mapping[str, Any],
+    status: Obj,
+    now: float,
+    unschedulable_timeout: float,
+    pending_timeout: float,
+) -> MigrationStep:
+    """virt-controller's ``handlePendingPodTimeout``: a target pod pending past its timeout
+    is deleted (the next sync fails the migration), else the migration is looked at again
+    when the timeout runs out."""
+    created = _seconds(_meta(target).get("creationTimestamp"))
+    phase = (target.get("status") or {}).get("phase")
+    if created is None or phase not in (None, "Pending") or _meta(target).get("deletionTimestamp"):
+        return MigrationStep(status)  # only a pending pod not being deleted times out
+    waited = now - created
+    name, namespace = str(_meta(target)["name"]), str(_meta(target).get("namespace") or "")
+    vmi_key = f"{_meta(vmi).get('namespace')}/{_meta(vmi).get('name')}"
+    events: list[tuple[str, str, str]] = []
+    limits = [_timeout(migration, PENDING_TIMEOUT_ANNOTATION, pending_timeout)]
+    what = "pending"
+    if _unschedulable(target):
+        events.append(
+            (
+                "Warning",
+                TARGET_UNSCHEDULABLE,
+                f"Migration target pod for VMI [{vmi_key}] is currently unschedulable.",
+            )
+        )
+        unschedulable = _timeout(migration, UNSCHEDULABLE_TIMEOUT_ANNOTATION, unschedulable_timeout)
+        if waited >= unschedulable:
+            what = "unschedulable"
+        limits.append(unschedulable)
+    if what == "unschedulable" or waited >= limits[0]:
+        message = f"{what} pod {namespace}/{name} timeout period exceeded"
+        return MigrationStep(
+            status, delete_pods=(name,), events=(*events, ("Normal", SUCCESSFUL_DELETE, message))
+        )
+    return MigrationStep(status, events=tuple(events), recheck_after=min(limits) - waited)
+
+
+# ---- VirtualMachines (virt-controller's VM controller) ----------------------------------
+
+VM_KIND: Final = "VirtualMachine"
+ALWAYS: Final = "Always"
+HALTED: Final = "Halted"
+RERUN_ON_FAILURE: Final = "RerunOnFailure"
+# printableStatus values (KubeVirt's VirtualMachinePrintableStatus).
+VM_STOPPED: Final = "Stopped"
+VM_STARTING: Final = "Starting"
+VM_RUNNING: Final = "Running"
+VM_STOPPING: Final = "Stopping"
+VM_TERMINATING: Final = "Terminating"
+VM_MIGRATING: Final = "Migrating"
+VM_UNKNOWN: Final = "Unknown"
+
+
+def run_strategy(vm: Mapping[str, Any]) -> str:
+    """The VM's run strategy as KubeVirt reads it: the deprecated ``spec.running`` when set
+    (true: Always, false: Halted), else ``spec.runStrategy``, else Halted."""
+    spec = vm.get("spec") or {}
+    if spec.get("running") is not None:
+        return ALWAYS if spec["running"] else HALTED
+    return str(spec.get("runStrategy") or HALTED)
+
+
+def controlled_vmi(vm: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> bool:
+    """Whether ``vmi`` (the VMI of the VM's name) is the VM's: controlled by its uid."""
+    return vmi is not None and _controlled_by(vmi, str(_meta(vm).get("uid") or ""))
+
+
+def render_vmi(vm: Mapping[str, Any]) -> Obj:
+    """The VMI the VM starts: ``spec.template``'s metadata and spec, the VM's name and
+    namespace, a controller ownerReference to the VM."""
+    meta = _meta(vm)
+    template = cast("Mapping[str, Any]", (vm.get("spec") or {}).get("template") or {})
+    vmi_meta: Obj = copy.deepcopy(dict(template.get("metadata") or {}))
+    vmi_meta.pop("generateName", None)
+    vmi_meta.update(
+        {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "ownerReferences": [
+                {
+                    "apiVersion": KUBEVIRT_API_VERSION,
+                    "kind": VM_KIND,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        }
+    )
+    return {
+        "apiVersion": KUBEVIRT_API_VERSION,
+        "kind": VMI_KIND,
+        "metadata": vmi_meta,
+        "spec": copy.deepcopy(dict(template.get("spec") or {})),
+    }
+
+
+@dataclass(frozen=True)
+class VMStep:
+    """What one sync of a VM does: create ``create`` (a VMI), delete its VMI
+    (``delete_vmi``), and write ``status`` (the VM's status after the step)."""
+
+    status: Obj
+    create: Obj | None = None
+    delete_vmi: bool = False
+
+
+def _migrating(vmi: Mapping[str, Any]) -> bool:
+    state = _migration_state(vmi)
+    return bool(state.get("startTimestamp")) and not state.get("endTimestamp")
+
+
+def vm_step(vm: Mapping[str, Any], vmi: Mapping[str, Any] | None, *, launched: bool) -> VMStep:
+    """One sync of the VirtualMachine ``vm`` whose namespace holds ``vmi`` under its name
+    (None: none). ``launched`` says this simulator created a VMI for the VM's uid whose
+    creation the VMI cache has not shown yet (expectations). Pure.
+
+    Always and RerunOnFailure start a VMI when the VM has none; Halted deletes the VM's
+    VMI; Manual and Once are left as they are. A VMI of the name that the VM does not
+    control is left alone (and none is created). ``status.created`` says the VM's VMI
+    exists, ``ready`` that it runs (``vmi_runs``), ``printableStatus`` is KubeVirt's first
+    match of Terminating, Stopping, Migrating, Running, Starting, Stopped (else Unknown).
+    """
+    strategy = run_strategy(vm)
+    mine = vmi if controlled_vmi(vm, vmi) else None
+    deleting = bool(_meta(vm).get("deletionTimestamp"))
+    create: Obj | None = None
+    delete = False
+    if not deleting and strategy in (ALWAYS, RERUN_ON_FAILURE) and vmi is None and not launched:
+        create = render_vmi(vm)
+    if strategy == HALTED and mine is not None and not _meta(mine).get("deletionTimestamp"):
+        delete = True
+    start_expected = strategy in (ALWAYS, RERUN_ON_FAILURE) and not deleting
+    vmi_final = mine is not None and (mine.get("status") or {}).get("phase") in FINAL_PHASES
+    if deleting:
+        printable = VM_TERMINATING
+    elif (
+        mine is not None
+        and not vmi_final
+        and (_meta(mine).get("deletionTimestamp") or strategy == HALTED)
+    ):
+        printable = VM_STOPPING
+    elif mine is not None and _migrating(mine):
+        printable = VM_MIGRATING
+    elif mine is not None and vmi_runs(mine):
+        printable = VM_RUNNING
+    elif (mine is None and (start_expected or launched)) or (
+        mine is not None
+        and (mine.get("status") or {}).get("phase") in ("", None, PENDING, SCHEDULING)
+    ):
+        printable = VM_STARTING
+    elif vmi_final or (mine is None and not start_expected):
+        printable = VM_STOPPED
+    else:
+        printable = VM_UNKNOWN
+    status: Obj = copy.deepcopy(dict(vm.get("status") or {}))
+    status["created"] = mine is not None
+    status["ready"] = mine is not None and vmi_runs(mine)
+    status["printableStatus"] = printable
+    return VMStep(status, create=create, delete_vmi=delete)
+
+
+def abandon_migration(status: Mapping[str, Any], migrations: Iterable[str], now: float) -> Obj:
+    """The VMI status ``status`` once a migration it was handed off to is gone (deleted
+    before completing: ``migrations`` are the uids of the migrations that still exist): its
+    ``migrationState`` aborted (``abortStatus: Succeeded``, ``failed``, ``completed``), as
+    virt-handler aborts it. Anything else is returned as it is."""
+    out: Obj = copy.deepcopy(dict(status))
+    state = cast("Mapping[str, Any]", out.get("migrationState") or {})
+    uid = state.get("migrationUid")
+    if not uid or state.get("completed") or uid in set(migrations):
+        return out
+    out["migrationState"] = _failed_state(state, now, "Live migration has been aborted", abort=True)
+    return out
+
+
 # ---- the I/O shell ---------------------------------------------------------------------
 
 
@@ -407,6 +1042,10 @@ def _version(obj: Mapping[str, Any]) -> int:
 Key = tuple[str, str]
 #: The key of the orphan sweep over every cached launcher pod (no VMI has an empty name).
 SWEEP: Final[Key] = ("", "")
+#: The simulator's work queues: VMI keys (and the sweep), migration keys, VM keys.
+VMI_QUEUE: Final = "vmis"
+MIGRATION_QUEUE: Final = "migrations"
+VM_QUEUE: Final = "vms"
 #: Called with (old, new) for every change a cache sees; None for "absent".
 Handler = Callable[[Obj | None, Obj | None], None]
 
@@ -601,16 +1240,29 @@ CONTROLLER_USERNAME: Final = (
     f"system:serviceaccount:{CONTROLLER_NAMESPACE}:{CONTROLLER_SERVICE_ACCOUNT}"
 )
 #: What the stand-in calls, as KubeVirt's own ClusterRole for virt-controller grants it (a
-#: subset): VMIs read and written (status through the main resource, as the stand-in CRD
-#: has no status subresource), launcher pods made and removed, the KubeVirt CR read; the
+#: subset): VMIs read, written (status through the main resource, as the stand-in CRD
+#: has no status subresource), made and removed for VMs; migrations and VMs read, their
+#: status written, a migration of a gone VMI removed; Events made; launcher and target
+#: pods made and removed, the KubeVirt CR read; the
 #: launcher pod's ownerReference blocks its VMI's deletion, which needs update on the VMI's
 #: finalizers.
 CONTROLLER_RULES: Final = (
     {
         "apiGroups": ["kubevirt.io"],
         "resources": ["virtualmachineinstances"],
-        "verbs": ["get", "list", "watch", "update"],
+        "verbs": ["get", "list", "watch", "update", "create", "delete"],
     },
+    {
+        "apiGroups": ["kubevirt.io"],
+        "resources": ["virtualmachineinstancemigrations", "virtualmachines"],
+        "verbs": ["get", "list", "watch", "delete"],
+    },
+    {
+        "apiGroups": ["kubevirt.io"],
+        "resources": ["virtualmachineinstancemigrations/status", "virtualmachines/status"],
+        "verbs": ["update"],
+    },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {
         "apiGroups": ["kubevirt.io"],
         "resources": ["virtualmachineinstances/finalizers"],
@@ -705,7 +1357,17 @@ class KubeVirtSimulator:
       a 409 re-reads the VMI from the API server and decides again.
     """
 
-    def __init__(self, api: pykube.HTTPClient) -> None:
+    def __init__(
+        self,
+        api: pykube.HTTPClient,
+        *,
+        unschedulable_timeout: float = UNSCHEDULABLE_TIMEOUT_SECONDS,
+        pending_timeout: float = PENDING_TIMEOUT_SECONDS,
+    ) -> None:
+        #: A migration's target pod pending this long (unschedulable, or for any reason)
+        #: fails it, unless the migration's own annotations say otherwise.
+        self.unschedulable_timeout = unschedulable_timeout
+        self.pending_timeout = pending_timeout
         self._config = api.config
         self._timeout = float(api.timeout)
         self._stopping = threading.Event()
@@ -714,9 +1376,14 @@ class KubeVirtSimulator:
         self._launched: set[str] = set()
         #: VMI uid → the pod created for it that the pod cache has not shown yet.
         self._expected: dict[str, _Expectation] = {}
-        #: Syncs started so far, and per key the number of the latest one that succeeded.
+        #: Migration uid → when its target pod was created, until the pod cache shows it.
+        self._expected_targets: dict[str, float] = {}
+        #: VM uid → when its VMI was created, until the VMI cache shows it.
+        self._expected_vmis: dict[str, float] = {}
+        #: Syncs started so far, and per (queue, key) the number of the latest one that
+        #: succeeded.
         self._started = 0
-        self._finished: dict[Key, int] = {}
+        self._finished: dict[tuple[str, Key], int] = {}
         self._threads: list[threading.Thread] = []
         #: The work queue's metrics (depth, wait, work time) live here, not in the global
         #: registry, so the stand-in never mixes with an operator in the same process.
@@ -733,7 +1400,33 @@ class KubeVirtSimulator:
             pykube.Pod, {APP_LABEL: LAUNCHER}, self._config, self._on_pod, self._stopping
         )
         self._kubevirts = _Cache(KubeVirt, None, self._config, self._on_kubevirt, self._stopping)
-        self._caches = (self._vmis, self._pods, self._kubevirts)
+        #: Migrations and VMs have queues of their own, as virt-controller's migration and VM
+        #: controllers do; keys are (namespace, name) of the migration or VM.
+        self._migration_queue: WorkQueue[Key] = WorkQueue(
+            "kubevirt-simulator-migrations",
+            ItemExponentialFailureRateLimiter[Key](base_delay=0.005, max_delay=BACKOFF_CAP),
+            registry=self.registry,
+        )
+        self._vm_queue: WorkQueue[Key] = WorkQueue(
+            "kubevirt-simulator-vms",
+            ItemExponentialFailureRateLimiter[Key](base_delay=0.005, max_delay=BACKOFF_CAP),
+            registry=self.registry,
+        )
+        self._migrations = _Cache(
+            VirtualMachineInstanceMigration,
+            None,
+            self._config,
+            self._on_migration,
+            self._stopping,
+        )
+        self._vms = _Cache(VirtualMachine, None, self._config, self._on_vm, self._stopping)
+        self._caches = (self._vmis, self._pods, self._kubevirts, self._migrations, self._vms)
+        self._queues: dict[str, tuple[WorkQueue[Key], Callable[[pykube.HTTPClient, Key], None]]]
+        self._queues = {
+            VMI_QUEUE: (self._queue, self._sync),
+            MIGRATION_QUEUE: (self._migration_queue, self._sync_migration),
+            VM_QUEUE: (self._vm_queue, self._sync_vm),
+        }
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -744,6 +1437,12 @@ class KubeVirtSimulator:
         self._threads += [
             threading.Thread(target=self._work, name=f"kubevirt-sim-worker-{i}", daemon=True)
             for i in range(WORKERS)
+        ]
+        self._threads += [
+            threading.Thread(
+                target=self._work, args=(name,), name=f"kubevirt-sim-{name}", daemon=True
+            )
+            for name in (MIGRATION_QUEUE, VM_QUEUE)
         ]
         self._threads.append(
             threading.Thread(target=self._resync, name="kubevirt-sim-resync", daemon=True)
@@ -758,7 +1457,8 @@ class KubeVirtSimulator:
         threads that exit at their next step; a warning names them.
         """
         self._stopping.set()
-        self._queue.shutdown()
+        for queue, _sync in self._queues.values():
+            queue.shutdown()
         deadline = time.monotonic() + timeout
         while any(t.is_alive() for t in self._threads) and time.monotonic() < deadline:
             for c in self._caches:
@@ -772,10 +1472,11 @@ class KubeVirtSimulator:
     def settle(self, timeout: float = 30.0) -> None:
         """Return once the simulator has acted on everything in the cluster at call time.
 
-        That is: the caches hold what the API server lists now (every VMI, launcher pod and
-        KubeVirt CR at that version or newer, and none it no longer lists), and after that
-        every VMI key in them, every launcher pod's VMI key and the orphan sweep have been
-        synced by a worker, successfully. Raises ``TimeoutError`` after ``timeout`` seconds.
+        That is: the caches hold what the API server lists now (every VMI, launcher pod,
+        KubeVirt CR, migration and VM at that version or newer, and none it no longer
+        lists), and after that every VMI key in them, every launcher pod's VMI key, the
+        orphan sweep, every migration and every VM have been synced by a worker,
+        successfully. Raises ``TimeoutError`` after ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
         client = pykube.HTTPClient(self._config, timeout=self._timeout)
@@ -787,9 +1488,12 @@ class KubeVirtSimulator:
         )
         with self._lock:
             mark = self._started
-        keys = {*self._vmis.all_keys(), *map(vmi_key_of_pod, self._pods.values()), SWEEP}
-        for key in keys:
-            self._queue.add(key)
+        vmi_keys = {*self._vmis.all_keys(), *map(vmi_key_of_pod, self._pods.values()), SWEEP}
+        keys = {(VMI_QUEUE, k) for k in vmi_keys}
+        keys |= {(MIGRATION_QUEUE, k) for k in self._migrations.all_keys()}
+        keys |= {(VM_QUEUE, k) for k in self._vms.all_keys()}
+        for name, key in keys:
+            self._queues[name][0].add(key)
 
         def synced() -> bool:
             with self._lock:
@@ -805,34 +1509,67 @@ class KubeVirtSimulator:
 
     # ---- events: keys into the queue (cache threads; quick) ----------------------------
     def _on_vmi(self, old: Obj | None, new: Obj | None) -> None:
-        self._queue.add(_key(cast("Obj", new or old)))
+        vmi = cast("Obj", new or old)
+        key = _key(vmi)
+        self._queue.add(key)
+        with self._lock:  # the cache shows (or showed) the VMI a VM created
+            for ref in _meta(vmi).get("ownerReferences") or []:
+                self._expected_vmis.pop(str(ref.get("uid") or ""), None)
+        self._queue_migrations_of(key)
+        self._vm_queue.add(key)  # a VM's VMI has the VM's name
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         pod = cast("Obj", new or old)
         with self._lock:  # the cache shows (or showed) this pod: the expectation is met
             self._expected.pop(_owner_uid(pod), None)
-        self._queue.add(vmi_key_of_pod(pod))
+            self._expected_targets.pop(
+                str((_meta(pod).get("labels") or {}).get(MIGRATION_JOB_LABEL) or ""), None
+            )
+        key = vmi_key_of_pod(pod)
+        self._queue.add(key)
+        self._queue_migrations_of(key)
 
     def _on_kubevirt(self, old: Obj | None, new: Obj | None) -> None:
         for key in self._vmis.all_keys():
             self._queue.add(key)
 
+    def _on_migration(self, old: Obj | None, new: Obj | None) -> None:
+        migration = cast("Obj", new or old)
+        self._migration_queue.add(_key(migration))
+        vmi = str((migration.get("spec") or {}).get("vmiName") or "")
+        if vmi:  # a migration gone: its VMI's sync removes what it left
+            self._queue.add((str(_meta(migration).get("namespace") or ""), vmi))
+
+    def _on_vm(self, old: Obj | None, new: Obj | None) -> None:
+        self._vm_queue.add(_key(cast("Obj", new or old)))
+
+    def _queue_migrations_of(self, vmi_key: Key) -> None:
+        for migration in self._migrations.in_namespace(vmi_key[0]):
+            if (migration.get("spec") or {}).get("vmiName") == vmi_key[1]:
+                self._migration_queue.add(_key(migration))
+
     def _resync(self) -> None:
         while not self._stopping.wait(RESYNC_SECONDS):
             for key in [*self._vmis.all_keys(), SWEEP]:
                 self._queue.add(key)
+            for key in self._migrations.all_keys():
+                self._migration_queue.add(key)
+            for key in self._vms.all_keys():
+                self._vm_queue.add(key)
 
     # ---- workers -----------------------------------------------------------------------
-    def _work(self) -> None:
+    def _work(self, name: str = "vmis") -> None:
+        """A worker of the queue ``name`` (VMI_QUEUE, MIGRATION_QUEUE or VM_QUEUE)."""
+        queue, sync = self._queues[name]
         client = pykube.HTTPClient(self._config, timeout=self._timeout)
         for cache in self._caches:
             while not cache.synced.wait(0.1):
                 if self._stopping.is_set():
                     return
         while not self._stopping.is_set():
-            key = self._queue.get(timeout=0.5)
+            key = queue.get(timeout=0.5)
             if key is None:
-                if self._queue.shutting_down:
+                if queue.shutting_down:
                     return
                 continue
             try:
@@ -841,16 +1578,17 @@ class KubeVirtSimulator:
                 with self._lock:
                     self._started += 1
                     number = self._started
-                self._sync(client, key)
+                sync(client, key)
             except Exception as exc:
-                _log_failure(exc, "syncing VMI %s/%s failed", *key)
-                self._queue.add_rate_limited(key)
+                _log_failure(exc, f"syncing {name} key %s/%s failed", *key)
+                queue.add_rate_limited(key)
             else:
-                self._queue.forget(key)
+                queue.forget(key)
                 with self._lock:
-                    self._finished[key] = max(self._finished.get(key, 0), number)
+                    done = (name, key)
+                    self._finished[done] = max(self._finished.get(done, 0), number)
             finally:
-                self._queue.done(key)
+                queue.done(key)
 
     def _sync(self, client: pykube.HTTPClient, key: Key) -> None:
         if key == SWEEP:
@@ -866,6 +1604,13 @@ class KubeVirtSimulator:
                 self._tear_down(client, pod)
         if vmi is None or not live:
             return
+        # A migration deleted before it completed leaves its target pod: KubeVirt removes it.
+        known = {str(_meta(m).get("uid")) for m in self._migrations.in_namespace(key[0])}
+        current = find_launcher_pod(vmi, pods)
+        for pod in pods:
+            job = (_meta(pod).get("labels") or {}).get(MIGRATION_JOB_LABEL)
+            if job and job not in known and pod is not current:
+                self._tear_down(client, pod)
         self._reconcile(client, key, vmi, pods)
 
     def _sweep(self, client: pykube.HTTPClient) -> None:
@@ -942,6 +1687,8 @@ class KubeVirtSimulator:
                     if pod is not None:  # look again should the expectation run out
                         self._queue.add_after(key, EXPECTATION_SECONDS + 0.1)
             status = vmi_status(vmi, pod, launched=launched, error=error, now=_now())
+            known = [str(_meta(m).get("uid")) for m in self._migrations.in_namespace(key[0])]
+            status = abandon_migration(status, known, time.time())
             if status == (vmi.get("status") or {}):
                 return
             updated = copy.deepcopy(vmi)
@@ -956,6 +1703,219 @@ class KubeVirtSimulator:
             vmi = cast("Obj", found.obj)
             pods = [p for p in self._pods.in_namespace(key[0]) if vmi_key_of_pod(p) == key]
         log.warning("VMI %s/%s: status kept conflicting", key[0], key[1])
+
+    # ---- migrations ---------------------------------------------------------------------
+    def _busy(self, migration: Mapping[str, Any], vmi: Mapping[str, Any] | None) -> bool:
+        """Whether another unfinished migration of the VMI goes first: an older one, or the
+        one the VMI's ``migrationState`` names."""
+        meta = _meta(migration)
+        vmi_name = (migration.get("spec") or {}).get("vmiName")
+        owner = _migration_state(vmi).get("migrationUid") if vmi is not None else None
+        mine = (str(meta.get("creationTimestamp") or ""), str(meta.get("name") or ""))
+        for other in self._migrations.in_namespace(str(meta.get("namespace") or "")):
+            o = _meta(other)
+            if (
+                o.get("uid") == meta.get("uid")
+                or (other.get("spec") or {}).get("vmiName") != vmi_name
+            ):
+                continue
+            if (other.get("status") or {}).get("phase") in MIGRATION_FINAL:
+                continue
+            theirs = (str(o.get("creationTimestamp") or ""), str(o.get("name") or ""))
+            if theirs < mine or o.get("uid") == owner:
+                return True
+        return False
+
+    def _sync_migration(self, client: pykube.HTTPClient, key: Key) -> None:
+        migration = self._migrations.get(key)
+        if migration is None:
+            return
+        meta = _meta(migration)
+        uid = str(meta["uid"])
+        vmi_key = (key[0], str((migration.get("spec") or {}).get("vmiName") or ""))
+        vmi = self._vmis.get(vmi_key)
+        if vmi is None:  # the cache may lag behind a VMI just created: ask the API server
+            found = VirtualMachineInstance.objects(client, namespace=key[0]).get_or_none(
+                name=vmi_key[1]
+            )
+            vmi = cast("Obj", found.obj) if found is not None else None
+        pods = [p for p in self._pods.in_namespace(key[0]) if vmi_key_of_pod(p) == vmi_key]
+        with self._lock:
+            since = self._expected_targets.get(uid)
+        if since is not None and vmi is not None and target_pod(vmi, uid, pods) is None:
+            left = EXPECTATION_SECONDS - (time.monotonic() - since)
+            if left > 0:  # created, not shown by the pod cache yet
+                self._migration_queue.add_after(key, left + 0.1)
+                return
+            with self._lock:
+                self._expected_targets.pop(uid, None)
+        step = migration_step(
+            migration,
+            vmi,
+            pods,
+            kubevirts=self._kubevirts.values(),
+            busy=self._busy(migration, vmi),
+            now=time.time(),
+            unschedulable_timeout=self.unschedulable_timeout,
+            pending_timeout=self.pending_timeout,
+        )
+        if step.vmi is not None and vmi is not None:
+            updated = copy.deepcopy(vmi)
+            updated["status"] = step.vmi["status"]
+            updated["metadata"]["labels"] = step.vmi["labels"]
+            if not self._write_status(client, updated):
+                self._migration_queue.add_rate_limited(key)  # decide again on fresh caches
+                return
+        if step.create_target and vmi is not None:
+            self._create_target(client, key, vmi, migration)
+        if step.delete_migration:
+            self._delete(client, VirtualMachineInstanceMigration, migration)
+            return
+        if step.status != (migration.get("status") or {}):
+            updated = copy.deepcopy(migration)
+            updated["status"] = step.status
+            if not self._write_subresource(client, VirtualMachineInstanceMigration, updated):
+                self._migration_queue.add_rate_limited(key)
+                return
+        for kind, reason, message in step.events:
+            self._event(client, migration, MIGRATION_KIND, kind, reason, message)
+        for name in step.delete_pods:
+            pod = next((p for p in pods if _meta(p).get("name") == name), None)
+            if pod is not None:
+                self._tear_down(client, pod)
+        if step.delete_pods or step.events:
+            log.info(
+                "migration %s/%s of VMI %s: %s",
+                key[0],
+                key[1],
+                vmi_key[1],
+                "; ".join(message for _kind, _reason, message in step.events) or "pods removed",
+            )
+        if step.recheck_after is not None:
+            self._migration_queue.add_after(key, max(step.recheck_after, 0.0) + 0.1)
+
+    def _create_target(self, client: pykube.HTTPClient, key: Key, vmi: Obj, migration: Obj) -> None:
+        rendered = render_target_pod(vmi, migration, permitted_devices(self._kubevirts.values()))
+        if isinstance(rendered, SyncError):
+            log.info("migration %s/%s: no target pod: %s", key[0], key[1], rendered.message)
+            return
+        uid = str(_meta(migration)["uid"])
+        with self._lock:
+            self._expected_targets[uid] = time.monotonic()
+        pod, error = self._create_pod(client, rendered)
+        if pod is None:
+            with self._lock:
+                self._expected_targets.pop(uid, None)
+            reason = error.message if error is not None else "no answer"
+            self._event(client, migration, MIGRATION_KIND, "Warning", FAILED_CREATE, reason)
+            self._migration_queue.add_rate_limited(key)
+            return
+        self._migration_queue.add_after(key, EXPECTATION_SECONDS + 0.1)
+
+    # ---- VirtualMachines ----------------------------------------------------------------
+    def _sync_vm(self, client: pykube.HTTPClient, key: Key) -> None:
+        vm = self._vms.get(key)
+        vmi = self._vmis.get(key)
+        if vm is None:
+            # The VM is gone: so is the VMI it controlled (as the garbage collector would).
+            refs = _meta(vmi).get("ownerReferences") or [] if vmi is not None else []
+            if vmi is not None and any(
+                r.get("controller") and r.get("kind") == VM_KIND for r in refs
+            ):
+                self._delete(client, VirtualMachineInstance, vmi)
+            return
+        uid = str(_meta(vm)["uid"])
+        with self._lock:
+            since = self._expected_vmis.get(uid)
+        launched = since is not None and time.monotonic() - since < EXPECTATION_SECONDS
+        if since is not None and not launched:
+            with self._lock:
+                self._expected_vmis.pop(uid, None)
+        step = vm_step(vm, vmi, launched=launched)
+        if step.create is not None:
+            with self._lock:
+                self._expected_vmis[uid] = time.monotonic()
+            try:
+                VirtualMachineInstance(client, step.create).create()
+            except pykube.exceptions.HTTPError as exc:
+                with self._lock:
+                    self._expected_vmis.pop(uid, None)
+                log.info("VM %s/%s: creating its VMI: %s", key[0], key[1], exc)
+                self._event(client, vm, VM_KIND, "Warning", FAILED_CREATE, str(exc))
+                self._vm_queue.add_rate_limited(key)
+                return
+            log.info("VM %s/%s: started its VMI", key[0], key[1])
+            self._vm_queue.add_after(key, EXPECTATION_SECONDS + 0.1)
+        if step.delete_vmi and vmi is not None:
+            self._delete(client, VirtualMachineInstance, vmi)
+            log.info("VM %s/%s: stopped its VMI (%s)", key[0], key[1], run_strategy(vm))
+        if step.status != (vm.get("status") or {}):
+            updated = copy.deepcopy(vm)
+            updated["status"] = step.status
+            if not self._write_subresource(client, VirtualMachine, updated):
+                self._vm_queue.add_rate_limited(key)
+
+    # ---- writes -------------------------------------------------------------------------
+    @staticmethod
+    def _delete(client: pykube.HTTPClient, kind: type[Any], obj: Mapping[str, Any]) -> None:
+        """Delete ``obj`` under its uid (a namesake made since is left alone); gone is done."""
+        meta = _meta(obj)
+        if meta.get("deletionTimestamp"):
+            return
+        target = kind(client, dict(obj))
+        body = {"preconditions": {"uid": meta.get("uid")}, "propagationPolicy": "Background"}
+        response = client.delete(**target.api_kwargs(data=json.dumps(body)))
+        if response.status_code in (404, 409):
+            return
+        client.raise_for_status(response)
+
+    @staticmethod
+    def _write_subresource(client: pykube.HTTPClient, kind: type[Any], obj: Obj) -> bool:
+        """Replace ``obj``'s status through its status subresource, under its
+        resourceVersion; False on 409."""
+        target = kind(client, obj)
+        response = client.put(**target.api_kwargs(operation="status", data=json.dumps(obj)))
+        if response.status_code == 409:
+            return False
+        client.raise_for_status(response)
+        return True
+
+    @staticmethod
+    def _event(
+        client: pykube.HTTPClient,
+        obj: Mapping[str, Any],
+        kind: str,
+        type_: str,
+        reason: str,
+        message: str,
+    ) -> None:
+        """An Event about ``obj`` from virt-controller; one that cannot be written is
+        logged, never retried (as client-go's recorder)."""
+        meta = _meta(obj)
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": KUBEVIRT_API_VERSION,
+                "kind": kind,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": "virt-controller"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            pykube.Event(client, event).create()
+        except pykube.exceptions.HTTPError as exc:
+            log.info("event %s on %s %s/%s: %s", reason, kind, meta["namespace"], meta["name"], exc)
 
     def _launch(
         self, client: pykube.HTTPClient, uid: str, manifest: Obj

@@ -85,11 +85,18 @@ def controlling_vmi_uid(obj: Obj) -> str:
 
 
 def launcher_vmi_uid(pod: Obj) -> str:
-    """The VMI UID a launcher pod's units may be accounted to ("" for any other pod)."""
+    """The VMI UID a launcher pod's units may be accounted to ("" for any other pod); a
+    migration target pod is its VMI's pod too."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    if labels.get("kubevirt.io") != "virt-launcher" or "kubevirt.io/migrationJobUID" in labels:
+    if labels.get("kubevirt.io") != "virt-launcher":
         return ""
     return controlling_vmi_uid(pod)
+
+
+def migration_job_uid(pod: Obj) -> str:
+    """The migration a pod is the target pod of ("" for any other pod)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("kubevirt.io/migrationJobUID") or "")
 
 
 def claim_vmi_uid(claim: Obj) -> str:
@@ -110,10 +117,13 @@ def _plugin_resource(cls: Obj) -> str | None:
 def used_units(
     claims: list[Obj], classes: dict[str, Obj], pods: list[Obj]
 ) -> dict[tuple[str, str], int]:
-    """(node, resource) → units held by Bound claims plus units of pods no claim accounts."""
+    """(node, resource) → units held by Bound claims (on their node, and on the target node
+    of a transient hold, ``status.migration``) plus units of pods no hold accounts for: a
+    claim's hold covers its VMI's pods on its node, a transient hold only the target pods of
+    its migration (``kubevirt.io/migrationJobUID``) on its target node."""
     used: dict[tuple[str, str], int] = defaultdict(int)
-    #: (node, resource, namespace, VMI uid) → units its claims hold there
-    cover: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    #: (node, resource, namespace, VMI uid, migration uid or "" for any pod) → units covered
+    cover: dict[tuple[str, str, str, str, str], int] = defaultdict(int)
     for claim in claims:
         status = claim.get("status") or {}
         cls = classes.get(claim["spec"]["className"])
@@ -123,13 +133,21 @@ def used_units(
         if resource is None:
             continue
         count = int(claim["spec"]["count"])
-        used[(status["nodeName"], resource)] += count
         uid = claim_vmi_uid(claim)
-        if uid:
-            cover[(status["nodeName"], resource, claim["metadata"]["namespace"], uid)] += count
+        ns = claim["metadata"]["namespace"]
+        places = [(status["nodeName"], "")]
+        migration = status.get("migration") or {}
+        if migration.get("uid") and migration.get("targetNode"):
+            places.append((migration["targetNode"], migration["uid"]))
+        for node, job in places:
+            used[(node, resource)] += count
+            if uid:
+                cover[(node, resource, ns, uid, job)] += count
     resources = {r for r in map(_plugin_resource, classes.values()) if r is not None}
-    #: (node, resource, namespace, VMI uid) → units its launcher pods use there
-    launched: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    #: (node, resource, namespace, VMI uid) → migration uid ("" none) → units its pods use
+    launched: dict[tuple[str, str, str, str], dict[str, int]] = defaultdict(
+        lambda: defaultdict(int)
+    )
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node:
@@ -140,11 +158,18 @@ def used_units(
             if not n:
                 continue
             if uid:
-                launched[(node, resource, pod["metadata"]["namespace"], uid)] += n
+                launched[(node, resource, pod["metadata"]["namespace"], uid)][
+                    migration_job_uid(pod)
+                ] += n
             else:
                 used[(node, resource)] += n
-    for (node, resource, namespace, uid), n in launched.items():
-        used[(node, resource)] += max(0, n - cover[(node, resource, namespace, uid)])
+    for (node, resource, namespace, uid), by_job in launched.items():
+        total = sum(by_job.values())
+        by_transient = sum(
+            min(n, cover[(node, resource, namespace, uid, job)]) for job, n in by_job.items() if job
+        )
+        covered = min(total, cover[(node, resource, namespace, uid, "")] + by_transient)
+        used[(node, resource)] += total - covered
     return used
 
 

@@ -445,3 +445,45 @@ def resource_slice(node: str, devices: dict[str, Obj]) -> Obj:
             "devices": [{"name": name, "attributes": attrs} for name, attrs in devices.items()],
         },
     }
+
+
+def vmim(
+    name: str = "mig1",
+    *,
+    namespace: str = NS,
+    vmi_name: str = "vm1",
+    uid: str = "uid-mig1",
+    phase: str | None = None,
+    rv: str | int | None = "3",
+    deleting: bool = False,
+) -> Obj:
+    """A VirtualMachineInstanceMigration of VMI ``vmi_name`` in ``phase``."""
+    obj: Obj = {
+        "apiVersion": VMI_API_VERSION,
+        "kind": names.VMIM_KIND,
+        "metadata": _meta(name, namespace, uid=uid, rv=rv, deleting=deleting),
+        "spec": {"vmiName": vmi_name},
+    }
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def migration_state(
+    uid: str = "uid-mig1",
+    target: str = "n2",
+    *,
+    source: str = "n1",
+    completed: bool = False,
+    failed: bool = False,
+    aborted: bool = False,
+) -> Obj:
+    """A VMI's ``status.migrationState`` as virt-controller writes it."""
+    state: Obj = {"migrationUid": uid, "targetNode": target, "sourceNode": source}
+    if completed:
+        state["completed"] = True
+    if failed:
+        state["failed"] = True
+    if aborted:
+        state["abortStatus"] = "Succeeded"
+    return state

@@ -94,3 +94,26 @@ def test_an_unconfirmed_release_or_move_keeps_the_stored_hold() -> None:
     assert not cache.releases(KEY, None)
     cache.confirm(claim(6, "Pending"))
     assert not cache.releases(KEY, stored)  # confirmed: the stored hold is released
+
+
+def migrating(rv: int, node: str, uid: str | None, target: str = "n2") -> Obj:
+    obj = claim(rv, "Bound", node)
+    if uid is not None:
+        obj["status"]["migration"] = {"uid": uid, "targetNode": target}
+    return obj
+
+
+def test_an_unconfirmed_end_of_a_transient_hold_keeps_the_stored_holds() -> None:
+    stored = migrating(5, "n1", "m-1")
+    cache = Assumptions()
+
+    cache.assume(migrating(5, "n1", None))  # the migration failed: the transient hold goes
+    assert cache.releases(KEY, stored)
+    cache.assume(migrating(5, "n2", None))  # it succeeded: the claim moves to the target
+    assert cache.releases(KEY, stored)
+    cache.assume(migrating(5, "n1", "m-2", "n3"))  # another migration's transient hold
+    assert cache.releases(KEY, stored)
+    cache.assume(migrating(5, "n1", "m-1"))  # the same transient hold (a condition changes)
+    assert not cache.releases(KEY, stored)
+    cache.assume(migrating(5, "n1", "m-1"))
+    assert not cache.releases(KEY, migrating(5, "n1", None))  # a transient hold only adds

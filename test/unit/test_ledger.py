@@ -166,3 +166,48 @@ def test_an_unconfirmed_move_holds_units_on_both_nodes_until_forgotten() -> None
     ledger.forget(KEY)
     assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 4)
     assert not ledger.unconfirmed(KEY)
+
+
+def migrating(rv: int, node_name: str = "n1", target: str | None = "n2", count: int = 3) -> Obj:
+    """t/hold Bound on ``node_name`` with a transient hold on ``target`` (None: none)."""
+    obj = claim(rv, "Bound", node_name=node_name, count=count)
+    if target is not None:
+        obj["status"]["migration"] = {"uid": "uid-mig", "targetNode": target}
+    return obj
+
+
+def two_nodes() -> Ledger:
+    ledger, _ = world()
+    ledger.apply_node(objects.node("n2"))
+    ledger.apply_claim(claim(11, "Bound"))
+    return ledger
+
+
+def test_a_transient_hold_counts_on_the_target_as_well_as_the_claims_node() -> None:
+    ledger = two_nodes()
+    ledger.assume(migrating(11))
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 1)
+    ledger.confirm(migrating(12))
+    ledger.apply_claim(migrating(12))
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 1)
+
+
+def test_an_unconfirmed_end_of_a_transient_hold_frees_the_target_only_once_confirmed() -> None:
+    ledger = two_nodes()
+    ledger.apply_claim(migrating(12))
+    ledger.assume(migrating(12, target=None))  # the migration failed: the hold goes
+    assert free(ledger, "n2") == 1  # the stored version still holds it
+    ledger.confirm(migrating(13, target=None))
+    assert free(ledger, "n2") == 4
+
+
+def test_an_unconfirmed_move_with_the_migration_holds_both_nodes_until_confirmed() -> None:
+    ledger = two_nodes()
+    ledger.apply_claim(migrating(12))
+    ledger.assume(migrating(12, node_name="n2", target=None))  # migrated
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 1)
+    ledger.forget(KEY)  # the write did not land: the stored version is what counts
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (1, 1)
+    ledger.assume(migrating(12, node_name="n2", target=None))
+    ledger.confirm(migrating(13, node_name="n2", target=None))
+    assert (free(ledger, "n1"), free(ledger, "n2")) == (4, 1)

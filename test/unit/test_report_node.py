@@ -1,5 +1,6 @@
 """``gpuoperator status --node N`` on a ledger loaded from lists: every claim bound to the
-node with what a drain does with it, and the tenants whose VMs block the drain."""
+node with what a drain does with it, the tenants whose VMs block the drain, the VMs that
+live-migrate instead and the migrations in flight on the node as source or target."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def test_the_node_view_names_every_hold_and_the_tenants_that_block_the_drain() -
         ("lab", "train"): "BLOCKS: VM running",
     }
     assert lines[2].split()[:5] == ["shop", "idle", "a10", "1", "-"]
-    assert lines[-1] == "BLOCKING THE DRAIN: 1 VM(s) of tenant(s) lab: lab/gpu-vm"
+    assert "BLOCKING THE DRAIN: 1 VM(s) of tenant(s) lab: lab/gpu-vm" in lines
+    assert lines[-1] == "MIGRATIONS IN FLIGHT: none"
 
 
 def test_an_unknown_node_says_so() -> None:
@@ -77,3 +79,86 @@ def test_an_unknown_node_says_so() -> None:
     assert report.node(ledger, {}, "nope", [], {}) == (
         "node nope: not found, or it has no GPU resource"
     )
+
+
+VGPU = {
+    "metadata": {"name": "l40s"},
+    "spec": {"mode": "vgpu", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
+}
+
+
+def migrating_vmi(name: str, node_name: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "lab",
+            "uid": f"u-{name}",
+            "labels": {"gpu.cozystack.io/claims": "true"},
+            "annotations": {"gpu.cozystack.io/claims": f'[{{"claim":"{name}-hold"}}]'},
+        },
+        "spec": {"evictionStrategy": "LiveMigrate"},
+        "status": {"phase": "Running", "nodeName": node_name},
+    }
+
+
+def test_the_node_view_lists_live_migrating_vms_and_migrations_in_flight_both_ways() -> None:
+    ledger = Ledger()
+    leaving = claim(
+        "lab",
+        "out-hold",
+        1,
+        1,
+        attachment={"vmi": "out", "uid": "u-out"},
+        migration={"uid": "u-m-out", "targetNode": "n2"},
+    )
+    arriving = claim(
+        "lab",
+        "in-hold",
+        1,
+        2,
+        attachment={"vmi": "in", "uid": "u-in"},
+        migration={"uid": "u-m-in", "targetNode": "n1"},
+    )
+    arriving["status"]["nodeName"] = "n3"
+    for c in (leaving, arriving):
+        c["spec"]["className"] = "l40s"
+    ledger.load(
+        nodes=[node("n1", 8, cordoned=True), node("n2", 8), node("n3", 8)],
+        classes=[CLASS, VGPU],
+        claims=[leaving, arriving],
+    )
+    vmis = {("lab", "out"): migrating_vmi("out", "n1"), ("lab", "in"): migrating_vmi("in", "n3")}
+    migrations = [
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "lab",
+                "uid": f"u-{name}",
+                "creationTimestamp": since,
+            },
+            "spec": {"vmiName": vmi},
+            "status": {"phase": "Running"},
+        }
+        for name, vmi, since in (
+            ("m-out", "out", "2026-01-01T00:01:00Z"),
+            ("m-in", "in", "2026-01-01T00:02:00Z"),
+        )
+    ]
+    text = report.node(
+        ledger,
+        {"a10": CLASS, "l40s": VGPU},
+        "n1",
+        [leaving],  # the claims bound to n1, as the CLI lists them
+        vmis,
+        migrations=migrations,
+        clock=FakeClock(),
+    )
+    lines = text.splitlines()
+    assert lines[2].split()[:2] == ["lab", "out-hold"]
+    assert "LIVE-MIGRATES" in lines[2]
+    assert "BLOCKING THE DRAIN: no VM" in lines
+    start = lines.index("MIGRATIONS IN FLIGHT")
+    table = [line.split() for line in lines[start + 1 : start + 4]]
+    assert table[0] == ["NAMESPACE", "MIGRATION", "VM", "CLAIMS", "SOURCE", "->", "TARGET", "SINCE"]
+    assert table[1] == ["lab", "m-out", "out", "out-hold", "n1", "->", "n2", "2026-01-01T00:01:00Z"]
+    assert table[2] == ["lab", "m-in", "in", "in-hold", "n3", "->", "n1", "2026-01-01T00:02:00Z"]

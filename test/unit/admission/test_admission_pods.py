@@ -1,7 +1,8 @@
 """The pod webhook (docs/design.md §5 "VMs"): a launcher pod, or KubeVirt's temporary pod, of a VM
 with claim references gets the placement gate once and the tolerations of its claims'
-classes once, however often it is admitted; migration targets and other pods are admitted
-untouched. Its registration (config/webhook) is checked with the shipped manifests
+classes once, however often it is admitted; so does a migration target of a VM whose claims
+are not all of DRA classes (docs/design.md §5 "Live migration"); other targets and other
+pods are admitted untouched. Its registration (config/webhook) is checked with the shipped manifests
 (test/unit/config/test_config_webhooks.py)."""
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ CLASSES = [
     gpuclass("a10", [GPU_TAINT, A10_TAINT]),
     gpuclass("l40s", [GPU_TAINT, L40S_TAINT]),
     gpuclass("plain", []),
+    objects.gpuclass("a10-dra", source={"dra": {"deviceClassName": "a10.example.com"}}),
 ]
 
 
 CLAIMS = [
     objects.claim("hold-l", class_name="l40s", rv=3),
     objects.claim("hold-a", class_name="a10", rv=3),
+    objects.claim("hold-d", class_name="a10-dra", rv=3),
     objects.claim("elsewhere", class_name="plain", namespace="other", rv=3),
 ]
 
@@ -281,20 +284,64 @@ def test_a_launcher_pod_with_a_bad_annotation_is_refused(
     )
 
 
+# -- migration targets --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "refs",
+    [
+        pytest.param('[{"claim":"hold-l"}]', id="held-vgpu-claim"),
+        pytest.param('[{"claimTemplate":{"className":"l40s","count":1}}]', id="template"),
+        pytest.param('[{"claim":"hold-l"},{"claim":"hold-d"}]', id="beside-a-dra-claim"),
+        pytest.param('[{"claim":"ghost"}]', id="unknown-claim-fails-closed"),
+        pytest.param('[{"claimTemplate":{"className":"gone","count":1}}]', id="unknown-class"),
+    ],
+)
+def test_a_migration_target_is_gated_like_the_launcher_pod(
+    webhook: pods.PodWebhook, refs: str
+) -> None:
+    """The target gets what the launcher pod of the same references gets: the gate once and
+    the classes' tolerations, so placement pins it to the transient holds' node."""
+    launcher = webhook(request(pod(refs)))
+    target = webhook(request(pod(refs, migration=True)))
+    assert target.allowed, target.message
+    assert target.patch == launcher.patch
+    out = apply_json_patch(pod(refs, migration=True), target.patch)
+    assert out["spec"]["schedulingGates"] == [GATE]
+    assert webhook(request(out)).patch == []  # re-invocation adds nothing
+
+
+def test_a_migration_target_made_by_anyone_but_kubevirt_is_refused(
+    webhook: pods.PodWebhook,
+) -> None:
+    admission = webhook(request(pod(migration=True), user="system:serviceaccount:t:me"))
+    assert not admission.allowed
+    assert "system:serviceaccount:t:me may not" in admission.message
+
+
+def test_a_migration_target_with_a_bad_annotation_is_refused(webhook: pods.PodWebhook) -> None:
+    admission = webhook(request(pod("{oops", migration=True)))
+    assert not admission.allowed
+    assert "annotation gpu.cozystack.io/claims" in admission.message
+
+
 # -- pods left alone --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "obj",
     [
-        pytest.param(pod(migration=True), id="migration-target"),
-        pytest.param(pod(migration=True, ephemeral=True), id="migration-target-annotated"),
-        pytest.param(pod(migration=True, refs="{oops"), id="migration-target-bad-annotation"),
+        pytest.param(pod(None, labelled=False, migration=True), id="target-of-a-vm-without-claims"),
+        pytest.param(pod('[{"claim":"hold-d"}]', migration=True), id="migration-target-dra"),
+        pytest.param(
+            pod('[{"claimTemplate":{"className":"a10-dra","count":1}}]', migration=True),
+            id="migration-target-dra-template",
+        ),
         pytest.param(pod(launcher=False), id="not-a-launcher"),
         pytest.param(pod(labelled=False), id="launcher-without-claims-label"),
     ],
 )
-def test_migration_targets_and_other_pods_are_admitted_untouched(
+def test_other_migration_targets_and_other_pods_are_admitted_untouched(
     webhook: pods.PodWebhook, obj: Obj
 ) -> None:
     assert webhook(request(obj)) == admitting.Admission.allow()
@@ -350,9 +397,9 @@ def test_the_kubevirt_username_is_the_setting() -> None:
 
 
 def test_other_pods_are_admitted_whoever_creates_them(webhook: pods.PodWebhook) -> None:
-    """The creator is checked only for the pods the webhook would dress (not a migration
-    target, not a pod without both labels): the admission policy judges the rest."""
-    for obj in (pod(migration=True), pod(launcher=False), pod(labelled=False)):
+    """The creator is checked only for the pods the webhook would dress (not a pod without
+    both labels): the admission policy judges the rest."""
+    for obj in (pod(launcher=False), pod(labelled=False)):
         admission = webhook(request(obj, user="tenant"))
         assert admission.allowed
         assert admission.patch == []

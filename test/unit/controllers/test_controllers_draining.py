@@ -1,7 +1,8 @@
 """The draining controller on in-memory caches, a real ``Ledger`` and an API server double
 with resourceVersion preconditions: idle holds leave a cordoned node one decision at a time,
 never onto more than a node has free; a hold that fits nowhere is reported; the setting turns
-moves off.
+moves off; a running vGPU VM whose eviction strategy is LiveMigrate gets a migration instead of
+blocking, one migration in flight per node (docs/design.md §5 "Live migration").
 
 The over-allocation oracle is the double's stored claims summed here per node.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from unit.controllers import test_controllers_device_health as dra
 
@@ -18,6 +20,8 @@ from controllers import draining as drainingmod
 from gpuoperator import names
 from gpuoperator.claim_status import ClaimStatus
 from gpuoperator.ledger import Ledger
+from gpuoperator.model import slimming
+from gpuoperator.runtime.client import Kind
 from gpuoperator.runtime.clock import FakeClock
 from gpuoperator.settings import Settings
 from harness import objects
@@ -29,6 +33,20 @@ RESOURCE = "nvidia.com/GA102GL_A10"
 
 
 class Api(ClaimStore):
+    def __init__(self) -> None:
+        super().__init__()
+        #: the migrations created, in order, as the API server stored them
+        self.created: list[Obj] = []
+
+    def create(self, _kind: Kind, obj: Obj) -> Obj:
+        stored = copy.deepcopy(obj)
+        meta = stored["metadata"]
+        meta["name"] = f"{meta['generateName']}{len(self.created):05d}"
+        meta["uid"] = f"uid-{meta['name']}"
+        meta["creationTimestamp"] = f"2026-01-01T00:01:{len(self.created):02d}Z"
+        self.created.append(stored)
+        return copy.deepcopy(stored)
+
     def held(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for c in self.claims.values():
@@ -59,7 +77,9 @@ def node(name: str, units: int, *, cordoned: bool = False) -> Obj:
     }
 
 
-def claim(name: str, count: int, second: int, node_name: str, **status: Any) -> Obj:
+def claim(
+    name: str, count: int, second: int, node_name: str, class_name: str = "a10", **status: Any
+) -> Obj:
     return {
         "apiVersion": names.API_VERSION,
         "kind": names.GPU_CLAIM,
@@ -70,7 +90,7 @@ def claim(name: str, count: int, second: int, node_name: str, **status: Any) -> 
             "generation": 1,
             "creationTimestamp": f"2026-01-01T00:00:{second:02d}Z",
         },
-        "spec": {"className": "a10", "count": count},
+        "spec": {"className": class_name, "count": count},
         "status": {"phase": "Bound", "nodeName": node_name, **status},
     }
 
@@ -94,15 +114,17 @@ class World:
             statuses,
             self.events,
             Settings.model_validate(settings),
+            writer=self.api,
             clock=self.clock,
             registry=CollectorRegistry(),
         )
-        cls = {
-            "metadata": {"name": "a10"},
-            "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RESOURCE}}},
-        }
-        self.caches.classes.store.put(cls)
-        self.ledger.apply_class(cls)
+        for name, mode in (("a10", "passthrough"), ("l40s", "vgpu")):
+            cls = {
+                "metadata": {"name": name},
+                "spec": {"mode": mode, "source": {"devicePlugin": {"resourceName": RESOURCE}}},
+            }
+            self.caches.classes.store.put(cls)
+            self.ledger.apply_class(cls)
 
     def put_node(self, obj: Obj) -> None:
         self.caches.nodes.store.put(obj)
@@ -111,6 +133,10 @@ class World:
     def put_claim(self, obj: Obj) -> None:
         self.api.store(obj)
         self.sync()
+
+    def put_vm(self, obj: Obj) -> None:
+        """A VM instance as the cache keeps it."""
+        self.caches.vmis.store.put(slimming.slim_vmi(obj))
 
     def sync(self) -> None:
         for stored in self.api.claims.values():
@@ -297,3 +323,191 @@ def test_a_dra_hold_serving_a_vm_stays_and_blocks_the_drain() -> None:
 
     assert world.api.writes()[before:] == []
     assert [r for _, r, _ in events.seen] == ["DrainBlocked"]
+
+
+# -- live migration ----------------------------------------------------------------------------
+
+
+def vmi(
+    name: str, node_name: str, *, strategy: str | None = "LiveMigrate", phase: str = "Running"
+) -> Obj:
+    """A VM instance on held claim ``<name>-hold``, running on ``node_name``."""
+    spec: Obj = {} if strategy is None else {"evictionStrategy": strategy}
+    return {
+        "apiVersion": names.KUBEVIRT_API_VERSION,
+        "kind": names.VMI_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "labels": {names.CLAIMS_LABEL: names.TRUE},
+            "annotations": {names.CLAIMS_ANNOTATION: f'[{{"claim":"{name}-hold"}}]'},
+        },
+        "spec": spec,
+        "status": {"phase": phase, "nodeName": node_name},
+    }
+
+
+def migrating_world(*vms: str, class_name: str = "l40s", **settings: Any) -> World:
+    """Cordoned n1 with room on n2; each of ``vms`` runs on n1 on its held claim."""
+    w = World(**settings)
+    w.put_node(node("n1", 4, cordoned=True))
+    w.put_node(node("n2", 4))
+    for second, name in enumerate(vms):
+        w.put_vm(vmi(name, "n1"))
+        w.put_claim(
+            claim(
+                f"{name}-hold",
+                1,
+                second,
+                "n1",
+                class_name,
+                attachment={"vmi": name, "uid": f"uid-{name}"},
+            )
+        )
+    return w
+
+
+def condition(w: World, name: str) -> Obj | None:
+    found = w.api.claims[name]["status"].get("conditions") or []
+    return next((c for c in found if c["type"] == "NodeCordoned"), None)
+
+
+def reasons(w: World) -> list[str]:
+    return [r for _, r, _ in w.events.seen]
+
+
+def test_a_running_vgpu_vm_that_live_migrates_gets_a_migration_instead_of_blocking() -> None:
+    w = migrating_world("vm-1")
+
+    w.drain("n1")
+
+    [made] = w.api.created
+    assert made["apiVersion"] == "kubevirt.io/v1"
+    assert made["kind"] == "VirtualMachineInstanceMigration"
+    assert made["spec"] == {"vmiName": "vm-1"}
+    assert made["metadata"]["namespace"] == NS
+    assert made["metadata"]["generateName"] == "vm-1-drain-"
+    assert made["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpu-operator"}
+    assert made["metadata"]["annotations"] == {"gpu.cozystack.io/drained-node": "n1"}
+    assert "DrainBlocked" not in reasons(w)
+    assert ("n1", "DrainMigrating") in [(who, r) for who, r, _ in w.events.seen]
+    cond = condition(w, "vm-1-hold")
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("True", "DrainMigrating")
+    assert made["metadata"]["name"] in cond["message"]
+    assert w.where("vm-1-hold") == "n1"  # the claim moves with the VM, not before
+
+    # Not again: neither while the watch has not shown it, nor once it has.
+    w.drain("n1")
+    w.caches.migrations.store.put(copy.deepcopy(made))
+    w.drain("n1")
+    made["status"] = {"phase": "Running"}
+    w.caches.migrations.store.put(copy.deepcopy(made))
+    w.drain("n1")
+    assert len(w.api.created) == 1
+    assert reasons(w).count("DrainMigrating") == 2  # the node's Event and the claim's, once
+
+
+def test_one_migration_in_flight_per_node_the_next_once_it_has_ended() -> None:
+    w = migrating_world("vm-1", "vm-2")
+
+    w.drain("n1")
+    [first] = w.api.created
+    assert first["spec"]["vmiName"] == "vm-1"  # the oldest hold first
+    queued = condition(w, "vm-2-hold")
+    assert queued is not None
+    assert queued["reason"] == "DrainMigrationQueued"
+    assert first["metadata"]["name"] in queued["message"]
+    w.caches.migrations.store.put({**copy.deepcopy(first), "status": {"phase": "Running"}})
+    w.drain("n1")
+    assert len(w.api.created) == 1
+
+    # It succeeded: the VM and its claim are on n2 now.
+    w.caches.migrations.store.put({**copy.deepcopy(first), "status": {"phase": "Succeeded"}})
+    w.put_vm(vmi("vm-1", "n2"))
+    stored = w.api.claims["vm-1-hold"]
+    w.api.store({**stored, "status": {**stored["status"], "nodeName": "n2"}})
+    w.sync()
+    w.drain("n1")
+    assert [m["spec"]["vmiName"] for m in w.api.created] == ["vm-1", "vm-2"]
+    cond = condition(w, "vm-2-hold")
+    assert cond is not None
+    assert cond["reason"] == "DrainMigrating"
+
+
+def test_a_migration_another_made_holds_the_nodes_turn() -> None:
+    w = migrating_world("vm-1")
+    w.caches.migrations.store.put(
+        {
+            "metadata": {"name": "by-hand", "namespace": NS, "uid": "u-hand"},
+            "spec": {"vmiName": "vm-1"},
+            "status": {"phase": "Scheduling"},
+        }
+    )
+    w.drain("n1")
+    assert w.api.created == []
+    cond = condition(w, "vm-1-hold")
+    assert cond is not None
+    assert (cond["reason"], "by-hand" in cond["message"]) == ("DrainMigrating", True)
+
+
+def test_after_a_failed_migration_the_next_waits_its_retry_time() -> None:
+    w = migrating_world("vm-1")
+    w.drain("n1")
+    [first] = w.api.created
+    w.caches.migrations.store.put({**copy.deepcopy(first), "status": {"phase": "Failed"}})
+
+    result = w.controller.reconcile(("", "n1"))
+    assert result is not None
+    assert 0 < (result.requeue_after or 0) <= drainingmod.MIGRATION_RETRY
+    assert len(w.api.created) == 1
+
+    w.clock.advance(drainingmod.MIGRATION_RETRY)
+    w.drain("n1")
+    assert len(w.api.created) == 2
+
+
+def test_the_cluster_wide_strategy_applies_where_the_vm_sets_none() -> None:
+    w = migrating_world("vm-1", "vm-2")
+    w.put_vm(vmi("vm-1", "n1", strategy=None))
+    w.put_vm(vmi("vm-2", "n1", strategy="None"))
+    w.caches.kubevirts.store.put(
+        {
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"configuration": {"evictionStrategy": "LiveMigrate"}},
+        }
+    )
+    w.drain("n1")
+    assert [m["spec"]["vmiName"] for m in w.api.created] == ["vm-1"]
+    [blocked] = [msg for _, r, msg in w.events.seen if r == "DrainBlocked"]
+    assert f"{NS}/vm-2 (running" in blocked
+    assert "vm-1" not in blocked
+
+
+@pytest.mark.parametrize(
+    ("setup", "settings"),
+    [
+        pytest.param(lambda w: None, {"drainMoves": "false"}, id="drain-moves-off"),
+        pytest.param(lambda w: w.put_vm(vmi("vm-1", "n1", strategy=None)), {}, id="no-strategy"),
+        pytest.param(
+            lambda w: w.put_vm(vmi("vm-1", "n1", phase="Scheduling")), {}, id="not-running-yet"
+        ),
+    ],
+)
+def test_a_vm_that_does_not_live_migrate_blocks_the_drain(
+    setup: Any, settings: dict[str, str]
+) -> None:
+    w = migrating_world("vm-1", **settings)
+    setup(w)
+    w.drain("n1")
+    assert w.api.created == []
+    assert "DrainBlocked" in reasons(w)
+    assert condition(w, "vm-1-hold") is None
+
+
+def test_a_passthrough_vm_never_migrates() -> None:
+    w = migrating_world("vm-1", class_name="a10")
+    w.drain("n1")
+    assert w.api.created == []
+    assert "DrainBlocked" in reasons(w)

@@ -1,6 +1,8 @@
 """Placement (``controllers.placement``): pin and ungate in one write when the set is on
 one node, waiting while it is not bound, gathering a split set where it fits, a pod pinned
-by this replica not judged again while the cache lags, migration targets never touched."""
+by this replica not judged again while the cache lags, a migration target pinned to its
+claims' transient holds' node and nowhere else, and deleted, without unbinding, when that node
+refuses it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pykube
 import pytest
 
 from controllers import placement
-from gpuoperator.model import launcher_pods, slimming
+from gpuoperator.model import launcher_pods
 from gpuoperator.runtime import errors
 from harness import objects
 from harness import vm_controllers as vm
@@ -229,37 +231,138 @@ def test_a_pinned_pod_is_not_judged_again_while_the_cache_lags(world: vm.World) 
     assert len(world.api.calls) == calls + 1
 
 
+# -- migration targets (docs/design.md §5 "Live migration") -----------------------------------
+
+TARGET = (vm.NS, "virt-launcher-vm1-tgt")
+
+
+def migrating_set(world: vm.World, holds: dict[str, vm.Obj | None]) -> None:
+    """The VM vm1 running on n1 with its set bound there; ``holds`` gives each claim's
+    ``status.migration`` (``None``: none)."""
+    running = vm.vmi(phase="Running")
+    running["status"]["nodeName"] = "n1"
+    world.put_vmi(running)
+    for name, count, extra in (
+        ("hold-a", 1, {"attached": vm.OURS}),
+        ("vm1-gpu-1", 2, {"owner_uid": vm.VMI_UID}),
+    ):
+        hold = holds.get(name)
+        status = {"migration": hold} if hold is not None else None
+        world.put_claim(
+            vm.claim(name, count=count, phase="Bound", node="n1", status=status, **extra)
+        )
+
+
+def hold_on(node: str, uid: str = "mig-1") -> vm.Obj:
+    return {"uid": uid, "targetNode": node}
+
+
+def test_a_gated_target_is_pinned_to_its_transient_holds_node(world: vm.World) -> None:
+    migrating_set(world, {"hold-a": hold_on("n2"), "vm1-gpu-1": hold_on("n2")})
+    world.put_pod(vm.launcher_pod(name=TARGET[1], migration=True))
+
+    assert world.placement().reconcile(TARGET) is None
+
+    [(verb, kind, name, payload)] = world.api.writes()
+    assert (verb, kind, name) == ("patch", "Pod", TARGET[1])
+    assert payload["body"]["spec"]["schedulingGates"] == [{"name": "other.example.com/gate"}]
+    stored = world.api.objects[("Pod", vm.NS, TARGET[1])]
+    assert launcher_pods.pinned_node(stored) == "n2"
+    assert not launcher_pods.is_gated(stored)
+    event = world.recorder.events[-1]
+    assert (event["reason"], event["name"]) == ("Pinned", TARGET[1])
+    assert "pinned to node n2, where the transient holds of migration mig-1" in event["message"]
+    # The claims are not touched: the source keeps its units until the migration ends.
+    for claim in ("hold-a", "vm1-gpu-1"):
+        assert world.api.objects[("GPUClaim", vm.NS, claim)]["status"]["nodeName"] == "n1"
+
+
 @pytest.mark.parametrize(
-    "pod",
+    ("holds", "words"),
     [
-        pytest.param(vm.launcher_pod(migration=True), id="gated-migration-target"),
+        pytest.param({}, "claim hold-a has no transient hold for migration mig-1", id="none"),
         pytest.param(
-            vm.launcher_pod(migration=True, gated=False, pinned_to="n1", unschedulable=True),
-            id="unschedulable-migration-target",
+            {"hold-a": hold_on("n2")}, "claim vm1-gpu-1 has no transient hold", id="one-of-two"
+        ),
+        pytest.param(
+            {"hold-a": hold_on("n2", "mig-0"), "vm1-gpu-1": hold_on("n2", "mig-0")},
+            "is of migration mig-0, not of this target's migration mig-1",
+            id="another-migrations",
+        ),
+        pytest.param(
+            {"hold-a": hold_on("n1"), "vm1-gpu-1": hold_on("n1")},
+            "never pinned to the source",
+            id="the-source-node",
         ),
     ],
 )
-def test_migration_targets_are_never_touched(world: vm.World, pod: vm.Obj) -> None:
-    vm.bound_set(world)
-    stored = world.put_pod(pod)
+def test_a_gated_target_waits_gated_until_its_own_transient_holds_exist(
+    world: vm.World, holds: dict[str, vm.Obj | None], words: str
+) -> None:
+    migrating_set(world, holds)
+    world.put_pod(vm.launcher_pod(name=TARGET[1], migration=True))
+    controller = world.placement()
 
-    assert world.placement().reconcile(vm.POD) is None
+    assert vm.requeue(controller.reconcile(TARGET)) == placement.WAIT_RECHECK
+    assert vm.requeue(controller.reconcile(TARGET)) == placement.WAIT_RECHECK
 
-    assert world.api.calls == []
-    assert world.recorder.events == []
-    assert world.api.objects[("Pod", vm.NS, vm.POD[1])] == stored
-    assert not launcher_pods.watched(slimming.slim_pod(stored))
+    assert world.api.calls == []  # nothing written, not even a read
+    assert world.recorder.reasons() == ["WaitingForPlacement"]
+    assert words in world.recorder.events[0]["message"]
 
 
-def test_claims_and_vmis_map_to_the_watched_launcher_pods(world: vm.World) -> None:
+def test_a_target_waits_like_a_launcher_pod_while_a_claim_is_not_the_vms(
+    world: vm.World,
+) -> None:
+    migrating_set(world, {"hold-a": hold_on("n2"), "vm1-gpu-1": hold_on("n2")})
+    world.put_claim(
+        vm.claim("hold-a", phase="Bound", node="n1", status={"migration": hold_on("n2")})
+    )
+    world.put_pod(vm.launcher_pod(name=TARGET[1], migration=True))
+
+    assert vm.requeue(world.placement().reconcile(TARGET)) == placement.WAIT_RECHECK
+    assert world.api.writes() == []
+    assert "claim hold-a is not attached to this VM instance" in world.recorder.events[0]["message"]
+
+
+def test_a_refused_target_is_deleted_and_its_claims_stay_bound(world: vm.World) -> None:
+    migrating_set(world, {"hold-a": hold_on("n2"), "vm1-gpu-1": hold_on("n2")})
+    target = world.put_pod(
+        vm.launcher_pod(
+            name=TARGET[1], migration=True, gated=False, pinned_to="n2", unschedulable=True
+        )
+    )
+
+    assert world.placement().reconcile(TARGET) is None
+
+    writes = world.api.writes()
+    assert writes[0] == (
+        "delete",
+        "Pod",
+        TARGET[1],
+        {"uid": f"uid-{TARGET[1]}", "resourceVersion": target["metadata"]["resourceVersion"]},
+    )
+    statuses = {w[2]: w[3]["status"] for w in writes if w[0] == "replace_status"}
+    assert set(statuses) == {"hold-a", "vm1-gpu-1"}
+    for status in statuses.values():
+        assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
+        assert status["refusedNodes"] == [{"nodeName": "n2", "until": "2026-01-01T00:10:00Z"}]
+        assert not [c for c in status.get("conditions", []) if c["reason"] == "RefusedByNode"]
+    assert vm.free_units(world, "n1") == 1  # the source keeps the VM's 3 units
+    vmi_event = world.recorder.events[-1]
+    assert vmi_event["kind"] == "VirtualMachineInstance"
+    assert "migration mig-1 fails and the VM keeps running on its node" in vmi_event["message"]
+
+
+def test_claims_and_vmis_map_to_the_watched_launcher_and_target_pods(world: vm.World) -> None:
     world.put_pod(vm.launcher_pod())
-    world.put_pod(vm.launcher_pod(name="virt-launcher-vm1-target", migration=True))
+    world.put_pod(vm.launcher_pod(name=TARGET[1], migration=True))
     hold = vm.claim("hold-a", attached={"vmi": "vm1"})
     template = vm.claim("vm1-gpu-1", owner_uid=vm.VMI_UID)
 
     assert placement.vmis_of_claim(hold) == {"vm1"}
     assert placement.vmis_of_claim(template) == {"vm1"}
-    assert placement.pods_of_vmi(world.caches, vm.NS, "vm1") == [vm.POD]
+    assert placement.pods_of_vmi(world.caches, vm.NS, "vm1") == [vm.POD, TARGET]
     assert placement.pods_of_vmi(world.caches, vm.NS, "vm2") == []
 
 

@@ -21,8 +21,15 @@ OWNER = {
 }
 
 
-def claim(count: int, *, attached: str = "", owned: bool = False, node: str = "n1") -> Obj:
-    return objects.claim(
+def claim(
+    count: int,
+    *,
+    attached: str = "",
+    owned: bool = False,
+    node: str = "n1",
+    migration: tuple[str, str] | None = None,
+) -> Obj:
+    obj = objects.claim(
         "c",
         namespace="ns",
         class_name="a",
@@ -32,6 +39,9 @@ def claim(count: int, *, attached: str = "", owned: bool = False, node: str = "n
         attached={"vmi": "vm", "uid": attached} if attached else None,
         owners=[OWNER] if owned else None,
     )
+    if migration is not None:
+        obj["status"]["migration"] = {"uid": migration[0], "targetNode": migration[1]}
+    return obj
 
 
 def pod(
@@ -85,10 +95,34 @@ def pod(
             id="a-claim-elsewhere-accounts-nothing-here",
         ),
         pytest.param(
-            [claim(2, attached="u1")],
+            [claim(2, attached="u1", node="n2")],
+            [pod(2, launcher=True, labels={"kubevirt.io/migrationJobUID": "m"})],
+            2,
+            id="a-migration-target-without-a-transient-hold-counts",
+        ),
+        pytest.param(
+            [claim(2, attached="u1", node="n2", migration=("m", "n1"))],
+            [pod(2, launcher=True, labels={"kubevirt.io/migrationJobUID": "m"})],
+            2,
+            id="a-transient-hold-counts-and-accounts-its-target-pod",
+        ),
+        pytest.param(
+            [claim(2, attached="u1", node="n2", migration=("other", "n1"))],
             [pod(2, launcher=True, labels={"kubevirt.io/migrationJobUID": "m"})],
             4,
-            id="a-migration-target-counts",
+            id="a-transient-hold-of-another-migration-accounts-nothing",
+        ),
+        pytest.param(
+            [claim(2, attached="u1", node="n2", migration=("m", "n1"))],
+            [pod(2, launcher=True)],
+            4,
+            id="a-transient-hold-accounts-no-pod-but-its-migrations-target",
+        ),
+        pytest.param(
+            [claim(2, attached="u1")],
+            [pod(2, launcher=True, labels={"kubevirt.io/migrationJobUID": "m"})],
+            2,
+            id="a-migrated-target-pod-is-accounted-by-the-claim-on-its-node",
         ),
         pytest.param(
             [],

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuoperator.model import claim_states, claims, dra_devices, gpu_hours
+from gpuoperator.model import claim_states, claims, dra_devices, gpu_hours, migrations
 
 Obj = dict[str, Any]
 
@@ -371,3 +371,61 @@ def test_a_preempted_hold_waits_without_node_and_closes_its_usage_interval() -> 
     closed = gpu_hours.read({**held, "status": status})
     assert closed.state != opened.state
     assert (closed.state, closed.idle, closed.since) == (None, 3600, NOW)  # 1 unit idle, 1 h
+
+
+def migration_condition(status: Obj) -> tuple[str, str]:
+    found = [c for c in status["conditions"] if c["type"] == "Migrating"]
+    assert len(found) == 1
+    return found[0]["status"], found[0]["reason"]
+
+
+def test_a_transient_hold_is_recorded_beside_the_claims_own_node() -> None:
+    before = claim({"phase": "Bound", "nodeName": "n1", "boundTime": EARLIER, "usage": {"x": 1}})
+    frozen = copy.deepcopy(before)
+    hold = migrations.TransientHold("uid-mig", "n2")
+    status = claim_states.migrating(before, hold, NOW)
+    assert before == frozen
+    assert status["migration"] == {"uid": "uid-mig", "targetNode": "n2"}
+    assert (status["phase"], status["nodeName"], status["boundTime"]) == ("Bound", "n1", EARLIER)
+    assert status["usage"] == {"x": 1}
+    assert migration_condition(status) == ("True", "Migrating")
+    assert "n2" in next(c for c in status["conditions"] if c["type"] == "Migrating")["message"]
+
+
+def test_a_completed_migration_moves_the_claim_to_the_target_in_one_status() -> None:
+    before = claim(
+        {
+            "phase": "Bound",
+            "nodeName": "n1",
+            "boundTime": EARLIER,
+            "usage": {"x": 1},
+            "migration": {"uid": "uid-mig", "targetNode": "n2"},
+        }
+    )
+    status = claim_states.migrated(before, NOW)
+    assert (status["phase"], status["nodeName"]) == ("Bound", "n2")
+    assert "migration" not in status
+    assert said(status) == (
+        "True",
+        "Migrated",
+        "moved from node n1 to node n2 with its VM's live migration",
+    )
+    assert migration_condition(status) == ("False", "Migrated")
+    assert status["usage"] == {"x": 1}  # usage goes on as for any move
+    with pytest.raises(ValueError):
+        claim_states.migrated(claim({"phase": "Bound", "nodeName": "n1"}), NOW)
+
+
+def test_a_migration_that_ends_otherwise_clears_the_transient_hold_and_the_claim_stays() -> None:
+    before = claim(
+        {"phase": "Bound", "nodeName": "n1", "migration": {"uid": "u", "targetNode": "n2"}}
+    )
+    status = claim_states.migration_cleared(before, "MigrationFailed", "migration u failed", NOW)
+    assert status is not None
+    assert (status["phase"], status["nodeName"]) == ("Bound", "n1")
+    assert "migration" not in status
+    assert migration_condition(status) == ("False", "MigrationFailed")
+    again = claim_states.migration_cleared(
+        {**before, "status": status}, "MigrationFailed", "migration u failed", NOW
+    )
+    assert again is None  # it says so already

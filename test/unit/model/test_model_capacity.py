@@ -58,18 +58,19 @@ def pod(
     labelled: bool = False,
     vmi: str | None = None,
     launcher_label: bool = True,
-    migration: bool = False,
+    migration: bool | str = False,
     namespace: str = "ns",
 ) -> Obj:
     """A pod; ``labelled`` sets the claims label (anyone can), ``vmi`` makes it a launcher pod
-    controlled by the VMI of that UID (``launcher_label``: with KubeVirt's label)."""
+    controlled by the VMI of that UID (``launcher_label``: with KubeVirt's label),
+    ``migration`` the target pod of that migration UID (``True``: ``m-1``)."""
     labels: dict[str, str] = {}
     if labelled:
         labels["gpu.cozystack.io/claims"] = "true"
     if vmi is not None and launcher_label:
         labels["kubevirt.io"] = "virt-launcher"
     if migration:
-        labels["kubevirt.io/migrationJobUID"] = "m-1"
+        labels["kubevirt.io/migrationJobUID"] = "m-1" if migration is True else migration
     return objects.pod(
         name,
         namespace=namespace,
@@ -91,10 +92,12 @@ def claim(
     namespace: str = "ns",
     attached: str | None = None,
     owned_by: str | None = None,
+    migration: tuple[str, str] | None = None,
 ) -> Obj:
     """A claim; ``attached`` records an attachment to the VMI of that UID (``""``: not
-    confirmed yet, no UID), ``owned_by`` makes it the template claim of that VMI."""
-    return objects.claim(
+    confirmed yet, no UID), ``owned_by`` makes it the template claim of that VMI,
+    ``migration`` its transient hold ``(migration UID, target node)``."""
+    obj = objects.claim(
         name,
         namespace=namespace,
         count=count,
@@ -106,6 +109,9 @@ def claim(
         owners=None if owned_by is None else [vmi_owner(owned_by)],
         deleting=deleting,
     )
+    if migration is not None:
+        obj["status"]["migration"] = {"uid": migration[0], "targetNode": migration[1]}
+    return obj
 
 
 def gpu_class(name: str, resource: str, tolerations: list[Obj] | None = None) -> Obj:
@@ -233,8 +239,74 @@ def test_a_plain_gpu_pod_with_the_claims_label_still_counts() -> None:
         pytest.param(
             [claim("h", "n1", 2, attached="u1")],
             [pod("l", "n1", {A: 2}, vmi="u1", migration=True)],
+            0,
+            id="a-migrated-target-pod-is-covered-by-the-claim-now-on-its-node",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1")],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration=True)],
             2,
-            id="a-migration-target-is-an-ordinary-pod",
+            id="a-target-pod-without-a-transient-hold-is-an-ordinary-pod",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1", migration=("m-1", "n1"))],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration="m-1")],
+            0,
+            id="the-transient-hold-covers-its-migrations-target-pod",
+        ),
+        pytest.param(
+            [claim("t", "n2", 2, owned_by="u1", migration=("m-1", "n1"))],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration="m-1")],
+            0,
+            id="a-template-claims-transient-hold-covers-too",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1", migration=("m-1", "n1"))],
+            [pod("l", "n1", {A: 3}, vmi="u1", migration="m-1")],
+            1,
+            id="target-units-beyond-the-transient-hold-like-any-pods",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1", migration=("m-2", "n1"))],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration="m-1")],
+            2,
+            id="a-target-pod-of-another-migration-is-an-ordinary-pod",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1", migration=("m-1", "n1"))],
+            [pod("l", "n1", {A: 2}, vmi="u1")],
+            2,
+            id="a-transient-hold-covers-no-pod-but-its-migrations-targets",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1", migration=("m-1", "n1"))],
+            [pod("l", "n1", {A: 2}, vmi="u2", migration="m-1")],
+            2,
+            id="a-transient-hold-covers-no-other-vmis-target-pod",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, attached="u1", migration=("m-1", "n3"))],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration="m-1")],
+            2,
+            id="a-target-pod-on-another-node-than-its-transient-hold",
+        ),
+        pytest.param(
+            [claim("h", "n2", 2, phase="Pending", attached="u1", migration=("m-1", "n1"))],
+            [pod("l", "n1", {A: 2}, vmi="u1", migration="m-1")],
+            2,
+            id="an-unbound-claims-transient-hold-holds-nothing",
+        ),
+        pytest.param(
+            [
+                claim("h", "n2", 2, attached="u1", migration=("m-1", "n1")),
+                claim("g", "n1", 1, attached="u1"),
+            ],
+            [
+                pod("l", "n1", {A: 1}, vmi="u1"),
+                pod("t", "n1", {A: 3}, vmi="u1", migration="m-1"),
+            ],
+            1,
+            id="a-claims-own-hold-covers-what-the-transient-hold-leaves-but-no-more",
         ),
         pytest.param(
             [claim("h", "n1", 2, attached="u1")],
@@ -273,8 +345,12 @@ def test_a_launcher_pod_is_covered_only_by_what_its_vmis_claims_hold_on_its_node
 ) -> None:
     held = sum(
         c["spec"]["count"]
+        * (
+            (c["status"].get("nodeName") == "n1")
+            + ((c["status"].get("migration") or {}).get("targetNode") == "n1")
+        )
         for c in claims_
-        if c["status"].get("nodeName") == "n1" and c["status"]["phase"] == "Bound"
+        if c["status"]["phase"] == "Bound"
     )
     other = sum(pod_units(p, B) for p in pods_)
     for claims_first in (True, False):
@@ -570,11 +646,11 @@ pods_st = st.builds(
     st.sampled_from(["Running", "Pending", "Succeeded"]),
     st.booleans(),
     st.sampled_from(VMI_UIDS),
-    st.booleans(),
+    st.sampled_from([False, "m-1", "m-2"]),
 )
 claims_st = st.tuples(
     st.builds(
-        lambda name, node_name, count, phase, deleting, vmi, how: claim(
+        lambda name, node_name, count, phase, deleting, vmi, how, migration: claim(
             name,
             node_name,
             count,
@@ -582,6 +658,7 @@ claims_st = st.tuples(
             deleting=deleting,
             attached=(vmi if how == "attached" else "") if how != "owned" and vmi else None,
             owned_by=vmi if how == "owned" else None,
+            migration=migration,
         ),
         st.sampled_from(CLAIM_KEYS),
         st.sampled_from([*NODES, None]),
@@ -590,6 +667,7 @@ claims_st = st.tuples(
         st.booleans(),
         st.sampled_from(VMI_UIDS),
         st.sampled_from(["attached", "unconfirmed", "owned"]),
+        st.sampled_from([None, ("m-1", "n1"), ("m-1", "n2"), ("m-2", "n3")]),
     ),
     st.sampled_from([*RESOURCES, None]),
 )
@@ -615,13 +693,19 @@ def pod_units(p: Obj, resource: str) -> int:
 
 
 def pod_vmi_uid(p: Obj) -> str:
-    """The VMI UID a pod's units may be covered by, read the test's own way: a launcher
-    pod (KubeVirt's label, no migration label) with a controller reference to a VMI."""
+    """The VMI UID a pod's units may be covered by, read the test's own way: a pod with
+    KubeVirt's launcher label (a migration target's too) and a controller reference to a
+    VMI."""
     labels = p["metadata"].get("labels", {})
-    if labels.get("kubevirt.io") != "virt-launcher" or "kubevirt.io/migrationJobUID" in labels:
+    if labels.get("kubevirt.io") != "virt-launcher":
         return ""
     owners = [o["uid"] for o in p["metadata"].get("ownerReferences", []) if o["controller"]]
     return owners[0] if owners else ""
+
+
+def pod_job(p: Obj) -> str:
+    """The migration a pod is the target of, read the test's own way."""
+    return str(p["metadata"].get("labels", {}).get("kubevirt.io/migrationJobUID", ""))
 
 
 def claim_user_uid(c: Obj) -> str:
@@ -669,28 +753,44 @@ class Reference:
         bound = [
             obj
             for obj, res in self.claims.values()
-            if res == resource
-            and obj["status"].get("phase") == "Bound"
-            and obj["status"].get("nodeName") == node_name
+            if res == resource and obj["status"].get("phase") == "Bound"
         ]
-        held = sum(obj["spec"]["count"] for obj in bound)
-        cover: dict[str, int] = {}
-        for obj in bound:
-            uid = claim_user_uid(obj)
-            if uid:
-                cover[uid] = cover.get(uid, 0) + obj["spec"]["count"]
+        here = [obj for obj in bound if obj["status"].get("nodeName") == node_name]
+        #: (migration UID, claim) of each transient hold whose target is this node
+        targeting = [
+            (obj["status"]["migration"]["uid"], obj)
+            for obj in bound
+            if obj["status"].get("nodeName")
+            and (obj["status"].get("migration") or {}).get("targetNode") == node_name
+        ]
+        held = sum(obj["spec"]["count"] for obj in here) + sum(
+            obj["spec"]["count"] for _, obj in targeting
+        )
         using = {
-            key: (pod_vmi_uid(p), pod_units(p, resource))
+            key: (pod_vmi_uid(p), pod_job(p), pod_units(p, resource))
             for key, p in self.pods.items()
             if p["spec"].get("nodeName") == node_name and pod_units(p, resource)
         }
-        group_use: dict[str, int] = {}
-        for uid, units in using.values():
-            if uid:
-                group_use[uid] = group_use.get(uid, 0) + units
-        excess = {uid: max(0, units - cover.get(uid, 0)) for uid, units in group_use.items()}
-        requested = sum(u for uid, u in using.values() if not uid) + sum(excess.values())
-        users = sorted(key for key, (uid, _) in using.items() if not uid or excess[uid])
+        excess: dict[str, int] = {}
+        for uid in {uid for uid, _, _ in using.values() if uid}:
+            # What the VMI's holds on this node can cover of its pods there: its claims' own
+            # holds any of them, a transient hold only its migration's target pods.
+            own = sum(obj["spec"]["count"] for obj in here if claim_user_uid(obj) == uid)
+            per_job: dict[str, int] = {}
+            for job, obj in targeting:
+                if claim_user_uid(obj) == uid:
+                    per_job[job] = per_job.get(job, 0) + obj["spec"]["count"]
+            total = sum(u for v, _, u in using.values() if v == uid)
+            transient = sum(
+                min(
+                    per_job.get(job, 0),
+                    sum(u for v, j, u in using.values() if v == uid and j == job),
+                )
+                for job in {j for v, j, _ in using.values() if v == uid and j}
+            )
+            excess[uid] = total - min(total, own + transient)
+        requested = sum(u for uid, _, u in using.values() if not uid) + sum(excess.values())
+        users = sorted(key for key, (uid, _, _) in using.items() if not uid or excess[uid])
         return cap, alloc, held, requested, users
 
     def snapshot(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Which pods the placement controller acts on (``model.launcher_pods``): a gated launcher
 or temporary pod waits for its pin; an ungated one kube-scheduler reports Unschedulable may
-be rejected by its node; migration targets, pods being deleted, scheduled pods and pods
-merely waiting for the gate are none of its business. The pods are spelt out here, field by
+be rejected by its node, and so may a migration target; pods being deleted, scheduled pods
+and pods merely waiting for the gate are none of its business. The pods are spelt out here, field by
 field, as KubeVirt and kube-scheduler write them."""
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ UNPLACED: Obj = {"gated": False, "reason": "Unschedulable"}
 NEEDS_PIN = {
     "gated-launcher": pod(),
     "gated-temporary-pod": pod(ephemeral=True),
+    "gated-migration-target": pod(migration=True),
 }
 MAYBE_REJECTED = {
     "unschedulable-launcher": pod(**UNPLACED),
     "unschedulable-temporary-pod": pod(**UNPLACED, ephemeral=True),
+    "unschedulable-migration-target": pod(**UNPLACED, migration=True),
 }
 NEITHER = {
     "ungated-not-yet-judged": pod(gated=False, reason=""),
@@ -64,8 +66,7 @@ NEITHER = {
     "bound-to-node": pod(**UNPLACED, node="n1"),
     "gated-being-deleted": pod(deleting=True),
     "unschedulable-being-deleted": pod(**UNPLACED, deleting=True),
-    "gated-migration-target": pod(migration=True),
-    "unschedulable-migration-target": pod(**UNPLACED, migration=True),
+    "target-being-deleted": pod(migration=True, deleting=True),
 }
 
 

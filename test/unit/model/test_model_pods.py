@@ -211,8 +211,8 @@ LAUNCHER = {"kubevirt.io": "virt-launcher", "gpu.cozystack.io/claims": "true"}
         pytest.param(
             {**LAUNCHER, "kubevirt.io/migrationJobUID": "m-1"},
             [VMI_OWNER],
-            None,
-            id="migration-target",
+            ("ns", "u1"),
+            id="a-migration-target-is-its-vmis-pod-too",
         ),
         pytest.param(
             LAUNCHER, [{**VMI_OWNER, "controller": False}], None, id="owner-not-controller"
@@ -307,3 +307,15 @@ def test_usage_is_the_peak_of_the_pods_timeline(
     usage = pods.pod_usage(p)
     for resource in (G, H):
         assert usage.get(resource, 0) == timeline_peak(p, resource)
+
+
+@pytest.mark.parametrize(
+    ("labels", "job"),
+    [
+        pytest.param({**LAUNCHER, "kubevirt.io/migrationJobUID": "m-1"}, "m-1", id="target-pod"),
+        pytest.param(LAUNCHER, "", id="launcher-pod"),
+        pytest.param({}, "", id="no-labels"),
+    ],
+)
+def test_a_migration_target_pod_names_its_migration(labels: dict[str, str], job: str) -> None:
+    assert pods.migration_job(pod([c({G: "1"})], labels=labels)) == job

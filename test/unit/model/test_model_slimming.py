@@ -295,11 +295,22 @@ def full_vmi(scale: int = 1, **meta: Any) -> dict[str, Any]:
                 "resources": {"requests": {"memory": "1Gi"}},
             },
             "volumes": [{"name": "v", "cloudInitNoCloud": {"userData": noise(n)}}],
+            "evictionStrategy": "LiveMigrate",
         },
         "status": {
             "phase": "Running",
             "nodeName": "a10-0",
             "conditions": [{"type": "Ready", "message": noise(n)}],
+            "migrationState": {
+                "migrationUid": "uid-mig",
+                "sourceNode": "a10-0",
+                "targetNode": "a10-1",
+                "completed": True,
+                "failed": False,
+                "abortStatus": "Failed",
+                "targetPod": "virt-launcher-vm1-x",
+                "migrationConfiguration": {"bandwidthPerMigration": noise(n)},
+            },
         },
     }
 
@@ -410,9 +421,21 @@ def test_a_slim_vmi_keeps_exactly_the_fields_its_readers_use() -> None:
                     ],
                     "hostDevices": [{"name": "nic", "deviceName": "example.com/nic"}],
                 }
-            }
+            },
+            "evictionStrategy": "LiveMigrate",
         },
-        "status": {"phase": "Running", "nodeName": "a10-0"},
+        "status": {
+            "phase": "Running",
+            "nodeName": "a10-0",
+            "migrationState": {
+                "migrationUid": "uid-mig",
+                "sourceNode": "a10-0",
+                "targetNode": "a10-1",
+                "completed": True,
+                "failed": False,
+                "abortStatus": "Failed",
+            },
+        },
     }
 
 
