@@ -109,6 +109,12 @@ class NodeInventory:
             current = self._create(view.node)
             if current is None:
                 return Result(requeue_after=1.0)
+        waiting = self._pacer.waiting(name)
+        if waiting > 0:
+            # A change already waits to be written: this one joins it, and the status is
+            # worked out once, when the wait is over (one per node per interval, not one
+            # per binding).
+            return Result(requeue_after=waiting)
         status = self._status(view, current)
         if status != current.get("status"):
             wait = self._pacer.delay(name) if current.get("status") else 0.0

@@ -55,6 +55,16 @@ class Pacer(Generic[K]):
                 self._pending[key] = since
         return max(0.0, since + self.interval - now)
 
+    def waiting(self, key: K) -> float:
+        """Seconds before a change of ``key`` already waiting may be written; 0 when none
+        waits (this starts no wait). While it is positive, any newer change joins the one
+        waiting: a caller may skip working its figures out until then."""
+        with self._lock:
+            since = self._pending.get(key)
+        if since is None:
+            return 0.0
+        return max(0.0, since + self.interval - self._clock.monotonic())
+
     def wrote(self, key: K) -> None:
         """Record a write of ``key`` now: its next change waits a whole interval. Callers
         must call it after each write they make."""

@@ -19,6 +19,17 @@ def test_the_first_change_waits_one_interval_and_later_ones_count_down_with_it()
     assert pacer.delay("a") == 0.0
 
 
+def test_waiting_counts_down_a_change_already_waiting_and_starts_none() -> None:
+    clock = FakeClock()
+    pacer: Pacer[str] = Pacer(2.0, clock=clock)
+    assert pacer.waiting("a") == 0.0
+    assert pacer.delay("a") == 2.0  # asking waiting() first started nothing
+    clock.advance(0.5)
+    assert pacer.waiting("a") == 1.5
+    pacer.wrote("a")
+    assert pacer.waiting("a") == 0.0
+
+
 def test_after_a_write_the_next_change_waits_a_whole_interval_again() -> None:
     clock = FakeClock()
     pacer: Pacer[str] = Pacer(2.0, clock=clock)
