@@ -10,10 +10,11 @@ claim or node event re-derives one node's contribution, and this controller only
 the result of the classes that changed. The finalizer
 ``gpu.cozystack.io/class-protection`` holds a class while any claim names it.
 
-The figures change with every binding of the class: they are written at most once per
-``statusInterval`` per class (``runtime.pacing``; the first change at once, later ones when
-the interval has passed), except a change that raises ``maxFreePerNode`` or turns the class
-Available, which is written at once (the order webhook refuses counts above the published
+The figures change with every binding of the class: a class's changes are gathered for
+``statusInterval`` from the first one seen and written together (``runtime.pacing``), so they
+are never more than ``statusInterval`` behind the ledger, except a change that raises
+``maxFreePerNode`` or turns the class Available, and a class's first status, which are
+written at once (the order webhook refuses counts above the published
 figure); a status this controller wrote counts as the current one until the cache delivers
 it or a newer version.
 """
@@ -174,7 +175,7 @@ class ClassStatus:
                 or figures.max_reclaimable_per_node > int(status.get("maxReclaimablePerNode") or 0)
                 or was != figures.available
             )
-            wait = 0.0 if grows else self._pacer.delay(name)
+            wait = 0.0 if grows or not status else self._pacer.delay(name)
             if wait > 0:
                 return Result(requeue_after=wait)  # written at most once per interval
             try:

@@ -9,11 +9,13 @@ allocated, tainted and free (``draDevices``, ``model.dra_nodes``), ``Schedulable
 and not cordoned) and ``Overcommitted`` (pods without claims overrun the holds: the pods are
 named, and a Warning Event says so once per episode).
 
-The figures change with every claim bound on the node: they are written at most once per
-``statusInterval`` per node (``runtime.pacing``), the first change at once, later ones
-gathered and written when the interval has passed. A status this controller wrote counts
-as the current one until the cache delivers it or a newer version (so the next pass does
-not send a write based on a version already replaced, which the server would refuse).
+The figures change with every claim bound on the node: a node's changes are gathered for
+``statusInterval`` from the first one seen and written together (``runtime.pacing``), so a
+GPUNode's figures are never more than ``statusInterval`` behind the ledger and a burst of
+bindings on a node costs one write; a GPUNode without any status yet is written at once. A
+status this controller wrote counts as the current one until the cache delivers it or a
+newer version (so the next pass does not send a write based on a version already replaced,
+which the server would refuse).
 """
 
 from __future__ import annotations
@@ -107,11 +109,17 @@ class NodeInventory:
             current = self._create(view.node)
             if current is None:
                 return Result(requeue_after=1.0)
+        waiting = self._pacer.waiting(name)
+        if waiting > 0:
+            # A change already waits to be written: this one joins it, and the status is
+            # worked out once, when the wait is over (one per node per interval, not one
+            # per binding).
+            return Result(requeue_after=waiting)
         status = self._status(view, current)
         if status != current.get("status"):
-            wait = self._pacer.delay(name)
+            wait = self._pacer.delay(name) if current.get("status") else 0.0
             if wait > 0:
-                return Result(requeue_after=wait)  # written at most once per interval
+                return Result(requeue_after=wait)  # the changes of an interval, written once
             was_over = conditions.is_true(
                 (current.get("status") or {}).get("conditions"), OVERCOMMITTED
             )

@@ -11,7 +11,7 @@ product names) and holds one concept a module:
   lags them), ``feeding`` (change notices that are not API objects);
 * work: ``queueing`` (the work queue), ``ratelimiting`` (its retry delays), ``controlling``
   (workers and the reconcile contract), ``backoff`` (the retry delay of one loop),
-  ``pacing`` (at most one write per object per interval);
+  ``pacing`` (an object's changes of one interval gathered into one write);
 * leadership: ``leading`` (the elector), ``leases`` (the record and the Lease store);
 * the replica: ``managing`` (caches, election, controllers and servers of one process);
 * serving: ``serving`` (the HTTPS servers), ``admitting`` (admission webhooks),

@@ -597,7 +597,7 @@ class P1Result:
 
 
 def p1_operator(
-    cluster: LocalCluster, client: Client, orders: int, py_spy: Path | None
+    cluster: LocalCluster, client: Client, orders: int, py_spy: Path | None, rate: int = 50
 ) -> tuple[Watch, dict[str, float], float]:
     ns = "bench-orders"
     ensure_namespace(client, ns)
@@ -619,7 +619,7 @@ def p1_operator(
                 "--pid",
                 str(pid),
                 "--rate",
-                "50",
+                str(rate),
                 "--format",
                 "raw",
                 "--output",
@@ -951,7 +951,9 @@ def run_small(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> No
             log(f"P2: {args.raw_writes} raw claim status writes")
             raw_rate = p2_raw_writes(cluster.kubeconfig, client, args.raw_writes)
 
-            watch, writes, op_start = p1_operator(cluster, client, args.orders, args.py_spy)
+            watch, writes, op_start = p1_operator(
+                cluster, client, args.orders, args.py_spy, args.py_spy_rate
+            )
             bound = len(watch.at)
             op_rate = watch.rate()
             peer, peer_start = p1_peer(cluster, client, args.orders)
@@ -1451,6 +1453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default="bench-perf")
     p.add_argument("--big-cluster", default="bench-perf-big")
     p.add_argument("--py-spy", type=Path, help="P1: record a py-spy profile of the operator here")
+    p.add_argument("--py-spy-rate", type=int, default=50, help="P1: py-spy samples per second")
     p.add_argument(
         "--py-spy-p4", type=Path, help="P4: run the measured replica under py-spy (profile here)"
     )

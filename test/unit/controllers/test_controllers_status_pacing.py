@@ -1,7 +1,8 @@
 """GPUNode and GPUClass figures are written at most once per ``statusInterval`` per object:
-the first change at once, later ones gathered and written once the interval has passed; a
-status the controller wrote counts as current until the cache delivers it, so no write
-leaves on a replaced version."""
+an object's changes are gathered for one interval from the first one seen and written
+together, so the figures are never more than an interval behind the ledger; a status the
+controller wrote counts as current until the cache delivers it, so no write leaves on a
+replaced version."""
 
 from __future__ import annotations
 
@@ -141,19 +142,50 @@ def test_figures_are_written_at_most_once_per_interval_and_the_last_change_lands
 ) -> None:
     reconciler = make(world)
     key = ("", "n1") if make is nodes else ("", "a10")
-    assert reconciler.reconcile(key) is None  # the first change is written at once
+    assert reconciler.reconcile(key) is None  # an object without status is written at once
     for i in range(3):
         world.bind(f"c{i}")
         world.clock.advance(1.0)
         result = reconciler.reconcile(key)
         assert isinstance(result, Result)
-        assert result.requeue_after == pytest.approx(INTERVAL - (i + 1))
+        # The first change seen (c0, at 1 s) waits one interval; the others join it.
+        assert result.requeue_after == pytest.approx(INTERVAL - i)
     assert len(world.writer.statuses) == 1
     world.clock.advance(result.requeue_after)
     assert reconciler.reconcile(key) is None
     assert [free_written(s) for _k, _n, s in world.writer.statuses] == [8, 5]
     # The second write rested on the first write's reply, not on the stale cached version.
     assert world.writer.preconditions == ["1", "101"]
+
+
+@pytest.mark.parametrize("make", [nodes, classes], ids=["gpunode", "gpuclass"])
+def test_a_burst_after_a_quiet_spell_is_one_write_within_an_interval_of_its_first_change(
+    world: World, make: Any
+) -> None:
+    """A node or class written long ago: its next burst of bindings is gathered from the
+    first change seen and written once, exactly one interval after it (the bound the figures
+    keep: never more than ``statusInterval`` behind the ledger)."""
+    reconciler = make(world)
+    key = ("", "n1") if make is nodes else ("", "a10")
+    reconciler.reconcile(key)
+    world.clock.advance(10 * INTERVAL)  # quiet: the last write is long past
+    first_seen = world.clock.monotonic()
+    written_at: list[float] = []
+    for i in range(8):  # eight bindings over 4 s, each seen by a reconcile at once
+        world.bind(f"c{i}")
+        before = len(world.writer.statuses)
+        result = reconciler.reconcile(key)
+        if len(world.writer.statuses) > before:
+            written_at.append(world.clock.monotonic())
+        assert isinstance(result, Result)
+        due = first_seen + INTERVAL - world.clock.monotonic()
+        assert result.requeue_after == pytest.approx(due)
+        world.clock.advance(0.5)
+    world.clock.advance(first_seen + INTERVAL - world.clock.monotonic())
+    assert reconciler.reconcile(key) is None
+    written_at.append(world.clock.monotonic())
+    assert [free_written(s) for _k, _n, s in world.writer.statuses] == [8, 0]
+    assert written_at == [first_seen + INTERVAL]
 
 
 @pytest.mark.parametrize("make", [nodes, classes], ids=["gpunode", "gpuclass"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -239,6 +240,24 @@ def test_list_follows_continue_tokens(script: Script, client: Client) -> None:
     items, rv = client.list(GPUClaim, "t", page_size=1)
     assert len(items) == 3 and rv == "10"
     assert "continue=tok" in script.requests[1]["query"]
+
+
+def test_selectors_and_bodies_arrive_as_sent(script: Script, client: Client) -> None:
+    """The request is built by the client itself, not by requests' preparation: query
+    values are quoted, a body of any characters arrives whole, with its length."""
+    script.reply(200, {"metadata": {"resourceVersion": "9"}, "items": []})
+    script.reply(200, claim("6"))
+    selector = "gpu.cozystack.io/claims in (true,yes),tier!=spot"
+    client.list(GPUClaim, "t", label_selector=selector, field_selector="status.phase=Bound")
+    obj = claim("5")
+    obj["status"] = {"message": "bound to nöde µ-1 → 2 unit(s) & more?"}
+    client.replace_status(GPUClaim, obj)
+    query = urllib.parse.parse_qs(script.requests[0]["query"])
+    assert query["labelSelector"] == [selector]
+    assert query["fieldSelector"] == ["status.phase=Bound"]
+    assert query["limit"] == ["500"]
+    assert script.requests[1]["body"]["status"] == obj["status"]
+    assert script.requests[1]["type"] == "application/json"
 
 
 def test_an_expired_continue_token_restarts_the_list(script: Script, client: Client) -> None:

@@ -55,3 +55,35 @@ def test_an_unknown_level_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="--log-level: 'loud' is not one of debug"):
         logs.configure("json", "loud")
+
+
+LEVELS = textwrap.dedent(
+    """
+    import structlog.stdlib
+
+    seen = []
+    counted = structlog.stdlib.add_log_level
+
+    def counting(logger, method, event):
+        seen.append(event["event"])
+        return counted(logger, method, event)
+
+    structlog.stdlib.add_log_level = counting
+    from gpuoperator.runtime import logs
+
+    logs.configure("json", "info")
+    log = structlog.get_logger("demo")
+    log.debug("reconciled", result="success")
+    log.info("claim bound", reason="Bound")
+    print(" ".join(seen))
+    """
+)
+
+
+def test_a_line_below_the_level_is_dropped_before_the_processors_run() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LEVELS], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["claim", "bound"]
+    [line] = [json.loads(text) for text in done.stderr.splitlines()]
+    assert (line["event"], line["reason"], line["level"]) == ("claim bound", "Bound", "info")
