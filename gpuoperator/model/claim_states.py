@@ -98,17 +98,20 @@ def _generation(claim: Mapping[str, Any]) -> Any:
     return meta.get("generation") if isinstance(meta, Mapping) else None
 
 
-def _bound_condition(
+def _condition(
     claim: Mapping[str, Any],
     status: Obj,
     ok: bool,
     reason: str,
     message: str,
     now: datetime.datetime,
+    kind: str = _CONDITION,
 ) -> list[Obj]:
+    """``status``'s conditions with the claim's ``kind`` condition (``Bound`` unless told)
+    set, observing the claim's generation."""
     return conditions.set_condition(
         status.get("conditions"),
-        _CONDITION,
+        kind,
         ok,
         reason,
         message,
@@ -134,7 +137,7 @@ def bound(
         nodeName=node,
         boundTime=conditions.stamp(now),
         observedGeneration=_generation(claim),
-        conditions=_bound_condition(claim, status, True, BOUND, f"bound to node {node}", now),
+        conditions=_condition(claim, status, True, BOUND, f"bound to node {node}", now),
     )
     change = gpu_hours.transition({**claim, "status": status}, vmi, now)
     if change is not None:
@@ -175,7 +178,7 @@ def moved(
     status = _status(claim)
     status.pop(LOST_NODE_FIELD, None)
     gone = set(clear)
-    kept = _bound_condition(claim, status, True, reason, message, now)
+    kept = _condition(claim, status, True, reason, message, now)
     status.update(
         phase=gpuclaims.Phase.BOUND,
         nodeName=target,
@@ -183,25 +186,6 @@ def moved(
         conditions=[c for c in kept if c.get("type") not in gone],
     )
     return status
-
-
-def _migration_condition(
-    claim: Mapping[str, Any],
-    status: Obj,
-    ok: bool,
-    reason: str,
-    message: str,
-    now: datetime.datetime,
-) -> list[Obj]:
-    return conditions.set_condition(
-        status.get("conditions"),
-        migrations.CONDITION,
-        ok,
-        reason,
-        message,
-        now=now,
-        observed_generation=_generation(claim),
-    )
 
 
 def migrating(
@@ -212,8 +196,8 @@ def migrating(
     status = _status(claim)
     status[migrations.FIELD] = migrations.as_status(hold)
     message = f"units held on node {hold.target_node} for live migration {hold.uid}"
-    status["conditions"] = _migration_condition(
-        claim, status, True, migrations.MIGRATING, message, now
+    status["conditions"] = _condition(
+        claim, status, True, migrations.MIGRATING, message, now, kind=migrations.CONDITION
     )
     return status
 
@@ -233,8 +217,8 @@ def migrated(claim: Mapping[str, Any], now: datetime.datetime) -> Obj:
     message = migrated_message(gpuclaims.node_name(claim), hold.target_node)
     status = moved(claim, hold.target_node, message, now, reason=migrations.MIGRATED)
     status.pop(migrations.FIELD, None)
-    status["conditions"] = _migration_condition(
-        claim, status, False, migrations.MIGRATED, message, now
+    status["conditions"] = _condition(
+        claim, status, False, migrations.MIGRATED, message, now, kind=migrations.CONDITION
     )
     return status
 
@@ -251,7 +235,9 @@ def migration_cleared(
     if migrations.FIELD not in status and said == ("False", reason, message):
         return None
     status.pop(migrations.FIELD, None)
-    status["conditions"] = _migration_condition(claim, status, False, reason, message, now)
+    status["conditions"] = _condition(
+        claim, status, False, reason, message, now, kind=migrations.CONDITION
+    )
     return status
 
 
@@ -294,7 +280,7 @@ def refused(
         status.pop("nodeName", None)
         status.pop("boundTime", None)
         _drop_devices(status)
-        status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
+        status["conditions"] = _condition(claim, status, False, reason, message, now)
     return status
 
 
@@ -341,7 +327,7 @@ def _unbound(
     status.pop("boundTime", None)
     _drop_devices(status)
     status["observedGeneration"] = _generation(claim)
-    status["conditions"] = _bound_condition(claim, status, False, reason, message, now)
+    status["conditions"] = _condition(claim, status, False, reason, message, now)
     change = gpu_hours.transition({**claim, "status": status}, None, now)
     if change is not None:
         status["usage"] = gpu_hours.to_status(change[1])
@@ -366,7 +352,7 @@ def held_again(claim: Mapping[str, Any], reason: str, message: str, now: datetim
     """``claim`` (Bound, of a DRA class) whose hold was created again on the node and
     devices its status names: only the ``Bound`` condition says ``reason``."""
     status = _status(claim)
-    status["conditions"] = _bound_condition(claim, status, True, reason, message, now)
+    status["conditions"] = _condition(claim, status, True, reason, message, now)
     return status
 
 
@@ -389,7 +375,7 @@ def lost(claim: Mapping[str, Any], now: datetime.datetime) -> Obj:
     status["phase"] = gpuclaims.Phase.LOST
     status[LOST_NODE_FIELD] = node
     message = lost_message(node)
-    status["conditions"] = _bound_condition(claim, status, False, NODE_LOST, message, now)
+    status["conditions"] = _condition(claim, status, False, NODE_LOST, message, now)
     return status
 
 
@@ -444,7 +430,7 @@ def waiting(
     if is_lost or not status.get("phase"):
         status["phase"] = gpuclaims.Phase.PENDING
     status["observedGeneration"] = _generation(claim)
-    status["conditions"] = _bound_condition(claim, status, False, reason, told, now)
+    status["conditions"] = _condition(claim, status, False, reason, told, now)
     return status
 
 
