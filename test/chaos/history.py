@@ -7,16 +7,17 @@ no device allocated twice at any revision). Two checks run on it, with their own
 arithmetic (docs/design.md §5), nothing taken from the product:
 
 * **Holds never exceed capacity, at any revision.** After each etcd revision the units of
-  Bound claims per (node, resource) are compared with the capacity a test registered for
-  it (allocatable minus the units of the pods it placed there that no claim accounts for).
-  Launcher pods of VMs are accounted by their claims, so claims alone are the measure here;
-  pods are checked at snapshots (``oracle``).
+  Bound claims per (node, resource) — on the claim's node, and on the target node of its
+  transient hold while its VM live-migrates (``status.migration``) — are compared with the
+  capacity a test registered for it (allocatable minus the units of the pods it placed
+  there that no claim accounts for). Launcher pods of VMs are accounted by their claims, so
+  claims alone are the measure here; pods are checked at snapshots (``oracle``).
 * **A claim changes node only through Lost** (its node went), through a refusal (the node
   refused the pinned launcher pod: Pending with reason ``RefusedByNode``), through a
-  take-back (Pending with reason ``Preempted``, see below), or by a move of the placement
-  controller (reason ``Moved``: a claim not yet attached joins the other claims of its VM).
-  Anything else — a Bound claim re-bound to another node in one write, or re-bound after an
-  unexplained unbind — is a broken hold.
+  take-back (Pending with reason ``Preempted``, see below), by a move of the placement
+  controller (reason ``Moved``: a claim not yet attached joins the other claims of its VM),
+  or with its live-migrated VM (reason ``Migrated``). Anything else — a Bound claim re-bound
+  to another node in one write, or re-bound after an unexplained unbind — is a broken hold.
 * **A hold ends only as the contract says** (:meth:`ClaimHistory.releases`): its claim is
   deleted, its node is lost, its node refused its VM, or — for a claim of a class the test
   registered as preemptible, and only then — a guaranteed order took it back (reason
@@ -39,6 +40,8 @@ Obj = dict[str, Any]
 CLAIMS_PREFIX = "/registry/cozystack.io/gpuclaims/"
 BOUND, PENDING, LOST = "Bound", "Pending", "Lost"
 REFUSED_BY_NODE, MOVED, PREEMPTED = "RefusedByNode", "Moved", "Preempted"
+#: The Bound reason of a claim that moved with its live-migrated VM.
+MIGRATED = "Migrated"
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,21 @@ class Version:
     status: str = ""
     finalizers: int = 0
     refused: tuple[str, ...] = ()
+    #: The target node of the claim's transient hold (``status.migration``), "" when none.
+    migration_target: str = ""
 
     @property
     def holds(self) -> bool:
         return self.phase == BOUND and bool(self.node)
+
+    def held_on(self) -> list[str]:
+        """The nodes the claim holds its units on: its node while Bound, and the target node
+        of its transient hold while a live migration of its VM runs."""
+        if not self.holds:
+            return []
+        if self.migration_target and self.migration_target != self.node:
+            return [self.node, self.migration_target]
+        return [self.node]
 
 
 GONE = Version(0, 0.0, "", "", "", "", "", 0, False)
@@ -94,6 +108,7 @@ def version_of(event: store.Event) -> Version:
         status=json.dumps({k: v for k, v in status.items() if k != "attachment"}, sort_keys=True),
         finalizers=len(meta.get("finalizers") or []),
         refused=tuple(str(r.get("nodeName")) for r in status.get("refusedNodes") or []),
+        migration_target=str((status.get("migration") or {}).get("targetNode") or ""),
     )
 
 
@@ -149,8 +164,7 @@ class ClaimHistory:
                 version = version_of(event)
                 old = self._current.get(key, GONE)
                 for v, sign in ((old, -1), (version, 1)):
-                    spot = self._spot(v)
-                    if spot is not None:
+                    for spot in self._spots(v):
                         self._held[spot] += sign * v.count
                         touched.add(spot)
                 self._current[key] = version
@@ -160,16 +174,16 @@ class ClaimHistory:
                 cap = self.capacity.get(spot)
                 if cap is not None and self._held[spot] > cap:
                     holders = sorted(
-                        f"{k}={v.count}" for k, v in self._current.items() if self._spot(v) == spot
+                        f"{k}={v.count}" for k, v in self._current.items() if spot in self._spots(v)
                     )
                     self.overholds.append(
                         f"revision {batch[0].revision}: {spot[0]} {spot[1]}: "
                         f"{self._held[spot]} units held of {cap} ({', '.join(holders)})"
                     )
 
-    def _spot(self, v: Version) -> tuple[str, str] | None:
+    def _spots(self, v: Version) -> list[tuple[str, str]]:
         resource = self.classes.get(v.class_name)
-        return (v.node, resource) if v.holds and resource else None
+        return [(node, resource) for node in v.held_on()] if resource else []
 
     def retire_node(self, node: str) -> None:
         """The node is deleted: holds still pointing at it until they are Lost fit nothing."""
@@ -190,6 +204,7 @@ class ClaimHistory:
             "refused": [],
             "preempted": [],
             "moved": [],
+            "migrated": [],
             "unexplained": [],
         }
         for key, versions in self.snapshot().items():
@@ -206,7 +221,9 @@ class ClaimHistory:
                 if not v.holds:
                     continue
                 if last_node and v.node != last_node:
-                    kind = via or ("moved" if v.reason == MOVED else "unexplained")
+                    kind = via or {MOVED: "moved", MIGRATED: "migrated"}.get(
+                        v.reason, "unexplained"
+                    )
                     out[kind].append(f"{key}: {last_node} -> {v.node} at revision {v.revision}")
                 last_node, via = v.node, ""
         return out

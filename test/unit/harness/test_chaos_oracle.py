@@ -249,6 +249,28 @@ def test_only_a_preemptible_classs_hold_may_be_taken_back_and_no_hold_ends_unexp
     assert changes["unexplained"] == []
 
 
+def test_a_transient_hold_counts_on_its_target_node_and_the_move_with_the_vm_is_explained() -> None:
+    record = historymod.ClaimHistory()
+    record.classes["a"] = RES
+    record.capacity[("n1", RES)] = 1
+    record.capacity[("n2", RES)] = 1
+    _feed(record, 1, claim("c", 1, "Bound", "n1", "Bound"))
+    migrating = claim("c", 1, "Bound", "n1", "Bound", migration={"uid": "m", "targetNode": "n2"})
+    _feed(record, 2, migrating)
+    assert record.overholds == []
+    # The target node's unit is held for the migration: another hold there is one too many.
+    _feed(record, 3, claim("d", 1, "Bound", "n2", "Bound"), key="t/d")
+    assert record.overholds == [f"revision 3: n2 {RES}: 2 units held of 1 (t/c=1, t/d=1)"]
+    _feed(record, 4, None, key="t/d")
+    # The claim moves with its VM: its source unit is free, and the move is explained.
+    _feed(record, 5, claim("c", 1, "Bound", "n2", "Migrated"))
+    _feed(record, 6, claim("e", 1, "Bound", "n1", "Bound"), key="t/e")
+    assert len(record.overholds) == 1
+    changes = record.node_changes()
+    assert changes["migrated"] == ["t/c: n1 -> n2 at revision 5"]
+    assert changes["unexplained"] == []
+
+
 def test_a_refusal_naming_a_class_that_exists_is_no_decision() -> None:
     message = (
         'admission webhook "orders" denied the request: spec.className: class a does not exist'
