@@ -483,11 +483,14 @@ def test_refusals_of_the_vmi_webhook(api: pykube.HTTPClient, fleet: Fleet, tenan
     assert "first" not in r[0].message, "another VM is not named"
 
 
-def test_migration_targets_pass_untouched_and_a_repeated_admission_gates_once(
+def test_migration_targets_are_gated_as_launcher_pods_are_and_a_repeated_admission_gates_once(
     api: pykube.HTTPClient, tenant: str, fleet: Fleet, kubevirt_controller: pykube.HTTPClient
 ) -> None:
-    """The pods are KubeVirt's (made as its controller, owned by a VMI), as only they may
-    carry the claims label."""
+    """A migration target of a VM with GPU claims waits at the placement gate as a launcher
+    pod does (placement pins it to its claims' transient holds' node, docs/design.md §5 "Live
+    migration"); one of a VM without GPUs passes untouched; a pod that already carries the
+    gate keeps exactly one. The pods are KubeVirt's (made as its controller, owned by a VMI),
+    as only they may carry the claims label."""
     cls = fleet.gpu_class()
     refs = json.dumps([{"claimTemplate": {"className": cls, "count": 1}}])
     labels = {"kubevirt.io": "virt-launcher", names.CLAIMS_LABEL: "true"}
@@ -519,7 +522,24 @@ def test_migration_targets_pass_untouched_and_a_repeated_admission_gates_once(
         },
     )
     target.create()
-    assert not target.obj["spec"].get("schedulingGates")
+    assert target.obj["spec"].get("schedulingGates") == [{"name": names.PLACEMENT_GATE}]
+    plain = pykube.Pod(
+        kubevirt_controller,
+        {
+            "metadata": {
+                "namespace": tenant,
+                "name": "plain-target",
+                "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/migrationJobUID": "m-2"},
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "containers": [{"name": "compute", "image": "x"}],
+                "nodeSelector": {"nowhere": "true"},
+            },
+        },
+    )
+    plain.create()
+    assert not plain.obj["spec"].get("schedulingGates")
     gated = pykube.Pod(
         kubevirt_controller,
         {
