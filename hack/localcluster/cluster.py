@@ -315,8 +315,10 @@ class LocalCluster:
         return all(w.get("clientConfig", {}).get("caBundle") for w in live.get("webhooks", []))
 
     def run_kubevirt_standin(self, log: Any = print) -> None:
-        """(Re)start the KubeVirt stand-in: what virt-controller does to a VMI (its launcher
-        pod, the VMI's status), as a process of this cluster (``test/harness/kubevirt.py``)."""
+        """(Re)start the KubeVirt stand-in: what virt-controller does to VMIs (their launcher
+        pods and status), live migrations (target pods, ``migrationState``) and
+        VirtualMachines (their VMIs by ``runStrategy``), as a process of this cluster
+        (``test/harness/kubevirt.py``)."""
         self.kubevirt.stop()
         self.kubevirt.start(
             [sys.executable, "-m", "localcluster.standin", f"--kubeconfig={self.kubeconfig}"],
