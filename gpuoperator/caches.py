@@ -91,18 +91,16 @@ class Caches:
     def hold_finder(self, namespace: str) -> Callable[[str], dict[str, Any] | None]:
         """``name -> the GPUClaim whose DRA hold the ResourceClaim ``namespace/name`` is``
         (``model.hold_admission.hold_of``, ``None``: nobody's), on the cached ResourceClaim,
-        the namespace's GPUClaims and the classes (the pod and VMI webhooks)."""
-        claims = {
-            str((c.get("metadata") or {}).get("name") or ""): c
-            for c in self.claims.store.by_index(BY_NAMESPACE, namespace)
-        }
-        classes = {
-            str((c.get("metadata") or {}).get("name") or ""): c for c in self.classes.store.values()
-        }
+        the namespace's GPUClaims and the classes (the pod and VMI webhooks). Nothing is read
+        until a name is asked for: most pods and VMIs name no ResourceClaim."""
 
         def find(name: str) -> dict[str, Any] | None:
-            found = self.resource_claims.store.get((namespace, name))
-            return hold_admission.hold_of(name, found, claims, classes)
+            return hold_admission.hold_of(
+                name,
+                self.resource_claims.store.get((namespace, name)),
+                lambda claim: self.claims.store.get((namespace, claim)),
+                lambda cls: self.classes.store.get(("", cls)),
+            )
 
         return find
 

@@ -61,14 +61,15 @@ def named(obj: Mapping[str, Any]) -> list[Named]:
 def hold_of(
     name: str,
     resource_claim: Mapping[str, Any] | None,
-    claims: Mapping[str, Obj],
-    classes: Mapping[str, Obj],
+    claim_named: Callable[[str], Obj | None],
+    class_named: Callable[[str], Obj | None],
 ) -> Obj | None:
     """The GPUClaim whose hold the ResourceClaim ``name`` (of the object's namespace) is,
     or ``None`` when it is nobody's hold (the module's rule). ``resource_claim`` is the
-    cached one of that name, ``claims`` the namespace's GPUClaims by name, ``classes`` the
-    GPUClasses by name. A hold controlled by a GPUClaim that is not cached (yet) is still a
-    hold: the claim is given by the owner reference's name alone."""
+    cached one of that name, ``claim_named`` gives the namespace's GPUClaim of a name and
+    ``class_named`` the GPUClass of a name (``None``: none). A hold controlled by a GPUClaim
+    that is not cached (yet) is still a hold: the claim is given by the owner reference's
+    name alone."""
     if resource_claim is not None and dra_holds.is_hold(resource_claim):
         owners = objects.meta(resource_claim).get("ownerReferences") or []
         owner = next(
@@ -78,12 +79,12 @@ def hold_of(
             and o.get("controller") is True
             and o.get("kind") == names.GPU_CLAIM
         )
-        found = claims.get(str(owner.get("name") or ""))
+        found = claim_named(str(owner.get("name") or ""))
         return found if found is not None else {"metadata": {"name": owner.get("name")}}
-    claim = claims.get(name)
+    claim = claim_named(name)
     if claim is None:
         return None
-    cls = classes.get(str((claim.get("spec") or {}).get("className") or ""))
+    cls = class_named(str((claim.get("spec") or {}).get("className") or ""))
     return claim if cls is not None and gpuclasses.is_dra(cls) else None
 
 
