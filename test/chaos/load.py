@@ -179,7 +179,8 @@ def vmi_body(namespace: str, name: str, refs: list[Obj]) -> Obj:
     }
 
 
-def _get(api: pykube.HTTPClient, kind: Any, namespace: str, name: str) -> Obj | None:
+def read(api: pykube.HTTPClient, kind: Any, namespace: str, name: str) -> Obj | None:
+    """The object of ``kind`` named ``namespace/name`` as the API server has it, or ``None``."""
     found = kind.objects(api, namespace=namespace).get_or_none(name=name)
     return None if found is None else dict(found.obj)
 
@@ -211,7 +212,7 @@ def vm_cycle(
             f"{hold} Bound",
             lambda: (
                 (
-                    retrying(tally, "reading", lambda: _get(api, GPUClaim, namespace, hold)) or {}
+                    retrying(tally, "reading", lambda: read(api, GPUClaim, namespace, hold)) or {}
                 ).get("status")
                 or {}
             ),
@@ -228,7 +229,7 @@ def vm_cycle(
         lambda: (
             (
                 retrying(
-                    tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name)
+                    tally, "reading", lambda: read(api, VirtualMachineInstance, namespace, run.name)
                 )
                 or {}
             ).get("status")
@@ -240,7 +241,7 @@ def vm_cycle(
     if status.get("phase") != "Scheduled":
         run.problem = f"VM {run.name} {status.get('phase')}: {status}"
     run.node = str(status.get("nodeName") or "")
-    vmi = retrying(tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name))
+    vmi = retrying(tally, "reading", lambda: read(api, VirtualMachineInstance, namespace, run.name))
     uid = (vmi or {}).get("metadata", {}).get("uid", "")
     claims = retrying(tally, "listing", lambda: list(GPUClaim.objects(api, namespace=namespace)))
     said: list[str] = []
@@ -265,7 +266,7 @@ def vm_cycle(
     wait_for(
         f"VM {run.name} gone",
         lambda: retrying(
-            tally, "reading", lambda: _get(api, VirtualMachineInstance, namespace, run.name)
+            tally, "reading", lambda: read(api, VirtualMachineInstance, namespace, run.name)
         ),
         until=lambda v: v is None,
         timeout=converge,
@@ -323,6 +324,13 @@ def create(obj: pykube.objects.APIObject) -> None:
     except pykube.exceptions.HTTPError as exc:
         if exc.code != 409:
             raise
+
+
+def create_retrying(api: pykube.HTTPClient, tally: Tally, kind: Any, body: Obj) -> None:
+    """Create ``body`` as a ``kind``, retried while the API server does not answer yet (an
+    attempt that landed is no error: :func:`create`)."""
+    name = body["metadata"]["name"]
+    retrying(tally, f"creating {name}", lambda: create(kind(api, body)))
 
 
 def delete(obj: pykube.objects.APIObject) -> None:

@@ -37,6 +37,7 @@ from gpuoperator import names
 from gpuoperator.kinds import GPUClaim, KubeVirt, VirtualMachineInstance
 from gpuoperator.kinds import VirtualMachineInstanceMigration as Migration
 from harness.fleet import Fleet
+from harness.kubevirt import vgpu_migration_config
 from harness.waiting import wait_for
 
 CONVERGE = 120.0
@@ -49,18 +50,8 @@ FINISHED = ("Succeeded", "Failed")
 Obj = dict[str, Any]
 
 
-def _get(api: pykube.HTTPClient, kind: Any, namespace: str, name: str) -> Obj | None:
-    found = kind.objects(api, namespace=namespace).get_or_none(name=name)
-    return None if found is None else dict(found.obj)
-
-
 def _phase(obj: Obj | None) -> str:
     return str(((obj or {}).get("status") or {}).get("phase") or "")
-
-
-def _create(api: pykube.HTTPClient, tally: load.Tally, kind: Any, body: Obj) -> None:
-    name = body["metadata"]["name"]
-    load.retrying(tally, f"creating {name}", lambda: load.create(kind(api, body)))
 
 
 def _holding(api: pykube.HTTPClient, ns: str) -> bool:
@@ -72,7 +63,7 @@ def _holding(api: pykube.HTTPClient, ns: str) -> bool:
 def _migration_phases(api: pykube.HTTPClient, ns: str, jobs: list[str]) -> list[str]:
     """Each migration's phase (``""`` before KubeVirt has written one), ``gone`` for one no
     longer there (ended for want of room)."""
-    found = [_get(api, Migration, ns, j) for j in jobs]
+    found = [load.read(api, Migration, ns, j) for j in jobs]
     return ["gone" if m is None else _phase(m) for m in found]
 
 
@@ -93,25 +84,7 @@ def test_vgpu_vms_migrate_in_rounds_under_leader_kills_and_their_holds_follow(
     for node in nodes:
         history.capacity[(node, fleet.resource)] = 1
     ns = scene.tenant(api, "chaos-migrate", True, {})
-    # The KubeVirt CR as a hoster sets it for vGPU live migration (the stand-in reads it).
-    config = KubeVirt(
-        api,
-        {
-            "apiVersion": names.KUBEVIRT_API_VERSION,
-            "kind": names.KUBEVIRT_KIND,
-            "metadata": {"name": "kubevirt", "namespace": ns},
-            "spec": {
-                "configuration": {
-                    "developerConfiguration": {"featureGates": ["VGPULiveMigration"]},
-                    "permittedHostDevices": {
-                        "mediatedDevices": [
-                            {"mdevNameSelector": PROFILE, "resourceName": fleet.resource}
-                        ]
-                    },
-                }
-            },
-        },
-    )
+    config = KubeVirt(api, vgpu_migration_config(ns, fleet.resource, PROFILE))
     config.create()
     try:
         _run(api, replicas, history, ns, cls, rounds, rng, sizes)
@@ -141,10 +114,12 @@ def _run(
     assert all(o.placed for o in holds), [o.refusal for o in holds if not o.placed]
     vms = [f"vm-{i}" for i in range(VMS)]
     for vm, hold in zip(vms, holds, strict=True):
-        _create(api, tally, VirtualMachineInstance, load.vmi_body(ns, vm, [{"claim": hold.name}]))
+        load.create_retrying(
+            api, tally, VirtualMachineInstance, load.vmi_body(ns, vm, [{"claim": hold.name}])
+        )
     wait_for(
         "every VM running on its node",
-        lambda: [_phase(_get(api, VirtualMachineInstance, ns, vm)) for vm in vms],
+        lambda: [_phase(load.read(api, VirtualMachineInstance, ns, vm)) for vm in vms],
         until=lambda phases: all(p == names.VMI_SCHEDULED for p in phases),
         timeout=CONVERGE,
     )
@@ -161,7 +136,7 @@ def _run(
                 "metadata": {"name": job, "namespace": ns},
                 "spec": {"vmiName": vm},
             }
-            _create(api, tally, Migration, obj)
+            load.create_retrying(api, tally, Migration, obj)
         if kills < KILLS:
             if round_ == 0:
                 # Before any hold: the new leader must hold (or end) what it finds.
@@ -216,8 +191,8 @@ def _converged(api: pykube.HTTPClient, ns: str, vms: list[str]) -> dict[str, boo
     def state() -> dict[str, bool]:
         out = {}
         for i, vm in enumerate(vms):
-            vmi = _get(api, VirtualMachineInstance, ns, vm) or {}
-            claim = _get(api, GPUClaim, ns, f"hold-{i}") or {}
+            vmi = load.read(api, VirtualMachineInstance, ns, vm) or {}
+            claim = load.read(api, GPUClaim, ns, f"hold-{i}") or {}
             status = claim.get("status") or {}
             out[vm] = (
                 oracle.holds(claim)

@@ -54,16 +54,17 @@ def _claims(api: pykube.HTTPClient, tally: load.Tally, namespace: str) -> dict[s
 def _vm_running(api: pykube.HTTPClient, namespace: str, name: str) -> bool:
     """Whether the VM runs on its node: the stand-in (virt-controller's part) says
     ``Scheduled`` once the launcher pod runs; ``Running`` is virt-handler's word."""
-    vmi = VirtualMachineInstance.objects(api, namespace=namespace).get_or_none(name=name)
-    phase = (vmi.obj.get("status") or {}).get("phase") if vmi is not None else None
+    vmi = load.read(api, VirtualMachineInstance, namespace, name)
+    phase = (vmi.get("status") or {}).get("phase") if vmi is not None else None
     return phase in (names.VMI_SCHEDULED, names.VMI_RUNNING)
 
 
 def _start_vm(
     api: pykube.HTTPClient, tally: load.Tally, namespace: str, vm: str, held: str
 ) -> None:
-    body = load.vmi_body(namespace, vm, [{"claim": held}])
-    load.retrying(tally, f"starting {vm}", lambda: load.create(VirtualMachineInstance(api, body)))
+    load.create_retrying(
+        api, tally, VirtualMachineInstance, load.vmi_body(namespace, vm, [{"claim": held}])
+    )
     wait_for(f"{vm} running on its node", lambda: _vm_running(api, namespace, vm), timeout=CONVERGE)
 
 

@@ -18,10 +18,13 @@ from gpuoperator.kinds import KubeVirt, VirtualMachineInstance, VirtualMachineIn
 from harness.claims import bound_node, claim_status, create_claim, event_messages, start_vm
 from harness.fleet import Fleet, published
 from harness.kube import Obj
+from harness.kubevirt import vgpu_migration_config
 from harness.waiting import wait_for
 from harness.webhooks import WebhookOperator
 
 CONVERGE = 30.0
+#: The vGPU profile of the module's class, a mediated device in the KubeVirt CR.
+PROFILE = "G1-4Q"
 
 
 @pytest.fixture
@@ -35,24 +38,7 @@ def live_migration(api: pykube.HTTPClient, fleet: Fleet, tenant: str) -> Iterato
     """The KubeVirt CR as a hoster sets it for vGPU live migration: the fleet's resource a
     mediated device, the ``VGPULiveMigration`` feature gate on. Cluster-wide in effect, so
     deleted after the test whatever happens."""
-    config = KubeVirt(
-        api,
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "metadata": {"name": "kubevirt", "namespace": tenant},
-            "spec": {
-                "configuration": {
-                    "developerConfiguration": {"featureGates": ["VGPULiveMigration"]},
-                    "permittedHostDevices": {
-                        "mediatedDevices": [
-                            {"mdevNameSelector": "G1-4Q", "resourceName": fleet.resource}
-                        ]
-                    },
-                }
-            },
-        },
-    )
+    config = KubeVirt(api, vgpu_migration_config(tenant, fleet.resource, PROFILE))
     config.create()
     try:
         yield
@@ -67,7 +53,7 @@ def vgpu_class(api: pykube.HTTPClient, fleet: Fleet, tenant: str) -> str:
     pykube.Namespace.objects(api).get(name=tenant).patch(
         {"metadata": {"labels": {names.VGPU_ENTITLED_LABEL: names.TRUE}}}
     )
-    cls = fleet.gpu_class(mode="vgpu", profile="G1-4Q")
+    cls = fleet.gpu_class(mode="vgpu", profile=PROFILE)
     probe = {
         "apiVersion": names.API_VERSION,
         "kind": names.GPU_CLAIM,

@@ -491,6 +491,25 @@ def vmi_runs(vmi: Mapping[str, Any]) -> bool:
     return phase in (SCHEDULED, RUNNING) and not _meta(vmi).get("deletionTimestamp")
 
 
+def vgpu_migration_config(namespace: str, resource: str, profile: str) -> Obj:
+    """The KubeVirt CR as a hoster sets it for vGPU live migration, which the stand-in reads
+    as KubeVirt does: ``resource`` a mediated device of ``profile``, the
+    ``VGPULiveMigration`` feature gate on."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": namespace},
+        "spec": {
+            "configuration": {
+                "developerConfiguration": {"featureGates": ["VGPULiveMigration"]},
+                "permittedHostDevices": {
+                    "mediatedDevices": [{"mdevNameSelector": profile, "resourceName": resource}]
+                },
+            }
+        },
+    }
+
+
 def live_migratable(
     vmi: Mapping[str, Any], kubevirts: Iterable[Mapping[str, Any]]
 ) -> SyncError | None:
