@@ -22,8 +22,6 @@ gone, some migrations succeeded, and the usual end-of-run checks pass.
 from __future__ import annotations
 
 import functools
-import random
-import time
 from collections import Counter
 from typing import Any
 
@@ -41,7 +39,6 @@ from harness.kubevirt import vgpu_migration_config
 from harness.waiting import wait_for
 
 CONVERGE = 120.0
-SEED = 23
 NODES, VMS = 5, 3
 PROFILE = "G1-4Q"
 #: Leader kills: one in each of the first rounds (the bounded form has 3 rounds).
@@ -75,7 +72,6 @@ def test_vgpu_vms_migrate_in_rounds_under_leader_kills_and_their_holds_follow(
     sizes: Sizes,
 ) -> None:
     replicas.renew()
-    rng = random.Random(SEED)  # noqa: S311 - a reproducible schedule, not a secret
     rounds = 3 if sizes.name == "bounded" else 8
     fleet = Fleet(api)
     cls = fleet.gpu_class("-mig", mode="vgpu", profile=PROFILE)
@@ -87,7 +83,7 @@ def test_vgpu_vms_migrate_in_rounds_under_leader_kills_and_their_holds_follow(
     config = KubeVirt(api, vgpu_migration_config(ns, fleet.resource, PROFILE))
     config.create()
     try:
-        _run(api, replicas, history, ns, cls, rounds, rng, sizes)
+        _run(api, replicas, history, ns, cls, rounds, sizes)
     finally:
         config.delete()
 
@@ -99,7 +95,6 @@ def _run(
     ns: str,
     cls: str,
     rounds: int,
-    rng: random.Random,
     sizes: Sizes,
 ) -> None:
     tally = load.Tally()
@@ -138,12 +133,11 @@ def _run(
             }
             load.create_retrying(api, tally, Migration, obj)
         if kills < KILLS:
-            if round_ == 0:
-                # Before any hold: the new leader must hold (or end) what it finds.
-                time.sleep(rng.uniform(0.0, 0.5))  # fault timing, not a wait for a state
-            else:
-                # Once a transient hold is written: the new leader must finish the move of
-                # a VM that migrated meanwhile, or end the holds of what did not.
+            # In the first round at once, before any hold: the new leader must hold (or
+            # end) what it finds. Later, once a transient hold is written: the new leader
+            # must finish the move of a VM that migrated meanwhile, or end the holds of what
+            # did not.
+            if round_ > 0:
                 wait_for(
                     "a transient hold written",
                     functools.partial(_holding, api, ns),
