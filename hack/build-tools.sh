@@ -83,6 +83,17 @@ build_nullwebhook() {
   echo "$target"
 }
 
+# One build of a tool at a time: a second caller (another make, a parallel test run) waits
+# for the first and then finds the binary cached, instead of both writing the same
+# "$target.tmp" and one of them failing to move it.
+lock() {
+  exec 9>"$bindir/.$1.lock"
+  flock 9 || die "could not lock $bindir/.$1.lock"
+}
+
+case "${1:-}" in
+  promtool|actionlint|nullwebhook) lock "$1" ;;
+esac
 case "${1:-}" in
   promtool) build_promtool ;;
   actionlint) build_actionlint ;;
