@@ -22,6 +22,10 @@ die() { printf 'build-binaries: %s\n' "$*" >&2; exit 1; }
 
 command -v go >/dev/null 2>&1 || die "Go is not installed (need Go >= 1.26 on PATH to build the control plane)"
 
+# One build at a time: a second caller waits for the first, then finds everything cached.
+exec 9>"$bindir/.build-binaries.lock"
+flock 9 || die "could not lock $bindir/.build-binaries.lock"
+
 kminor=$(echo "$KUBE_VERSION" | cut -d. -f2)
 stage_version="v0.${KUBE_VERSION#v1.}"
 
