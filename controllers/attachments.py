@@ -305,7 +305,7 @@ def claims_of_vmi(caches: Caches, vmi: Obj) -> list[Key]:
     ns, name = str(_meta(vmi).get("namespace") or ""), str(_meta(vmi).get("name") or "")
     keys = {
         (ns, str(_meta(c).get("name")))
-        for c in caches.claims.store.by_index(BY_NAMESPACE, ns)
+        for c in caches.claims_of_vmi(ns, name)
         if rules.recorded(c).get("vmi") == name
     }
     if references.has_references(vmi):

@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 
 from gpuoperator import names
-from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.caches import Caches, own_key
 from gpuoperator.kinds import GPUClaim, VirtualMachineInstance
 from gpuoperator.model import claims, pods
 from gpuoperator.runtime import managing, protocols
@@ -144,12 +144,13 @@ class ClaimProtection:
 
     def _pods_left(self, namespace: str, vmi: Obj | None) -> bool:
         """Whether a pod the VMI controls has not terminated yet."""
-        uid = str(((vmi or {}).get("metadata") or {}).get("uid") or "")
+        meta = (vmi or {}).get("metadata") or {}
+        uid, name = str(meta.get("uid") or ""), str(meta.get("name") or "")
         return bool(uid) and any(
             not pods.is_terminated(p)
             and (owner := claims.controlling_vmi(p)) is not None
             and owner.uid == uid
-            for p in self.caches.pods.store.by_index(BY_NAMESPACE, namespace)
+            for p in self.caches.pods_of_vmi(namespace, name)
         )
 
 
@@ -173,7 +174,7 @@ def claims_of_pod(caches: Caches, pod: Obj) -> list[Key]:
 
 def _claims_serving(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
     found = []
-    for c in caches.claims.store.by_index(BY_NAMESPACE, namespace):
+    for c in caches.claims_of_vmi(namespace, vmi_name):
         user = claims.user(c)
         if user is not None and user.name == vmi_name:
             found.append(claims.key(c))

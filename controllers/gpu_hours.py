@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuoperator.caches import BY_NAMESPACE, Caches, own_key
+from gpuoperator.caches import Caches, own_key
 from gpuoperator.claim_status import Announcement, ClaimStatus, Outcome
 from gpuoperator.model import claim_states, gpu_hours, orders
 from gpuoperator.runtime import managing
@@ -245,7 +245,7 @@ def claims_served_by(caches: Caches, vmi: Obj) -> list[Key]:
     ns, name = key_of(vmi)
     return [
         key_of(c)
-        for c in caches.claims.store.by_index(BY_NAMESPACE, ns)
+        for c in caches.claims_of_vmi(ns, name)
         if name and gpu_hours.served_vmi_name(c) == name
     ]
 

@@ -120,7 +120,7 @@ class Migrations:
         attachment), as the ledger counts them, in order of creation."""
         found = [
             self.ledger.claim(key_of(c)) or c
-            for c in self.caches.claims.store.by_index(BY_NAMESPACE, namespace)
+            for c in self.caches.claims_of_vmi(namespace, vmi_name)
             if (ref := gpuclaims.user(c)) is not None and ref.name == vmi_name
         ]
         return sorted(found, key=orders.creation_order)
@@ -139,7 +139,7 @@ class Migrations:
         vmi_uid = str(_meta(vmi).get("uid") or "")
         return [
             pod
-            for pod in self.caches.pods.store.by_index(BY_NAMESPACE, namespace)
+            for pod in self.caches.pods_of_vmi(namespace, str(_meta(vmi).get("name") or ""))
             if pods.migration_job(pod) == uid
             and (owner := gpuclaims.controlling_vmi(pod)) is not None
             and owner.uid == vmi_uid

@@ -496,7 +496,7 @@ def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
     """The watched pods of the VMI ``vmi_name``."""
     return sorted(
         key_of(pod)
-        for pod in caches.pods.store.by_index(BY_NAMESPACE, namespace)
+        for pod in caches.pods_of_vmi(namespace, vmi_name)
         if launcher_pods.watched(pod) and launcher_pods.vmi_name_of(pod) == vmi_name
     )
 

@@ -24,7 +24,8 @@ from gpuoperator.kinds import (
     VirtualMachineInstanceMigration,
     Workload,
 )
-from gpuoperator.model import gpu_hours, hold_admission, slimming
+from gpuoperator.model import claims as gpuclaims
+from gpuoperator.model import gpu_hours, hold_admission, launcher_pods, slimming
 from gpuoperator.runtime import indexing
 from gpuoperator.runtime.informing import Informer, InformerOptions
 from gpuoperator.runtime.managing import Informs
@@ -33,6 +34,27 @@ from gpuoperator.runtime.managing import Informs
 BY_NAMESPACE = "namespace"
 BY_NODE = "node"
 BY_CLASS = "class"
+#: ``namespace/name`` of a VMI an object may concern: a claim's controlling VMI and the VMI
+#: its attachment names, a pod's VMI (``model.launcher_pods.vmi_name_of``). Readers narrow a
+#: namespace's objects to these candidates and still apply their own rule to them.
+BY_VMI = "vmi"
+
+
+def _vmi_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def vmis_of_claim(claim: dict[str, Any]) -> list[str]:
+    """The ``BY_VMI`` values of a claim: the VMIs that may be its user."""
+    ns = str((claim.get("metadata") or {}).get("namespace") or "")
+    refs = (gpuclaims.controlling_vmi(claim), gpuclaims.attachment(claim))
+    return sorted({_vmi_key(ns, ref.name) for ref in refs if ref is not None})
+
+
+def vmi_of_pod(pod: dict[str, Any]) -> list[str]:
+    """The ``BY_VMI`` value of a pod: the VMI the pod itself names (none for a plain pod)."""
+    name = launcher_pods.vmi_name_of(pod)
+    return [_vmi_key(str((pod.get("metadata") or {}).get("namespace") or ""), name)] if name else []
 
 
 def own_key(obj: dict[str, Any]) -> list[indexing.Key]:
@@ -104,6 +126,16 @@ class Caches:
 
         return find
 
+    def claims_of_vmi(self, namespace: str, vmi_name: str) -> list[dict[str, Any]]:
+        """The cached claims controlled by or attached to a VMI of that name (candidates:
+        the caller applies its own rule, e.g. ``model.claims.user``)."""
+        return self.claims.store.by_index(BY_VMI, _vmi_key(namespace, vmi_name))
+
+    def pods_of_vmi(self, namespace: str, vmi_name: str) -> list[dict[str, Any]]:
+        """The cached pods that name a VMI of that name (``model.launcher_pods.vmi_name_of``:
+        their controller, else their ``vm.kubevirt.io/name`` label)."""
+        return self.pods.store.by_index(BY_VMI, _vmi_key(namespace, vmi_name))
+
     def served_vmis(self, claims: Iterable[dict[str, Any]]) -> dict[indexing.Key, dict[str, Any]]:
         """The cached VM instances ``claims`` serve, by ``(namespace, name)``."""
         out: dict[indexing.Key, dict[str, Any]] = {}
@@ -131,6 +163,7 @@ def register(manager: Informs) -> Caches:
                 indexers={
                     BY_NAMESPACE: indexing.by_namespace,
                     BY_NODE: indexing.by_field("spec", "nodeName"),
+                    BY_VMI: vmi_of_pod,
                 },
             ),
         ),
@@ -143,6 +176,7 @@ def register(manager: Informs) -> Caches:
                     BY_NAMESPACE: indexing.by_namespace,
                     BY_NODE: indexing.by_field("status", "nodeName"),
                     BY_CLASS: indexing.by_field("spec", "className"),
+                    BY_VMI: vmis_of_claim,
                 },
             ),
         ),

@@ -31,3 +31,30 @@ def test_a_tenants_megabyte_vmi_and_claim_are_cached_in_a_few_hundred_bytes() ->
     assert cached_vmi["metadata"]["annotations"] == {names.CLAIMS_ANNOTATION: '[{"claim": "hold"}]'}
     assert caches.vmis.store.get((objects.NS, "vm1")) == cached_vmi
     assert caches.claims.store.by_index("class", "a10") == [cached_claim]
+
+
+def test_claims_and_pods_are_found_by_the_vmi_they_name_in_their_own_namespace() -> None:
+    """``Caches.claims_of_vmi``/``pods_of_vmi`` narrow a namespace to the objects naming a
+    VMI: a claim by its controlling VMI or its attachment, a pod by its controller or its
+    ``vm.kubevirt.io/name`` label; an update that changes the VMI moves the object."""
+    caches = offline_caches()
+    owned = put(caches.claims, objects.claim("owned", owner_uid="uid-vm1"))
+    attached = put(caches.claims, objects.claim("att", attached={"vmi": "vm1", "uid": "u"}))
+    put(caches.claims, objects.claim("other", attached={"vmi": "vm2", "uid": "u2"}))
+    put(caches.claims, objects.claim("elsewhere", namespace="t2", attached={"vmi": "vm1"}))
+    put(caches.claims, objects.claim("free"))
+    launcher = put(caches.pods, objects.launcher_pod("virt-launcher-vm1-x"))
+    labels = {"kubevirt.io": "virt-launcher", names.VM_NAME_LABEL: "vm1"}
+    labelled = put(caches.pods, objects.pod("lab", labels=labels))
+    put(caches.pods, objects.pod("plain"))
+    put(caches.pods, objects.launcher_pod("virt-launcher-vm2-x", vmi_name="vm2", vmi_uid="u2"))
+
+    by_name = lambda objs: sorted(o["metadata"]["name"] for o in objs)  # noqa: E731
+    assert by_name(caches.claims_of_vmi(objects.NS, "vm1")) == by_name([owned, attached])
+    assert by_name(caches.claims_of_vmi("t2", "vm1")) == ["elsewhere"]
+    assert caches.claims_of_vmi(objects.NS, "vm3") == []
+    assert by_name(caches.pods_of_vmi(objects.NS, "vm1")) == by_name([launcher, labelled])
+
+    put(caches.claims, objects.claim("att", attached={"vmi": "vm2", "uid": "u2"}))
+    assert by_name(caches.claims_of_vmi(objects.NS, "vm1")) == ["owned"]
+    assert by_name(caches.claims_of_vmi(objects.NS, "vm2")) == ["att", "other"]
