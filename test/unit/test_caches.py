@@ -4,6 +4,7 @@ object they store (``model.slimming``), whatever the tenant put in it."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gpuoperator import names
 from harness import objects
@@ -33,6 +34,10 @@ def test_a_tenants_megabyte_vmi_and_claim_are_cached_in_a_few_hundred_bytes() ->
     assert caches.claims.store.by_index("class", "a10") == [cached_claim]
 
 
+def by_name(objs: list[dict[str, Any]]) -> list[str]:
+    return sorted(str(o["metadata"]["name"]) for o in objs)
+
+
 def test_claims_and_pods_are_found_by_the_vmi_they_name_in_their_own_namespace() -> None:
     """``Caches.claims_of_vmi``/``pods_of_vmi`` narrow a namespace to the objects naming a
     VMI: a claim by its controlling VMI or its attachment, a pod by its controller or its
@@ -49,7 +54,6 @@ def test_claims_and_pods_are_found_by_the_vmi_they_name_in_their_own_namespace()
     put(caches.pods, objects.pod("plain"))
     put(caches.pods, objects.launcher_pod("virt-launcher-vm2-x", vmi_name="vm2", vmi_uid="u2"))
 
-    by_name = lambda objs: sorted(o["metadata"]["name"] for o in objs)  # noqa: E731
     assert by_name(caches.claims_of_vmi(objects.NS, "vm1")) == by_name([owned, attached])
     assert by_name(caches.claims_of_vmi("t2", "vm1")) == ["elsewhere"]
     assert caches.claims_of_vmi(objects.NS, "vm3") == []
