@@ -31,6 +31,7 @@ the ratio of the two; nothing is asserted. The suite starts its own clusters (na
 
     make bench                      # the quick form (a few minutes)
     make bench BENCH_ARGS=--full    # the full sizes (P1 1,000 x 8 / 5,000; P4 5,000 nodes)
+    make bench BENCH_ARGS="--only P4 --scale"   # P4 at 5,000 nodes, 150,000 pods, 50,000 claims
     PYTHONPATH=hack:test .venv/bin/python hack/bench/suite.py --help
 """
 
@@ -1325,9 +1326,7 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
     profile = (
         shipped
         if args.big_nodes == 5000 and units == 8
-        else big_profile(
-            args.big_nodes, cache_root() / f"{args.big_cluster}-profile.yaml", units
-        )
+        else big_profile(args.big_nodes, cache_root() / f"{args.big_cluster}-profile.yaml", units)
     )
     took = cluster.up(
         profile, crds=[REPO / "config" / "crd"], manifests=[REPO / "config" / "samples"], log=log
