@@ -1315,7 +1315,11 @@ def start_operator(
         with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r:
             return bool(r.status == 200)
 
-    wait_until("the operator's caches to sync", ready, 900, proc, interval=0.05)
+    try:
+        wait_until("the operator's caches to sync", ready, 900, proc, interval=0.05)
+    except BaseException:  # a timeout or an interrupt: the replica is not left running
+        proc.stop()
+        raise
     return proc, pid, time.monotonic() - t0
 
 
@@ -1366,7 +1370,11 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
             workloads = len(client.list(Workload, page_size=5000)[0])
             return gpunodes >= args.big_nodes and workloads >= args.big_claims
 
-        took = wait_until("the first run's GPUNodes and Workloads", settled, 1200, proc, 5.0)
+        try:
+            took = wait_until("the first run's GPUNodes and Workloads", settled, 1200, proc, 5.0)
+        except BaseException:
+            proc.stop()
+            raise
         log(f"P4: the first run created the GPUNodes and Workloads in {took:.0f}s")
         time.sleep(5.0)  # their last status writes
         proc.stop()
