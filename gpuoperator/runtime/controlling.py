@@ -14,8 +14,10 @@ The contract, as controller-runtime states it:
 
 Each reconcile gets its own ``reconcile_id``; every log line it writes carries
 ``controller``, ``key`` and ``reconcile_id``. The line per result ("reconciled") is at
-debug for the routine outcomes (success, requeue, a conflict retried), at info when this
-replica is fenced, at error for errors: on-call reads one info line per decision or change
+debug for the routine outcomes (success, requeue, a conflict retried), at info the first
+time a term's reconcile finds this replica fenced (the rest of that term's fenced keys at
+debug: a lost leadership fences every key in flight, thousands at scale), at error for
+errors: on-call reads one info line per decision or change
 of state, written by the reconciler itself. Durations and results are metrics
 (``gpuoperator_reconcile_duration_seconds``, ``gpuoperator_reconcile_total``).
 """
@@ -108,6 +110,8 @@ class Controller(Generic[K]):
         #: this controller's metric children, looked up once, not on every reconcile
         self._duration = self._metrics.duration.labels(name)
         self._totals: dict[str, Any] = {}
+        #: whether this term (since the last ``start``) has logged a fenced reconcile at info
+        self._fenced_told = False
 
     @property
     def running(self) -> bool:
@@ -137,6 +141,7 @@ class Controller(Generic[K]):
             for key in self.seed():
                 queue.add(key)
             self._queue = queue
+            self._fenced_told = False
             self._threads = [
                 threading.Thread(
                     target=self._work, args=(queue,), name=f"{self.name}-{i}", daemon=True
@@ -193,7 +198,9 @@ class Controller(Generic[K]):
             result = self.reconciler.reconcile(key)
         except errors.NotLeaderError as exc:
             queue.forget(key)
-            self._outcome("fenced", start, level="info", reason="NotLeader", error=str(exc))
+            level = "debug" if self._fenced_told else "info"
+            self._fenced_told = True
+            self._outcome("fenced", start, level=level, reason="NotLeader", error=str(exc))
         except TerminalError as exc:
             queue.forget(key)
             self._outcome(

@@ -109,6 +109,47 @@ def test_routine_reconciles_log_at_debug_and_only_fencing_and_errors_above(
     )
 
 
+def test_only_the_first_fenced_reconcile_of_a_term_logs_at_info() -> None:
+    """A lost leadership fences every key in flight: one info line per controller and term
+    says so, the other keys' lines are at debug (and all are counted)."""
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    queue: WorkQueue[Key] = WorkQueue(
+        "q", default_controller_rate_limiter(clock), clock=clock, registry=registry
+    )
+    fenced = errors.NotLeaderError("lost the lease")
+    c: Controller[Key] = Controller(
+        "test", Scripted(fenced, fenced, fenced, fenced), clock=clock, registry=registry
+    )
+    capture = structlog.testing.LogCapture()
+    saved = structlog.get_config()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+
+    def reconcile(name: str) -> None:
+        queue.add(("ns", name))
+        key = queue.get(timeout=1)
+        assert key is not None
+        c.process(queue, key)
+        queue.done(key)
+
+    try:
+        for name in ("a", "b", "c"):
+            reconcile(name)
+        c.start()  # a new term (leadership regained)
+        assert c.stop()
+        reconcile("d")
+    finally:
+        structlog.configure(**saved)
+    levels = [(e["key"], e["log_level"]) for e in capture.entries if e["event"] == "reconciled"]
+    assert levels == [("ns/a", "info"), ("ns/b", "debug"), ("ns/c", "debug"), ("ns/d", "info")]
+    assert (
+        registry.get_sample_value(
+            "gpuoperator_reconcile_total", {"controller": "test", "result": "fenced"}
+        )
+        == 4
+    )
+
+
 def test_requeue_after_forgets_the_backoff_and_looks_again_later() -> None:
     queue, clock, logs = run_once(Result(requeue_after=30))
     assert queue.num_requeues(("ns", "a")) == 0
