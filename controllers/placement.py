@@ -495,16 +495,12 @@ class Placement:
 def pods_of_vmi(caches: Caches, namespace: str, vmi_name: str) -> list[Key]:
     """The watched pods of the VMI ``vmi_name``."""
     return sorted(
-        key_of(pod)
-        for pod in caches.pods_of_vmi(namespace, vmi_name)
-        if launcher_pods.watched(pod) and launcher_pods.vmi_name_of(pod) == vmi_name
+        key_of(pod) for pod in caches.pods_of_vmi(namespace, vmi_name) if launcher_pods.watched(pod)
     )
 
 
-def vmis_of_claim(claim: Obj) -> set[str]:
-    """The VMIs a claim serves: the one its attachment names and the one controlling it."""
-    refs = (gpuclaims.attachment(claim), gpuclaims.controlling_vmi(claim))
-    return {ref.name for ref in refs if ref is not None}
+#: The VMIs a claim serves: the one its attachment names and the one controlling it.
+vmis_of_claim = gpuclaims.vmi_names
 
 
 class ManagerAccess(managing.Controls, managing.Clocked, Protocol):

@@ -47,8 +47,7 @@ def _vmi_key(namespace: str, name: str) -> str:
 def vmis_of_claim(claim: dict[str, Any]) -> list[str]:
     """The ``BY_VMI`` values of a claim: the VMIs that may be its user."""
     ns = str((claim.get("metadata") or {}).get("namespace") or "")
-    refs = (gpuclaims.controlling_vmi(claim), gpuclaims.attachment(claim))
-    return sorted({_vmi_key(ns, ref.name) for ref in refs if ref is not None})
+    return sorted(_vmi_key(ns, name) for name in gpuclaims.vmi_names(claim))
 
 
 def vmi_of_pod(pod: dict[str, Any]) -> list[str]:

@@ -92,11 +92,8 @@ lock() {
 }
 
 case "${1:-}" in
-  promtool|actionlint|nullwebhook) lock "$1" ;;
-esac
-case "${1:-}" in
-  promtool) build_promtool ;;
-  actionlint) build_actionlint ;;
-  nullwebhook) build_nullwebhook ;;
+  promtool) lock promtool && build_promtool ;;
+  actionlint) lock actionlint && build_actionlint ;;
+  nullwebhook) lock nullwebhook && build_nullwebhook ;;
   *) die "usage: $0 promtool|actionlint|nullwebhook" ;;
 esac

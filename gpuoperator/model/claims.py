@@ -147,6 +147,13 @@ def user(claim: Mapping[str, Any]) -> VmiRef | None:
     return controlling_vmi(claim) or attachment(claim)
 
 
+def vmi_names(claim: Mapping[str, Any]) -> set[str]:
+    """The names of the VMIs the claim may serve: the one controlling it and the one its
+    attachment names (:func:`user` picks between them)."""
+    refs = (controlling_vmi(claim), attachment(claim))
+    return {ref.name for ref in refs if ref is not None}
+
+
 def is_live_user(ref: VmiRef | None, vmi: Mapping[str, Any] | None) -> bool:
     """Whether ``vmi`` (the cached VMI of ``ref``'s name, ``None`` when there is none) is the
     live VM instance ``ref`` names: it exists, with ``ref``'s UID when one is recorded. A VMI

@@ -1372,12 +1372,10 @@ def run_big(args: argparse.Namespace, rows: list[Row], notes: list[str]) -> None
 
         try:
             took = wait_until("the first run's GPUNodes and Workloads", settled, 1200, proc, 5.0)
-        except BaseException:
+            log(f"P4: the first run created the GPUNodes and Workloads in {took:.0f}s")
+            time.sleep(5.0)  # their last status writes
+        finally:  # also when the wait fails or is interrupted
             proc.stop()
-            raise
-        log(f"P4: the first run created the GPUNodes and Workloads in {took:.0f}s")
-        time.sleep(5.0)  # their last status writes
-        proc.stop()
         proc, pid, sync = start_operator(cluster, "bench-operator", args.py_spy_p4)
         synced_rss = rss_mib(pid)
         peak = synced_rss
